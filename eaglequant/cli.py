@@ -1,0 +1,93 @@
+"""The ``eaglequant`` command line: each command parses, calls one library function, reports.
+
+Exit codes: 0 success, 1 a check failed, 2 bad input or usage. Heavy modules
+(torch, Quark, vLLM) are imported inside the commands, never at start-up, so
+``eaglequant --help`` stays fast.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, TypeVar
+
+import click
+
+from eaglequant import __version__
+from eaglequant.errors import EagleQuantError
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def reports_errors(func: F) -> F:
+    """Turn the tool's own errors into one line on stderr and their exit code."""
+
+    @functools.wraps(func)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return func(*args, **kwargs)
+        except EagleQuantError as exc:
+            click.echo(f"error: {exc}", err=True)
+            sys.exit(exc.exit_code)
+
+    return wrapper  # type: ignore[return-value]
+
+
+EXISTING_DIR = click.Path(path_type=Path, file_okay=False)
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="eaglequant")
+def main() -> None:
+    """Turn a BF16 EAGLE-3 draft into a static FP8 E4M3 draft that vLLM loads, and prove it."""
+
+
+@main.command()
+@click.argument("path", type=EXISTING_DIR)
+@click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
+@click.option(
+    "--target-layers",
+    type=click.IntRange(min=0),
+    default=32,
+    show_default=True,
+    help="The target's layer count N (vLLM names the draft layer model.layers.N).",
+)
+@reports_errors
+def inspect(path: Path, as_json: bool, target_layers: int) -> None:
+    """Summarise a draft folder and predict how vLLM builds each layer.
+
+    Exit 0 when clean, 1 when problems were found, 2 when the input is unreadable.
+    """
+    from eaglequant.inspect_draft import inspect_checkpoint
+
+    report = inspect_checkpoint(path, target_layers)
+    if as_json:
+        click.echo(json.dumps(report.to_json(), indent=2))
+    else:
+        from eaglequant.report import print_inspect
+
+        print_inspect(report)
+    sys.exit(1 if report.problems else 0)
+
+
+@main.command("fix-config")
+@click.argument("path", type=EXISTING_DIR)
+@click.option(
+    "--output", "-o", type=click.Path(path_type=Path), help="Write a repaired copy here instead."
+)
+@click.option("--overwrite", is_flag=True, help="Replace a non-empty --output folder.")
+@reports_errors
+def fix_config_command(path: Path, output: Path | None, overwrite: bool) -> None:
+    """Rewrite quantization_config.exclude as regexes vLLM matches (re:.*fc.*, re:.*lm_head.*)."""
+    from eaglequant.fix_config import fix_config
+
+    result = fix_config(path, output, overwrite)
+    verb = "rewrote" if result.changed else "already correct, unchanged:"
+    click.echo(f"{verb} exclude {result.before} -> {result.after} in {result.written_to}")
+
+
+if __name__ == "__main__":
+    main()

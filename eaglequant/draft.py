@@ -1,0 +1,251 @@
+"""What an EAGLE-3 Llama draft checkpoint must contain, and checks against it.
+
+A draft is one decoder layer (``midlayer.*``) whose attention takes the token
+embedding and the fused target hidden state side by side (2*hidden inputs),
+``fc`` fusing the target's auxiliary hidden states, ``norm``, ``lm_head`` over
+the draft vocabulary, and optionally ``embed_tokens`` and the ``d2t``/``t2d``
+vocabulary maps. Shapes follow from ``config.json``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from eaglequant.checkpoint import Checkpoint
+from eaglequant.errors import InputError
+from eaglequant.safetensors_header import FLOAT_DTYPES
+
+EAGLE3_ARCHITECTURES = ("LlamaForCausalLMEagle3", "Eagle3LlamaForCausalLM")
+ATTENTION_PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj")
+MLP_PROJECTIONS = ("gate_proj", "up_proj", "down_proj")
+MIDLAYER_LINEARS = tuple(f"midlayer.self_attn.{p}" for p in ATTENTION_PROJECTIONS) + tuple(
+    f"midlayer.mlp.{p}" for p in MLP_PROJECTIONS
+)
+NORMS = (
+    "midlayer.input_layernorm",
+    "midlayer.hidden_norm",
+    "midlayer.post_attention_layernorm",
+    "norm",
+)
+SCALE_SUFFIXES = (".weight_scale", ".input_scale")
+
+
+@dataclass(frozen=True)
+class DraftDims:
+    """The dimensions of a draft, resolved from its config with vLLM's defaults."""
+
+    hidden: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    intermediate: int
+    target_hidden: int
+    num_aux: int
+    vocab: int
+    draft_vocab: int
+    aux_layer_ids: tuple[int, ...] | None
+    rms_norm_eps: float
+    rope_theta: float
+
+    @property
+    def fc_in(self) -> int:
+        return self.num_aux * self.target_hidden
+
+
+def aux_layer_ids(config: dict[str, Any]) -> tuple[int, ...] | None:
+    """The target layers whose hidden states feed ``fc``, when the config names them."""
+    eagle_config = config.get("eagle_config") or {}
+    ids = config.get("eagle_aux_hidden_state_layer_ids") or eagle_config.get(
+        "eagle_aux_hidden_state_layer_ids"
+    )
+    return tuple(int(i) for i in ids) if ids else None
+
+
+def dims_from_config(config: dict[str, Any], where: str = "config.json") -> DraftDims:
+    """Resolve the draft's dimensions; raise InputError naming a missing or bad key."""
+    hidden = _positive_int(config, "hidden_size", where)
+    heads = _positive_int(config, "num_attention_heads", where)
+    kv_heads = _positive_int(config, "num_key_value_heads", where, default=heads)
+    head_dim = _positive_int(config, "head_dim", where, default=hidden // heads)
+    vocab = _positive_int(config, "vocab_size", where)
+    aux_ids = aux_layer_ids(config)
+    num_aux = config.get("num_aux_hidden_states") or (len(aux_ids) if aux_ids else 3)
+    rope_theta = config.get("rope_theta") or (config.get("rope_parameters") or {}).get(
+        "rope_theta", 10000.0
+    )
+    return DraftDims(
+        hidden=hidden,
+        heads=heads,
+        kv_heads=kv_heads,
+        head_dim=head_dim,
+        intermediate=_positive_int(config, "intermediate_size", where),
+        target_hidden=_positive_int(config, "target_hidden_size", where, default=hidden),
+        num_aux=int(num_aux),
+        vocab=vocab,
+        draft_vocab=_positive_int(config, "draft_vocab_size", where, default=vocab),
+        aux_layer_ids=aux_ids,
+        rms_norm_eps=float(config.get("rms_norm_eps", 1e-6)),
+        rope_theta=float(rope_theta),
+    )
+
+
+def _positive_int(config: dict[str, Any], key: str, where: str, default: int | None = None) -> int:
+    value = config.get(key, default)
+    if value is None:
+        value = default
+    if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+        if key not in config and default is None:
+            raise InputError(f"{where}: missing key '{key}'; add it (a positive integer)")
+        raise InputError(f"{where}: '{key}' must be a positive integer, got {value!r}")
+    return value
+
+
+def expected_shapes(dims: DraftDims) -> dict[str, tuple[int, ...]]:
+    """Required tensor name -> shape for a BF16 draft."""
+    h, q_out, kv_out = dims.hidden, dims.heads * dims.head_dim, dims.kv_heads * dims.head_dim
+    shapes: dict[str, tuple[int, ...]] = {f"{n}.weight": (h,) for n in NORMS}
+    shapes |= {
+        "midlayer.self_attn.q_proj.weight": (q_out, 2 * h),
+        "midlayer.self_attn.k_proj.weight": (kv_out, 2 * h),
+        "midlayer.self_attn.v_proj.weight": (kv_out, 2 * h),
+        "midlayer.self_attn.o_proj.weight": (h, q_out),
+        "midlayer.mlp.gate_proj.weight": (dims.intermediate, h),
+        "midlayer.mlp.up_proj.weight": (dims.intermediate, h),
+        "midlayer.mlp.down_proj.weight": (h, dims.intermediate),
+        "fc.weight": (h, dims.fc_in),
+        "lm_head.weight": (dims.draft_vocab, h),
+    }
+    return shapes
+
+
+def optional_shapes(dims: DraftDims) -> dict[str, tuple[int, ...]]:
+    """Optional tensor name -> shape."""
+    return {
+        "embed_tokens.weight": (dims.vocab, dims.hidden),
+        "d2t": (dims.draft_vocab,),
+        "t2d": (dims.vocab,),
+    }
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One thing wrong with a checkpoint, where it is, and how to fix it."""
+
+    where: str
+    message: str
+    fix: str
+
+    def __str__(self) -> str:
+        return f"{self.where}: {self.message}; {self.fix}"
+
+
+def structure_problems(ckpt: Checkpoint) -> list[Problem]:
+    """Architecture, layer count, tensor names and shapes; empty when the draft is well formed."""
+    config_path = str(ckpt.folder / "config.json")
+    problems = _architecture_problems(ckpt.config, config_path)
+    if problems:
+        return problems
+    dims = dims_from_config(ckpt.config, config_path)
+    required, optional = expected_shapes(dims), optional_shapes(dims)
+    for name, shape in required.items():
+        if name not in ckpt.tensors:
+            problems.append(
+                Problem(str(ckpt.folder), f"tensor '{name}' is missing", "re-export the draft")
+            )
+            continue
+        problems += _shape_problem(ckpt, name, shape)
+    for name, shape in optional.items():
+        if name in ckpt.tensors:
+            problems += _shape_problem(ckpt, name, shape)
+    if dims.draft_vocab != dims.vocab and "d2t" not in ckpt.tensors:
+        problems.append(
+            Problem(
+                str(ckpt.folder),
+                f"draft_vocab_size {dims.draft_vocab} differs from vocab_size {dims.vocab} "
+                "but tensor 'd2t' is missing (vLLM would map every draft token to id 0)",
+                "add the d2t map from the draft's training",
+            )
+        )
+    problems += _unexpected_tensor_problems(ckpt, set(required) | set(optional))
+    return problems
+
+
+def _architecture_problems(config: dict[str, Any], where: str) -> list[Problem]:
+    architectures = config.get("architectures") or []
+    if not any(a in EAGLE3_ARCHITECTURES for a in architectures):
+        return [
+            Problem(
+                where,
+                f"architectures {architectures} is not an EAGLE-3 Llama draft",
+                f"pass a draft whose architectures is {list(EAGLE3_ARCHITECTURES[:1])}",
+            )
+        ]
+    if config.get("num_hidden_layers") != 1:
+        return [
+            Problem(
+                where,
+                f"num_hidden_layers is {config.get('num_hidden_layers')!r}, an EAGLE-3 draft has 1",
+                "pass a single-layer EAGLE-3 draft",
+            )
+        ]
+    return []
+
+
+def _shape_problem(ckpt: Checkpoint, name: str, shape: tuple[int, ...]) -> list[Problem]:
+    info = ckpt.tensors[name]
+    if info.shape != shape:
+        return [
+            Problem(
+                f"{info.file}: tensor '{name}'",
+                f"has shape {list(info.shape)}, the config implies {list(shape)}",
+                "fix config.json or re-export the draft",
+            )
+        ]
+    return []
+
+
+def _unexpected_tensor_problems(ckpt: Checkpoint, known: set[str]) -> list[Problem]:
+    quant_parts = {
+        f"{linear}{suffix}" for linear in MIDLAYER_LINEARS for suffix in SCALE_SUFFIXES
+    }
+    biases = {f"midlayer.self_attn.{p}.bias" for p in ("q_proj", "k_proj", "v_proj")}
+    problems = []
+    for name in sorted(ckpt.tensors):
+        if name in known or name in quant_parts:
+            continue
+        if name in biases and ckpt.config.get("attention_bias"):
+            continue
+        problems.append(
+            Problem(
+                f"{ckpt.tensors[name].file}: tensor '{name}'",
+                "is not part of an EAGLE-3 Llama draft (vLLM would refuse to load it)",
+                "remove it or check the checkpoint's origin",
+            )
+        )
+    return problems
+
+
+def quantized_tensors(ckpt: Checkpoint) -> list[str]:
+    """Tensors that are already quantized: FP8/integer weights or scale tensors."""
+    return sorted(
+        name
+        for name, info in ckpt.tensors.items()
+        if name.endswith(SCALE_SUFFIXES)
+        or (name.endswith(".weight") and info.dtype not in FLOAT_DTYPES)
+    )
+
+
+def require_bf16_draft(ckpt: Checkpoint) -> DraftDims:
+    """Raise InputError unless ``ckpt`` is a well-formed, unquantized EAGLE-3 draft."""
+    problems = structure_problems(ckpt)
+    if problems:
+        raise InputError(str(problems[0]))
+    already = quantized_tensors(ckpt)
+    if already or "quantization_config" in ckpt.config:
+        first = already[0] if already else "quantization_config"
+        raise InputError(
+            f"{ckpt.folder}: already quantized ('{first}'); export takes the BF16 draft — "
+            f"use `eaglequant inspect {ckpt.folder}` or `eaglequant fix-config` on it instead"
+        )
+    return dims_from_config(ckpt.config, str(ckpt.folder / "config.json"))

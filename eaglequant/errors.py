@@ -1,0 +1,31 @@
+"""The exception hierarchy: every error the tool reports on purpose.
+
+Each error carries the exit code the CLI uses for it. Messages name what is
+wrong (file, key or tensor), where, and how to fix it, on one line.
+"""
+
+from __future__ import annotations
+
+
+class EagleQuantError(Exception):
+    """Base class of the tool's own errors."""
+
+    exit_code = 2
+
+
+class InputError(EagleQuantError):
+    """Bad input: a file, config, recipe or option the tool cannot use (exit 2)."""
+
+
+class OutputError(EagleQuantError):
+    """The output path cannot be written as asked (exit 2)."""
+
+
+class CheckFailed(EagleQuantError):
+    """A check ran and failed: inspect found problems, validation failed (exit 1)."""
+
+    exit_code = 1
+
+
+class ValidationFailed(CheckFailed):
+    """A vLLM validation check failed (exit 1)."""

@@ -1,0 +1,166 @@
+"""Quark ``exclude`` lists as vLLM reads them, and the rewrite that makes them work.
+
+vLLM (``quantization/quark/utils.py``) matches each ``exclude`` entry against
+its own module names: ``re:<pattern>`` with ``re.match``, anything else by
+string equality. For an EAGLE-3 draft those names are ``model.fc``,
+``lm_head`` and ``model.layers.<N>.self_attn.qkv_proj`` (checked through its
+shards ``q_proj``/``k_proj``/``v_proj``), ``…o_proj``, ``…mlp.gate_up_proj``
+(shards ``gate_proj``/``up_proj``), ``…down_proj``, with N the target's layer
+count. Quark writes bare names such as ``fc``, which equal no vLLM name, so
+vLLM quietly builds ``fc`` as FP8. This module predicts each layer's fate and
+rewrites exclusions into regexes that vLLM matches.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import re
+from dataclasses import dataclass
+from typing import Any
+
+# Bare names that the published reference card writes as these exact regexes.
+CARD_REGEX = {"fc": "re:.*fc.*", "lm_head": "re:.*lm_head.*"}
+FUSED_SHARDS = {"qkv_proj": ("q_proj", "k_proj", "v_proj"), "gate_up_proj": ("gate_proj", "up_proj")}
+DEFAULT_TARGET_LAYERS = 32
+
+
+def rewrite_exclude(entries: list[str]) -> list[str]:
+    """Rewrite every entry as a ``re:`` pattern vLLM will match; idempotent, order kept."""
+    rewritten: list[str] = []
+    for entry in entries:
+        pattern = _as_regex(entry)
+        if pattern not in rewritten:
+            rewritten.append(pattern)
+    return rewritten
+
+
+def _as_regex(entry: str) -> str:
+    if entry.startswith("re:"):
+        return entry
+    if entry in CARD_REGEX:
+        return CARD_REGEX[entry]
+    if any(ch in entry for ch in "*?["):
+        body = fnmatch.translate(entry)
+    else:
+        body = re.escape(entry) + r"$"
+    # A checkpoint name ('midlayer.…') is 'model.layers.<N>.…' inside vLLM.
+    body = body.replace(re.escape("midlayer."), r"layers\.\d+\.")
+    return f"re:(.*\\.)?{body}"
+
+
+@dataclass(frozen=True)
+class LayerFate:
+    """How vLLM will build one draft linear: its name there and its scheme."""
+
+    vllm_name: str
+    checkpoint_names: tuple[str, ...]
+    quantized: bool
+    scheme: str
+    reason: str
+
+
+def vllm_linear_names(target_layers: int) -> dict[str, tuple[str, ...]]:
+    """vLLM module name -> the checkpoint modules it is built from."""
+    layer = f"model.layers.{target_layers}"
+    return {
+        f"{layer}.self_attn.qkv_proj": tuple(
+            f"midlayer.self_attn.{p}" for p in FUSED_SHARDS["qkv_proj"]
+        ),
+        f"{layer}.self_attn.o_proj": ("midlayer.self_attn.o_proj",),
+        f"{layer}.mlp.gate_up_proj": tuple(f"midlayer.mlp.{p}" for p in FUSED_SHARDS["gate_up_proj"]),
+        f"{layer}.mlp.down_proj": ("midlayer.mlp.down_proj",),
+        "model.fc": ("fc",),
+        "lm_head": ("lm_head",),
+    }
+
+
+def matches(name: str, entry: str) -> bool:
+    """vLLM's rule for one exclude entry."""
+    if entry.startswith("re:"):
+        return re.match(entry[3:], name) is not None
+    return entry == name
+
+
+def is_excluded(vllm_name: str, exclude: list[str]) -> bool:
+    """vLLM's ``should_ignore_layer``: a direct match, else every fused shard matches.
+
+    Raises ValueError, as vLLM does, when only some shards of a fused layer match.
+    """
+    if any(matches(vllm_name, e) for e in exclude):
+        return True
+    proj = vllm_name.rsplit(".", 1)[-1]
+    if proj not in FUSED_SHARDS:
+        return False
+    shard_hits = [
+        any(matches(vllm_name[: -len(proj)] + shard, e) for e in exclude)
+        for shard in FUSED_SHARDS[proj]
+    ]
+    if any(shard_hits) and not all(shard_hits):
+        raise ValueError(f"exclude matches only some shards of {vllm_name}")
+    return all(shard_hits)
+
+
+def predict_fates(config: dict[str, Any], target_layers: int = DEFAULT_TARGET_LAYERS) -> list[LayerFate]:
+    """Predict vLLM's treatment of every draft linear under ``config``'s quantization_config."""
+    qcfg = config.get("quantization_config")
+    fates = []
+    for vllm_name, sources in vllm_linear_names(target_layers).items():
+        fates.append(_fate(vllm_name, sources, qcfg))
+    return fates
+
+
+def _fate(vllm_name: str, sources: tuple[str, ...], qcfg: Any) -> LayerFate:
+    if not isinstance(qcfg, dict):
+        return LayerFate(vllm_name, sources, False, "bf16", "no quantization_config")
+    if qcfg.get("quant_method") != "quark":
+        method = qcfg.get("quant_method")
+        return LayerFate(vllm_name, sources, False, "unknown", f"quant_method {method!r}")
+    if vllm_name == "lm_head":
+        return LayerFate(vllm_name, sources, False, "bf16", "vLLM's Quark path never quantizes lm_head")
+    exclude = list(qcfg.get("exclude") or [])
+    try:
+        excluded = is_excluded(vllm_name, exclude)
+    except ValueError as exc:
+        return LayerFate(vllm_name, sources, False, "error", str(exc))
+    if excluded:
+        return LayerFate(vllm_name, sources, False, "bf16", "excluded")
+    layer_cfg = _layer_config(vllm_name, qcfg)
+    return LayerFate(vllm_name, sources, True, describe_scheme(layer_cfg), "not excluded")
+
+
+def _layer_config(vllm_name: str, qcfg: dict[str, Any]) -> dict[str, Any]:
+    """vLLM's lookup: a ``layer_quant_config`` pattern, else ``global_quant_config``."""
+    layer_cfgs = qcfg.get("layer_quant_config") or {}
+    proj = vllm_name.rsplit(".", 1)[-1]
+    names = [vllm_name[: -len(proj)] + s for s in FUSED_SHARDS.get(proj, (proj,))]
+    for pattern, cfg in layer_cfgs.items():
+        hit = any(
+            fnmatch.fnmatch(n, pattern) if "*" in pattern else n in pattern for n in names
+        )
+        if hit:
+            return dict(cfg)
+    return dict(qcfg.get("global_quant_config") or {})
+
+
+def describe_scheme(layer_cfg: dict[str, Any]) -> str:
+    """A short name such as ``fp8 w:per_tensor a:per_tensor static``."""
+    weight = _single(layer_cfg.get("weight"))
+    act = _single(layer_cfg.get("input_tensors"))
+    if not weight:
+        return "bf16 (no weight spec)"
+    if weight.get("dtype") != "fp8_e4m3":
+        return f"{weight.get('dtype')} (not FP8 E4M3)"
+    w = weight.get("qscheme")
+    if not act:
+        return f"fp8 w:{w} weight-only"
+    a = act.get("qscheme")
+    if act.get("is_dynamic"):
+        a = "per_token" if a == "per_channel" else a
+        return f"fp8 w:{w} a:{a} dynamic"
+    return f"fp8 w:{w} a:{a} static"
+
+
+def _single(spec: Any) -> dict[str, Any] | None:
+    if isinstance(spec, list):
+        return spec[0] if len(spec) == 1 else None
+    return spec if isinstance(spec, dict) else None

@@ -1,0 +1,223 @@
+"""``eaglequant inspect``: what a draft folder holds and what vLLM will make of it.
+
+Reads headers only (plus the few bytes of FP8 scale tensors), so it runs in
+well under a second on a multi-GB checkpoint and never imports torch.
+"""
+
+from __future__ import annotations
+
+import math
+import struct
+from collections import Counter
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from eaglequant.checkpoint import Checkpoint, read_checkpoint
+from eaglequant.draft import (
+    MIDLAYER_LINEARS,
+    Problem,
+    dims_from_config,
+    quantized_tensors,
+    structure_problems,
+)
+from eaglequant.exclusions import (
+    DEFAULT_TARGET_LAYERS,
+    LayerFate,
+    matches,
+    predict_fates,
+    vllm_linear_names,
+)
+
+
+@dataclass
+class InspectReport:
+    """Everything ``inspect`` prints, as data (``--json`` dumps it)."""
+
+    path: str
+    architectures: list[str]
+    dims: dict[str, Any]
+    tensor_count: int
+    bytes_by_dtype: dict[str, int]
+    shards: list[str]
+    quantization: dict[str, Any] | None
+    fates: list[LayerFate] = field(default_factory=list)
+    scales: dict[str, list[float]] = field(default_factory=dict)
+    problems: list[Problem] = field(default_factory=list)
+
+    def to_json(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["problems"] = [str(p) for p in self.problems]
+        return data
+
+
+def inspect_checkpoint(path: Path, target_layers: int = DEFAULT_TARGET_LAYERS) -> InspectReport:
+    """Read ``path`` and collect its summary, vLLM fate table and problems."""
+    ckpt = read_checkpoint(path)
+    problems = structure_problems(ckpt)
+    dims: dict[str, Any] = {}
+    if not problems:
+        dims = asdict(dims_from_config(ckpt.config))
+    bytes_by_dtype: Counter[str] = Counter()
+    for info in ckpt.tensors.values():
+        bytes_by_dtype[info.dtype] += info.nbytes
+    fates = predict_fates(ckpt.config, target_layers)
+    scales = read_scales(ckpt)
+    if not problems:
+        problems += quantization_problems(ckpt, fates, scales, target_layers)
+    return InspectReport(
+        path=str(path),
+        architectures=list(ckpt.config.get("architectures") or []),
+        dims=dims,
+        tensor_count=len(ckpt.tensors),
+        bytes_by_dtype=dict(sorted(bytes_by_dtype.items())),
+        shards=list(ckpt.shard_files),
+        quantization=_quant_summary(ckpt.config.get("quantization_config")),
+        fates=fates,
+        scales=scales,
+        problems=problems,
+    )
+
+
+def _quant_summary(qcfg: Any) -> dict[str, Any] | None:
+    if not isinstance(qcfg, dict):
+        return None
+    return {
+        "quant_method": qcfg.get("quant_method"),
+        "version": qcfg.get("version"),
+        "exclude": qcfg.get("exclude"),
+        "kv_cache_group": (qcfg.get("export") or {}).get("kv_cache_group"),
+    }
+
+
+def read_scales(ckpt: Checkpoint) -> dict[str, list[float]]:
+    """Values of every float32 ``*_scale`` tensor (a few bytes each), read without torch."""
+    scales = {}
+    for name, info in sorted(ckpt.tensors.items()):
+        if name.endswith("_scale") and info.dtype == "F32":
+            raw = ckpt.read_raw(name)
+            scales[name] = list(struct.unpack(f"<{len(raw) // 4}f", raw))
+    return scales
+
+
+def quantization_problems(
+    ckpt: Checkpoint,
+    fates: list[LayerFate],
+    scales: dict[str, list[float]],
+    target_layers: int,
+) -> list[Problem]:
+    """Mismatches between the quantization_config, vLLM's reading of it, and the tensors."""
+    config_path = str(ckpt.folder / "config.json")
+    qcfg = ckpt.config.get("quantization_config")
+    if not isinstance(qcfg, dict):
+        quantized = quantized_tensors(ckpt)
+        if quantized:
+            return [
+                Problem(
+                    config_path,
+                    f"no quantization_config but tensor '{quantized[0]}' is quantized",
+                    "re-export with eaglequant export",
+                )
+            ]
+        return []
+    problems = _exclude_problems(ckpt, qcfg, config_path, target_layers)
+    problems += _kv_cache_group_problem(qcfg, config_path)
+    for fate in fates:
+        problems += _fate_problems(ckpt, fate, scales)
+    return problems
+
+
+def _exclude_problems(
+    ckpt: Checkpoint, qcfg: dict[str, Any], config_path: str, target_layers: int
+) -> list[Problem]:
+    names = list(vllm_linear_names(target_layers))
+    problems = []
+    for entry in qcfg.get("exclude") or []:
+        if entry.startswith("re:") or any(matches(n, entry) for n in names):
+            continue
+        consequence = ""
+        if entry in ("fc", "model.fc") or entry.endswith("fc"):
+            consequence = "; vLLM would quantize model.fc"
+        problems.append(
+            Problem(
+                config_path,
+                f"exclude entry '{entry}' matches no vLLM module{consequence}",
+                f"run `eaglequant fix-config {ckpt.folder}`",
+            )
+        )
+    return problems
+
+
+def _kv_cache_group_problem(qcfg: dict[str, Any], config_path: str) -> list[Problem]:
+    export = qcfg.get("export")
+    if not isinstance(export, dict) or not isinstance(export.get("kv_cache_group"), list):
+        return [
+            Problem(
+                config_path,
+                "quantization_config.export.kv_cache_group must be a list (vLLM calls len() on it)",
+                'set "export": {"kv_cache_group": [], ...}',
+            )
+        ]
+    return []
+
+
+def _fate_problems(
+    ckpt: Checkpoint, fate: LayerFate, scales: dict[str, list[float]]
+) -> list[Problem]:
+    if fate.scheme == "error":
+        return [Problem(fate.vllm_name, fate.reason, "exclude all shards of a fused layer or none")]
+    problems = []
+    for source in fate.checkpoint_names:
+        weight = ckpt.tensors.get(f"{source}.weight")
+        if weight is None:
+            continue
+        is_fp8 = weight.dtype.startswith("F8")
+        if fate.quantized and not is_fp8:
+            problems.append(
+                Problem(
+                    fate.vllm_name,
+                    f"vLLM would build it as {fate.scheme} but '{source}.weight' is "
+                    f"{weight.dtype} (vLLM casts it to FP8 with placeholder scales)",
+                    f"exclude it with a regex: run `eaglequant fix-config {ckpt.folder}`",
+                )
+            )
+        elif not fate.quantized and is_fp8:
+            problems.append(
+                Problem(
+                    fate.vllm_name,
+                    f"'{source}.weight' is FP8 but vLLM would build the layer unquantized",
+                    "remove it from exclude or re-export",
+                )
+            )
+        elif fate.quantized:
+            problems += _scale_problems(source, fate, ckpt, scales)
+    return problems
+
+
+def _scale_problems(
+    source: str, fate: LayerFate, ckpt: Checkpoint, scales: dict[str, list[float]]
+) -> list[Problem]:
+    needed = [f"{source}.weight_scale"]
+    if fate.scheme.endswith("static") and source in MIDLAYER_LINEARS:
+        needed.append(f"{source}.input_scale")
+    problems = []
+    for name in needed:
+        if name not in ckpt.tensors:
+            problems.append(
+                Problem(
+                    str(ckpt.folder),
+                    f"tensor '{name}' is missing; vLLM would load a placeholder (-3.4e38) scale",
+                    "re-export the draft",
+                )
+            )
+            continue
+        values = scales.get(name, [])
+        if not values or not all(math.isfinite(v) and v > 0 for v in values):
+            problems.append(
+                Problem(
+                    f"{ckpt.tensors[name].file}: tensor '{name}'",
+                    "must hold finite positive float32 scales",
+                    "re-export the draft",
+                )
+            )
+    return problems

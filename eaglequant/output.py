@@ -1,0 +1,101 @@
+"""Atomic output folders: everything is written into a hidden sibling and renamed into place.
+
+A run killed half-way leaves only a hidden ``.NAME.eaglequant-tmp-PID-*``
+folder, which later runs remove once its process is gone. Two runs writing the
+same output race on the final rename: one wins, the other fails cleanly.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+from eaglequant.errors import OutputError
+
+DIR_MODE = 0o755
+TEMP_MARK = ".eaglequant-tmp-"
+
+
+def check_output_path(out: Path, inputs: list[Path], overwrite: bool) -> None:
+    """Refuse an output that is an input, lies inside one, or holds files (without overwrite)."""
+    resolved = out.resolve()
+    for src in inputs:
+        src_resolved = src.resolve()
+        if resolved == src_resolved or resolved.is_relative_to(src_resolved):
+            raise OutputError(
+                f"{out}: the output may not be the input folder {src} or lie inside it; "
+                "choose another output folder"
+            )
+        if src_resolved.is_relative_to(resolved) and overwrite:
+            raise OutputError(
+                f"{out}: --overwrite would delete the input {src}, which lies inside it; "
+                "choose another output folder"
+            )
+    if out.exists() and not out.is_dir():
+        raise OutputError(f"{out}: exists and is not a folder; remove it or choose another path")
+    if out.is_dir() and any(out.iterdir()) and not overwrite:
+        raise OutputError(
+            f"{out}: exists and is not empty; pass --overwrite to replace it or choose another path"
+        )
+    if not out.parent.exists():
+        raise OutputError(f"{out.parent}: no such folder; create the parent folder first")
+
+
+@contextlib.contextmanager
+def atomic_output_dir(out: Path, overwrite: bool) -> Iterator[Path]:
+    """Yield a temporary folder beside ``out``; on success it becomes ``out``, else vanishes."""
+    remove_stale_temps(out)
+    temp = Path(tempfile.mkdtemp(prefix=f".{out.name}{TEMP_MARK}{os.getpid()}-", dir=out.parent))
+    try:
+        os.chmod(temp, DIR_MODE)
+        yield temp
+        _publish(temp, out, overwrite)
+    except BaseException:
+        shutil.rmtree(temp, ignore_errors=True)
+        raise
+
+
+def _publish(temp: Path, out: Path, overwrite: bool) -> None:
+    if out.is_dir() and any(out.iterdir()):
+        if not overwrite:
+            raise OutputError(
+                f"{out}: appeared while this run was writing (another run?); nothing was "
+                "replaced, pass --overwrite to replace it"
+            )
+        old = Path(tempfile.mkdtemp(prefix=f".{out.name}{TEMP_MARK}old-", dir=out.parent))
+        os.rename(out, old / "previous")
+        os.rename(temp, out)
+        shutil.rmtree(old, ignore_errors=True)
+        return
+    try:
+        os.rename(temp, out)
+    except OSError as exc:
+        raise OutputError(
+            f"{out}: could not be put in place ({exc.strerror}); another run may have written "
+            "it first, nothing was replaced"
+        ) from exc
+
+
+def remove_stale_temps(out: Path) -> None:
+    """Remove temporary folders of earlier runs on ``out`` whose process is gone."""
+    if not out.parent.is_dir():
+        return
+    for candidate in out.parent.glob(f".{out.name}{TEMP_MARK}*"):
+        pid_text = candidate.name.rsplit(TEMP_MARK, 1)[-1].split("-", 1)[0]
+        if pid_text.isdigit() and _alive(int(pid_text)):
+            continue
+        shutil.rmtree(candidate, ignore_errors=True)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True

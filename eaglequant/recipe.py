@@ -1,0 +1,165 @@
+"""Quantization recipes: YAML files under ``configs/`` loaded into one frozen, typed model.
+
+Unknown keys and wrong types are refused with the file, the key path and the
+accepted values. ``--recipe NAME`` finds ``configs/NAME.yaml``; a path works
+too. ``eaglequant export --dump-recipe`` prints the resolved recipe.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+from typing import Any, Literal, get_args, get_origin, get_type_hints
+
+from eaglequant.errors import InputError
+
+DEFAULT_RECIPE = "fp8-static"
+FP8_E4M3_MAX = 448.0
+
+
+@dataclass(frozen=True)
+class WeightSpec:
+    """How midlayer weights are quantized (always static)."""
+
+    granularity: Literal["per_tensor", "per_channel"] = "per_tensor"
+
+
+@dataclass(frozen=True)
+class ActivationSpec:
+    """How midlayer linear inputs are quantized."""
+
+    granularity: Literal["per_tensor", "per_token"] = "per_tensor"
+    dynamic: bool = False
+
+
+@dataclass(frozen=True)
+class CalibrationSpec:
+    """Calibration settings for static activation scales."""
+
+    steps: int = 3
+    samples: int = 64
+    seq_len: int = 256
+    held_out: int = 8
+    batch_size: int = 4
+    fixed_input_amax: float = 16.0
+
+
+@dataclass(frozen=True)
+class ValidationSpec:
+    """Thresholds used by ``eaglequant validate``."""
+
+    min_acceptance_ratio: float = 0.98
+    scale_tolerance: float = 4.0
+
+
+@dataclass(frozen=True)
+class Recipe:
+    """One quantization recipe (FP8 E4M3, symmetric, float32 scales)."""
+
+    name: str
+    description: str = ""
+    weight: WeightSpec = field(default_factory=WeightSpec)
+    activation: ActivationSpec = field(default_factory=ActivationSpec)
+    exclude: tuple[str, ...] = ("fc", "lm_head")
+    scale_type: Literal["float32"] = "float32"
+    calibration: CalibrationSpec = field(default_factory=CalibrationSpec)
+    validation: ValidationSpec = field(default_factory=ValidationSpec)
+
+    @property
+    def needs_calibration(self) -> bool:
+        return not self.activation.dynamic
+
+    def to_dict(self) -> dict[str, Any]:
+        data = dataclasses.asdict(self)
+        data["exclude"] = list(self.exclude)
+        return data
+
+
+def builtin_recipes() -> list[str]:
+    return sorted(
+        p.name.removesuffix(".yaml")
+        for p in resources.files("eaglequant.configs").iterdir()
+        if p.name.endswith(".yaml")
+    )
+
+
+def resolve_recipe_path(name_or_path: str) -> Path:
+    """A recipe name (``fp8-static``) or a YAML path -> the file to read."""
+    candidate = Path(name_or_path)
+    if candidate.suffix in (".yaml", ".yml") or candidate.exists():
+        if not candidate.is_file():
+            raise InputError(f"{candidate}: no such recipe file; built-in: {builtin_recipes()}")
+        return candidate
+    builtin = resources.files("eaglequant.configs") / f"{name_or_path}.yaml"
+    if not builtin.is_file():
+        raise InputError(
+            f"recipe {name_or_path!r}: unknown; use one of {builtin_recipes()} or a YAML path"
+        )
+    return Path(str(builtin))
+
+
+def load_recipe(name_or_path: str = DEFAULT_RECIPE) -> Recipe:
+    """Load and check a recipe; InputError names the file and key on any problem."""
+    import yaml
+
+    path = resolve_recipe_path(name_or_path)
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except (yaml.YAMLError, UnicodeDecodeError) as exc:
+        raise InputError(f"{path}: not valid YAML ({exc}); fix the recipe file") from exc
+    if not isinstance(data, dict):
+        raise InputError(f"{path}: a recipe must be a YAML mapping of keys to values")
+    recipe = _build(Recipe, data, str(path), "")
+    _check_values(recipe, path)
+    return recipe
+
+
+def _build(cls: Any, data: dict[str, Any], path: str, prefix: str) -> Any:
+    hints = get_type_hints(cls)
+    known = {f.name for f in dataclasses.fields(cls)}
+    for key in data:
+        if key not in known:
+            raise InputError(
+                f"{path}: unknown key '{prefix}{key}'; known keys here: {sorted(known)}"
+            )
+    values = {key: _convert(hints[key], value, path, f"{prefix}{key}") for key, value in data.items()}
+    return cls(**values)
+
+
+def _convert(hint: Any, value: Any, path: str, key: str) -> Any:
+    if dataclasses.is_dataclass(hint):
+        if not isinstance(value, dict):
+            raise InputError(f"{path}: '{key}' must be a mapping, got {value!r}")
+        return _build(hint, value, path, f"{key}.")
+    origin = get_origin(hint)
+    if origin is Literal:
+        if value not in get_args(hint):
+            raise InputError(f"{path}: '{key}' must be one of {list(get_args(hint))}, got {value!r}")
+        return value
+    if origin is tuple:
+        if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+            raise InputError(f"{path}: '{key}' must be a list of strings, got {value!r}")
+        return tuple(value)
+    if hint is float and isinstance(value, int) and not isinstance(value, bool):
+        value = float(value)
+    if not isinstance(value, hint) or (hint is int and isinstance(value, bool)):
+        raise InputError(f"{path}: '{key}' must be {hint.__name__}, got {value!r}")
+    return value
+
+
+def _check_values(recipe: Recipe, path: Path) -> None:
+    calib = recipe.calibration
+    for key in ("steps", "samples", "seq_len", "batch_size"):
+        if getattr(calib, key) < 1:
+            raise InputError(f"{path}: 'calibration.{key}' must be at least 1")
+    if calib.held_out < 0 or calib.fixed_input_amax <= 0:
+        raise InputError(f"{path}: 'calibration.held_out' >= 0 and 'fixed_input_amax' > 0 required")
+    if recipe.activation.granularity == "per_token" and not recipe.activation.dynamic:
+        raise InputError(f"{path}: 'activation.granularity: per_token' requires 'dynamic: true'")
+    if not 0 < recipe.validation.min_acceptance_ratio <= 1.5 or recipe.validation.scale_tolerance <= 1:
+        raise InputError(
+            f"{path}: 'validation.min_acceptance_ratio' must be in (0, 1.5] and "
+            "'validation.scale_tolerance' above 1"
+        )

@@ -1,0 +1,213 @@
+"""The EAGLE-3 Llama draft as a torch module whose forward matches vLLM's ``llama_eagle3.py``.
+
+Module names equal the checkpoint's tensor names (``midlayer.self_attn.q_proj``,
+``fc``, ``lm_head``, …), so Quark's layer names, the checkpoint and this code
+speak the same language. The forward runs the draft the way vLLM does:
+
+* step 0: ``fc`` fuses the target's auxiliary hidden states (3*target_hidden)
+  into one hidden vector; the next token's embedding and that vector are each
+  normed (``input_layernorm``, ``hidden_norm``), concatenated (2*hidden) and
+  fed to attention with RoPE; residual; ``post_attention_layernorm``; MLP;
+  ``norm``; ``lm_head`` over the draft vocabulary (``d2t`` maps draft ids to
+  target ids by offset).
+* step k>0: the draft's own previous pre-norm output replaces ``fc``'s output,
+  its own predicted token the embedding, one position further on. Each query
+  attends to the step-0 keys up to its base position and to its own keys of
+  earlier steps (the EAGLE-3 training-time-test mask), which equals what
+  vLLM's KV cache holds when it drafts token after token.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from transformers import LlamaConfig, PreTrainedModel
+
+from eaglequant.draft import DraftDims, dims_from_config
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, size: int, eps: float) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(size))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        dtype = x.dtype
+        x32 = x.float()
+        x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
+        return (self.weight.float() * x32).to(dtype)
+
+
+class Attention(nn.Module):
+    def __init__(self, dims: DraftDims) -> None:
+        super().__init__()
+        h, hd = dims.hidden, dims.head_dim
+        self.heads, self.kv_heads, self.head_dim = dims.heads, dims.kv_heads, hd
+        self.q_proj = nn.Linear(2 * h, dims.heads * hd, bias=False)
+        self.k_proj = nn.Linear(2 * h, dims.kv_heads * hd, bias=False)
+        self.v_proj = nn.Linear(2 * h, dims.kv_heads * hd, bias=False)
+        self.o_proj = nn.Linear(dims.heads * hd, h, bias=False)
+        inv_freq = 1.0 / (dims.rope_theta ** (torch.arange(0, hd, 2).float() / hd))
+        self.register_buffer("inv_freq", inv_freq, persistent=False)
+
+    def project(
+        self, x: torch.Tensor, positions: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Queries, keys, values (batch, heads, seq, head_dim) with RoPE applied."""
+        b, t, _ = x.shape
+        q = self.q_proj(x).view(b, t, self.heads, self.head_dim).transpose(1, 2)
+        k = self.k_proj(x).view(b, t, self.kv_heads, self.head_dim).transpose(1, 2)
+        v = self.v_proj(x).view(b, t, self.kv_heads, self.head_dim).transpose(1, 2)
+        return self._rope(q, positions), self._rope(k, positions), v
+
+    def _rope(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        freqs = positions.float()[..., None] * self.inv_freq  # (b, t, hd/2)
+        cos = torch.cat([freqs.cos(), freqs.cos()], -1)[:, None].to(x.dtype)
+        sin = torch.cat([freqs.sin(), freqs.sin()], -1)[:, None].to(x.dtype)
+        half = x.shape[-1] // 2
+        rotated = torch.cat([-x[..., half:], x[..., :half]], -1)
+        return x * cos + rotated * sin
+
+    def attend(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor
+    ) -> torch.Tensor:
+        repeat = self.heads // self.kv_heads
+        k, v = k.repeat_interleave(repeat, 1), v.repeat_interleave(repeat, 1)
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+        b, _, t, _ = out.shape
+        return self.o_proj(out.transpose(1, 2).reshape(b, t, self.heads * self.head_dim))
+
+
+class MLP(nn.Module):
+    def __init__(self, dims: DraftDims) -> None:
+        super().__init__()
+        self.gate_proj = nn.Linear(dims.hidden, dims.intermediate, bias=False)
+        self.up_proj = nn.Linear(dims.hidden, dims.intermediate, bias=False)
+        self.down_proj = nn.Linear(dims.intermediate, dims.hidden, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class MidLayer(nn.Module):
+    def __init__(self, dims: DraftDims) -> None:
+        super().__init__()
+        self.input_layernorm = RMSNorm(dims.hidden, dims.rms_norm_eps)
+        self.hidden_norm = RMSNorm(dims.hidden, dims.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(dims.hidden, dims.rms_norm_eps)
+        self.self_attn = Attention(dims)
+        self.mlp = MLP(dims)
+
+
+@dataclass
+class StepOutput:
+    """One speculative step over every base position."""
+
+    logits: torch.Tensor  # (b, t, draft_vocab)
+    prenorm: torch.Tensor  # (b, t, hidden): what the next step takes as its hidden state
+
+
+class Eagle3Draft(PreTrainedModel):
+    """The draft head; parameters named exactly like the checkpoint's tensors.
+
+    A transformers ``PreTrainedModel`` so that Quark's ``export_safetensors``
+    accepts it. ``forward`` takes one calibration batch and runs
+    ``unroll_steps`` speculative steps, so Quark observes every step's inputs.
+    """
+
+    config_class = LlamaConfig
+
+    def __init__(self, config: LlamaConfig, with_embeddings: bool = True) -> None:
+        super().__init__(config)
+        dims = dims_from_config(config.to_dict())
+        self.dims = dims
+        self.unroll_steps = 1
+        self.midlayer = MidLayer(dims)
+        self.fc = nn.Linear(dims.fc_in, dims.hidden, bias=False)
+        self.norm = RMSNorm(dims.hidden, dims.rms_norm_eps)
+        self.lm_head = nn.Linear(dims.hidden, dims.draft_vocab, bias=False)
+        self.embed_tokens = nn.Embedding(dims.vocab, dims.hidden) if with_embeddings else None
+        self.register_buffer("d2t", torch.zeros(dims.draft_vocab, dtype=torch.long))
+        self.register_buffer("t2d", torch.ones(dims.vocab, dtype=torch.bool))
+
+    def forward(self, aux_hidden: torch.Tensor, next_ids: torch.Tensor) -> torch.Tensor:
+        """Calibration forward: every step's logits, stacked (steps, b, t, draft_vocab)."""
+        outputs = self.unroll(aux_hidden, next_ids, self.unroll_steps)
+        return torch.stack([o.logits for o in outputs])
+
+    def draft_to_target(self, draft_ids: torch.Tensor) -> torch.Tensor:
+        return draft_ids + self.d2t[draft_ids]
+
+    def unroll(
+        self,
+        aux_hidden: torch.Tensor,
+        next_ids: torch.Tensor,
+        steps: int,
+        embed: nn.Module | None = None,
+    ) -> list[StepOutput]:
+        """Run ``steps`` speculative steps from every position, as vLLM drafts.
+
+        ``aux_hidden`` (b, t, fc_in) are the target's auxiliary hidden states at
+        positions 0..t-1 and ``next_ids`` (b, t) the tokens at positions 1..t.
+        Step k's outputs at base position i predict the token at i+k+2.
+        """
+        embed = embed if embed is not None else self.embed_tokens
+        assert embed is not None, "a draft without embed_tokens needs the target's embeddings"
+        b, t, _ = aux_hidden.shape
+        base = torch.arange(t, device=aux_hidden.device).expand(b, t)
+        hidden = self.fc(aux_hidden)
+        tokens = next_ids
+        keys: list[torch.Tensor] = []
+        values: list[torch.Tensor] = []
+        outputs = []
+        for step in range(steps):
+            out = self._step(embed(tokens), hidden, base + step, keys, values)
+            outputs.append(out)
+            hidden = out.prenorm
+            tokens = self.draft_to_target(out.logits.argmax(-1))
+        return outputs
+
+    def _step(
+        self,
+        embeds: torch.Tensor,
+        hidden: torch.Tensor,
+        positions: torch.Tensor,
+        keys: list[torch.Tensor],
+        values: list[torch.Tensor],
+    ) -> StepOutput:
+        layer = self.midlayer
+        residual = hidden
+        x = torch.cat([layer.input_layernorm(embeds), layer.hidden_norm(hidden)], dim=-1)
+        q, k, v = layer.self_attn.project(x, positions)
+        keys.append(k)
+        values.append(v)
+        mask = _ttt_mask(len(keys), q.shape[2], q.device)
+        attn = layer.self_attn.attend(q, torch.cat(keys, 2), torch.cat(values, 2), mask)
+        residual = residual + attn
+        x = layer.mlp(layer.post_attention_layernorm(residual))
+        prenorm = residual + x
+        return StepOutput(self.lm_head(self.norm(prenorm)), prenorm)
+
+
+def _ttt_mask(blocks: int, t: int, device: torch.device) -> torch.Tensor:
+    """Step ``blocks-1``'s mask over [step-0 keys | step-1 keys | …]: causal, then diagonal."""
+    causal = torch.ones(t, t, dtype=torch.bool, device=device).tril()
+    eye = torch.eye(t, dtype=torch.bool, device=device)
+    return torch.cat([causal] + [eye] * (blocks - 1), dim=1)
+
+
+def scaled_init_(module: Eagle3Draft, seed: int) -> None:
+    """Deterministic random init at a Llama-like scale (for tests and untrained drafts)."""
+    generator = torch.Generator().manual_seed(seed)
+    for name, param in module.named_parameters():
+        if name.endswith("norm.weight") or "layernorm" in name:
+            param.data.fill_(1.0)
+        else:
+            std = 1.0 / math.sqrt(param.shape[-1]) if param.dim() > 1 else 0.02
+            param.data.normal_(0.0, std, generator=generator)

@@ -1,0 +1,97 @@
+"""CLI: inspect and fix-config through Click's CliRunner (exit codes, messages)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from click.testing import CliRunner
+
+from eaglequant.cli import main
+from tests.conftest import edit_config, tree_digest
+
+
+def _fp8_config(folder: Path, exclude: list[str]) -> None:
+    spec = {"dtype": "fp8_e4m3", "qscheme": "per_tensor", "is_dynamic": False}
+    edit_config(
+        folder,
+        quantization_config={
+            "quant_method": "quark",
+            "exclude": exclude,
+            "global_quant_config": {"weight": spec, "input_tensors": spec, "output_tensors": None},
+            "layer_quant_config": {},
+            "export": {"kv_cache_group": []},
+        },
+    )
+
+
+def test_help_imports_nothing_heavy() -> None:
+    code = (
+        "import sys; from eaglequant.cli import main\n"
+        "try:\n    main(['--help'])\nexcept SystemExit:\n    pass\n"
+        "heavy = [m for m in ('torch', 'quark', 'vllm', 'transformers', 'safetensors') "
+        "if m in sys.modules]\n"
+        "assert not heavy, heavy"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, capture_output=True)
+
+
+def test_inspect_clean_bf16_draft(tiny_draft: Path) -> None:
+    result = CliRunner().invoke(main, ["inspect", str(tiny_draft)])
+    assert result.exit_code == 0, result.output
+    assert "no problems found" in result.output
+    assert "model.layers.32.self_attn.qkv_proj" in result.output
+
+
+def test_inspect_json(tiny_draft: Path) -> None:
+    result = CliRunner().invoke(main, ["inspect", str(tiny_draft), "--json", "--target-layers", "4"])
+    data = json.loads(result.output)
+    assert data["tensor_count"] == 16
+    assert data["fates"][0]["vllm_name"] == "model.layers.4.self_attn.qkv_proj"
+
+
+def test_inspect_unreadable_input_exits_2(tmp_path: Path) -> None:
+    result = CliRunner().invoke(main, ["inspect", str(tmp_path / "nope")])
+    assert result.exit_code == 2
+    assert "no such folder" in result.output
+
+
+def test_bare_fc_exclude_is_reported_and_fix_config_repairs_it(tiny_draft: Path) -> None:
+    _fp8_config(tiny_draft, ["fc", "lm_head"])
+    runner = CliRunner()
+    result = runner.invoke(main, ["inspect", str(tiny_draft)])
+    assert result.exit_code == 1
+    assert "exclude entry 'fc' matches no vLLM module; vLLM would quantize model.fc" in result.output
+    assert f"run `eaglequant fix-config {tiny_draft}`" in result.output
+
+    fixed = runner.invoke(main, ["fix-config", str(tiny_draft)])
+    assert fixed.exit_code == 0, fixed.output
+    config = json.loads((tiny_draft / "config.json").read_text())
+    assert config["quantization_config"]["exclude"] == ["re:.*fc.*", "re:.*lm_head.*"]
+    before = tree_digest(tiny_draft)
+    again = runner.invoke(main, ["fix-config", str(tiny_draft)])
+    assert "already correct, unchanged" in again.output
+    assert tree_digest(tiny_draft) == before
+    after = runner.invoke(main, ["inspect", str(tiny_draft), "--json"])
+    problems = json.loads(after.output)["problems"]
+    assert not any("exclude entry" in p for p in problems)
+
+
+def test_fix_config_into_output_leaves_input_alone(tiny_draft: Path, tmp_path: Path) -> None:
+    _fp8_config(tiny_draft, ["fc", "lm_head"])
+    before = tree_digest(tiny_draft)
+    out = tmp_path / "fixed"
+    result = CliRunner().invoke(main, ["fix-config", str(tiny_draft), "--output", str(out)])
+    assert result.exit_code == 0, result.output
+    assert tree_digest(tiny_draft) == before
+    copy = tree_digest(out)
+    assert copy["model.safetensors"] == before["model.safetensors"]
+    assert copy["config.json"] != before["config.json"]
+
+
+def test_fix_config_on_bf16_draft_is_bad_input(tiny_draft: Path) -> None:
+    result = CliRunner().invoke(main, ["fix-config", str(tiny_draft)])
+    assert result.exit_code == 2
+    assert "no quantization_config" in result.output

@@ -1,0 +1,123 @@
+"""Writing: huggingface_hub sharding, exact index JSON, byte-identical pass-through, atomicity."""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors import safe_open
+
+from eaglequant.checkpoint import read_checkpoint
+from eaglequant.errors import InputError, OutputError
+from eaglequant.output import atomic_output_dir, check_output_path
+from eaglequant.writer import (
+    blob_from_file,
+    blob_from_tensor,
+    parse_shard_size,
+    write_checkpoint_weights,
+)
+
+
+def _blobs() -> list:
+    return [
+        blob_from_tensor("a.weight", torch.arange(300, dtype=torch.float32).reshape(30, 10)),
+        blob_from_tensor("b.weight", torch.ones(50, dtype=torch.bfloat16)),
+        blob_from_tensor("c.weight", torch.zeros(250, dtype=torch.float32)),
+        blob_from_tensor("d", torch.arange(4, dtype=torch.int64)),
+    ]
+
+
+def test_small_shard_size_gives_exact_index(tmp_path: Path) -> None:
+    files = write_checkpoint_weights(tmp_path, _blobs(), max_shard_size=1200)
+    assert files == [
+        "model-00001-of-00002.safetensors",
+        "model-00002-of-00002.safetensors",
+        "model.safetensors.index.json",
+    ]
+    index = json.loads((tmp_path / "model.safetensors.index.json").read_text())
+    assert index == {
+        "metadata": {"total_size": 1200 + 100 + 1000 + 32},
+        "weight_map": {
+            "a.weight": "model-00001-of-00002.safetensors",
+            "b.weight": "model-00002-of-00002.safetensors",
+            "c.weight": "model-00002-of-00002.safetensors",
+            "d": "model-00002-of-00002.safetensors",
+        },
+    }
+    with safe_open(str(tmp_path / files[0]), framework="pt") as handle:
+        assert handle.metadata() == {"format": "pt"}
+        assert torch.equal(handle.get_tensor("a.weight"), torch.arange(300.0).reshape(30, 10))
+    for name in files:
+        assert stat.S_IMODE(os.stat(tmp_path / name).st_mode) == 0o644
+
+
+def test_single_shard_has_no_index(tmp_path: Path) -> None:
+    assert write_checkpoint_weights(tmp_path, _blobs(), 10**9) == ["model.safetensors"]
+    assert not (tmp_path / "model.safetensors.index.json").exists()
+
+
+def test_file_backed_blobs_are_byte_identical(sharded_draft: Path, tmp_path: Path) -> None:
+    src = read_checkpoint(sharded_draft)
+    write_checkpoint_weights(tmp_path, [blob_from_file(t) for t in src.tensors.values()], 10**9)
+    (tmp_path / "config.json").write_text(json.dumps(src.config))
+    copy = read_checkpoint(tmp_path)
+    assert all(copy.read_raw(n) == src.read_raw(n) for n in src.tensors)
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"), [("5GB", 5 * 10**9), ("500MB", 5 * 10**8), ("123", 123)]
+)
+def test_parse_shard_size(text: str, expected: int) -> None:
+    assert parse_shard_size(text) == expected
+
+
+@pytest.mark.parametrize("text", ["five", "5XB", "0", "-3MB"])
+def test_unparsable_shard_size(text: str) -> None:
+    with pytest.raises(InputError, match="--max-shard-size"):
+        parse_shard_size(text)
+
+
+def test_atomic_output_appears_only_on_success(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    with pytest.raises(RuntimeError), atomic_output_dir(out, overwrite=False) as temp:
+        (temp / "half.txt").write_text("x")
+        raise RuntimeError("boom")
+    assert not out.exists()
+    assert [p.name for p in tmp_path.iterdir()] == []
+    with atomic_output_dir(out, overwrite=False) as temp:
+        (temp / "done.txt").write_text("x")
+    assert (out / "done.txt").read_text() == "x"
+    assert stat.S_IMODE(os.stat(out).st_mode) == 0o755
+
+
+def test_output_rules(tmp_path: Path, tiny_draft: Path) -> None:
+    with pytest.raises(OutputError, match="may not be the input folder"):
+        check_output_path(tiny_draft, [tiny_draft], overwrite=True)
+    with pytest.raises(OutputError, match="may not be the input folder"):
+        check_output_path(tiny_draft / "sub", [tiny_draft], overwrite=False)
+    busy = tmp_path / "busy"
+    busy.mkdir()
+    (busy / "f").write_text("x")
+    with pytest.raises(OutputError, match="exists and is not empty; pass --overwrite"):
+        check_output_path(busy, [tiny_draft], overwrite=False)
+    check_output_path(busy, [tiny_draft], overwrite=True)
+
+
+def test_overwrite_replaces_and_race_loser_fails_cleanly(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "old.txt").write_text("old")
+    with atomic_output_dir(out, overwrite=True) as temp:
+        (temp / "new.txt").write_text("new")
+    assert sorted(p.name for p in out.iterdir()) == ["new.txt"]
+    with pytest.raises(OutputError, match="appeared while this run was writing"):
+        with atomic_output_dir(tmp_path / "race", overwrite=False) as temp:
+            (temp / "mine.txt").write_text("x")
+            (tmp_path / "race").mkdir()
+            (tmp_path / "race" / "theirs.txt").write_text("y")
+    assert sorted(p.name for p in (tmp_path / "race").iterdir()) == ["theirs.txt"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out", "race"]
