@@ -22,16 +22,21 @@ from eaglequant.errors import EagleQuantError
 F = TypeVar("F", bound=Callable[..., Any])
 
 
+def run_reporting_errors(body: Callable[[], Any]) -> Any:
+    """Run ``body``; the tool's own errors become one line on stderr and their exit code."""
+    try:
+        return body()
+    except EagleQuantError as exc:
+        click.echo(f"error: {exc}", err=True)
+        sys.exit(exc.exit_code)
+
+
 def reports_errors(func: F) -> F:
-    """Turn the tool's own errors into one line on stderr and their exit code."""
+    """Decorator form of ``run_reporting_errors``."""
 
     @functools.wraps(func)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
-        try:
-            return func(*args, **kwargs)
-        except EagleQuantError as exc:
-            click.echo(f"error: {exc}", err=True)
-            sys.exit(exc.exit_code)
+        return run_reporting_errors(lambda: func(*args, **kwargs))
 
     return wrapper  # type: ignore[return-value]
 
@@ -88,6 +93,15 @@ def fix_config_command(path: Path, output: Path | None, overwrite: bool) -> None
     verb = "rewrote" if result.changed else "already correct, unchanged:"
     click.echo(f"{verb} exclude {result.before} -> {result.after} in {result.written_to}")
 
+
+def _register_commands() -> None:
+    from eaglequant.cli_export import capture, export
+
+    main.add_command(export)
+    main.add_command(capture)
+
+
+_register_commands()
 
 if __name__ == "__main__":
     main()

@@ -57,3 +57,41 @@ def print_inspect(report: InspectReport) -> None:
             console.print(f"  - {problem}")
     else:
         console.print("[green]no problems found[/green]")
+
+
+def print_export(result) -> None:  # type: ignore[no-untyped-def]
+    """The plan (dry run) or the closing summary of an export."""
+    if result.dry_run:
+        console.print("[bold]dry run[/bold]: every check passed; the export would:")
+        for step in result.plan.steps:
+            console.print(f"  - {step}")
+        return
+    manifest = result.manifest
+    calib = manifest["calibration"]
+    table = Table(title=f"FP8 layers written to {result.out}")
+    for column in ("layer", "w amax", "w scale", "in amax", "in scale", "SQNR dB"):
+        table.add_column(column, justify="right" if column != "layer" else "left")
+    for layer in manifest["layers"]:
+        table.add_row(
+            layer["name"],
+            _num(layer["weight_amax"]),
+            _num(layer["weight_scale"]),
+            _num(layer["input_amax"]),
+            _num(layer["input_scale"]) if layer["input_scale"] is not None else "dynamic",
+            f"{layer['sqnr_db']:.1f}" if layer["sqnr_db"] is not None else "-",
+        )
+    console.print(table)
+    agreement = manifest["top1_agreement_by_step"]
+    if agreement:
+        steps = ", ".join(f"step {k + 1}: {a:.3f}" for k, a in enumerate(agreement))
+        console.print(f"top-1 agreement FP8 vs BF16 draft on held-out inputs: {steps}")
+    if not calib["calibrated"]:
+        console.print("[yellow]input scales were NOT calibrated (--calib none)[/yellow]")
+    else:
+        console.print(f"calibration: {calib['source']}, {calib['tokens']} tokens")
+    timings = ", ".join(f"{k} {v:.1f}s" for k, v in manifest["timings_s"].items())
+    console.print(f"timings: {timings}")
+
+
+def _num(value: float | None) -> str:
+    return "-" if value is None else f"{value:.4g}"

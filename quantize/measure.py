@@ -1,0 +1,192 @@
+"""Measure an FP8 export against its BF16 source on held-out draft inputs.
+
+The FP8 side is simulated from the written tensors themselves (FP8 weight x
+``weight_scale``, inputs cast to FP8 with ``input_scale`` or per-token /
+per-tensor dynamic scales), so what is measured is the artifact, not Quark's
+in-memory model. Reported per quantized layer: weight and input amax, the
+scales, output SQNR (dB) against the unquantized layer on the same inputs;
+and per speculative step, top-1 agreement of the FP8 and BF16 drafts.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from eaglequant.draft import MIDLAYER_LINEARS
+from eaglequant.quantize.draft_model import Eagle3Draft
+from eaglequant.recipe import FP8_E4M3_MAX, Recipe
+
+FP8 = torch.float8_e4m3fn
+
+
+def fp8_quantize(x: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """Quantize-dequantize ``x`` with ``scale`` (broadcast), saturating at ±448."""
+    return (x / scale).clamp(-FP8_E4M3_MAX, FP8_E4M3_MAX).to(FP8).to(x.dtype) * scale
+
+
+class SimulatedFp8Linear(nn.Module):
+    """An nn.Linear replacement computing with the exported FP8 tensors."""
+
+    def __init__(
+        self, weight: torch.Tensor, weight_scale: torch.Tensor, input_scale: torch.Tensor | None,
+        per_token: bool,
+    ) -> None:
+        super().__init__()
+        scale = weight_scale.float().reshape(-1, 1) if weight_scale.numel() > 1 else weight_scale.float()
+        self.register_buffer("weight", weight.float() * scale)
+        self.input_scale = input_scale.float() if input_scale is not None else None
+        self.per_token = per_token
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.input_scale is not None:
+            scale = self.input_scale
+        elif self.per_token:
+            scale = x.abs().amax(-1, keepdim=True).clamp_min(1e-12) / FP8_E4M3_MAX
+        else:
+            scale = x.abs().amax().clamp_min(1e-12) / FP8_E4M3_MAX
+        return F.linear(fp8_quantize(x, scale), self.weight)
+
+
+def simulated_fp8_draft(
+    bf16: Eagle3Draft, tensors: dict[str, torch.Tensor], recipe: Recipe
+) -> Eagle3Draft:
+    """A copy of ``bf16`` whose midlayer linears compute with the FP8 tensors."""
+    model = copy.deepcopy(bf16)
+    for name in MIDLAYER_LINEARS:
+        parent, child = name.rsplit(".", 1)
+        module = SimulatedFp8Linear(
+            tensors[f"{name}.weight"],
+            tensors[f"{name}.weight_scale"],
+            tensors.get(f"{name}.input_scale"),
+            per_token=recipe.activation.granularity == "per_token",
+        )
+        setattr(model.get_submodule(parent), child, module)
+    return model
+
+
+@dataclass
+class LayerStats:
+    """One quantized layer's ranges, scales and output SQNR."""
+
+    name: str
+    weight_amax: float
+    weight_scale: float
+    input_amax: float | None
+    input_scale: float | None
+    sqnr_db: float | None = None
+
+
+@dataclass
+class Measurement:
+    """Per-layer stats and per-step top-1 agreement on held-out batches."""
+
+    layers: list[LayerStats]
+    top1_agreement: list[float] = field(default_factory=list)
+    held_out_tokens: int = 0
+
+
+def input_amax(model: Eagle3Draft, batches: list[dict[str, torch.Tensor]], steps: int) -> dict[str, float]:
+    """Largest |input| each midlayer linear sees over ``steps`` unrolled steps."""
+    amax: dict[str, float] = {}
+
+    def hook(name: str):  # type: ignore[no-untyped-def]
+        def record(_module: nn.Module, args: tuple[torch.Tensor, ...]) -> None:
+            amax[name] = max(amax.get(name, 0.0), float(args[0].abs().max()))
+
+        return record
+
+    handles = [model.get_submodule(n).register_forward_pre_hook(hook(n)) for n in MIDLAYER_LINEARS]
+    try:
+        with torch.no_grad():
+            for batch in batches:
+                model.unroll(batch["aux_hidden"], batch["next_ids"], steps)
+    finally:
+        for handle in handles:
+            handle.remove()
+    return amax
+
+
+def measure(
+    bf16: Eagle3Draft,
+    tensors: dict[str, torch.Tensor],
+    recipe: Recipe,
+    calib_amax: dict[str, float] | None,
+    held_out: list[dict[str, torch.Tensor]],
+) -> Measurement:
+    """Layer stats (always) and, with held-out batches, SQNR and top-1 agreement."""
+    layers = [_layer_stats(bf16, tensors, name, calib_amax) for name in MIDLAYER_LINEARS]
+    if not held_out:
+        return Measurement(layers)
+    fp8 = simulated_fp8_draft(bf16, tensors, recipe)
+    sqnr = _sqnr(bf16, fp8, held_out, recipe.calibration.steps)
+    for stats in layers:
+        stats.sqnr_db = sqnr[stats.name]
+    agreement = _top1_agreement(bf16, fp8, held_out, recipe.calibration.steps)
+    tokens = sum(int(b["next_ids"].numel()) for b in held_out)
+    return Measurement(layers, agreement, tokens)
+
+
+def _layer_stats(
+    bf16: Eagle3Draft, tensors: dict[str, torch.Tensor], name: str, calib_amax: dict[str, float] | None
+) -> LayerStats:
+    weight = bf16.get_submodule(name).weight
+    input_scale = tensors.get(f"{name}.input_scale")
+    return LayerStats(
+        name=name,
+        weight_amax=float(weight.abs().max()),
+        weight_scale=float(tensors[f"{name}.weight_scale"].float().max()),
+        input_amax=calib_amax.get(name) if calib_amax else None,
+        input_scale=float(input_scale) if input_scale is not None else None,
+    )
+
+
+def _sqnr(
+    bf16: Eagle3Draft, fp8: Eagle3Draft, batches: list[dict[str, torch.Tensor]], steps: int
+) -> dict[str, float]:
+    """Per layer: SQNR of the FP8 layer's output against the exact layer on the same input."""
+    signal: dict[str, float] = dict.fromkeys(MIDLAYER_LINEARS, 0.0)
+    noise: dict[str, float] = dict.fromkeys(MIDLAYER_LINEARS, 0.0)
+
+    def hook(name: str):  # type: ignore[no-untyped-def]
+        exact_weight = bf16.get_submodule(name).weight
+
+        def record(_module: nn.Module, args: tuple[torch.Tensor, ...], out: torch.Tensor) -> None:
+            exact = F.linear(args[0], exact_weight)
+            signal[name] += float(exact.pow(2).sum())
+            noise[name] += float((exact - out).pow(2).sum())
+
+        return record
+
+    handles = [fp8.get_submodule(n).register_forward_hook(hook(n)) for n in MIDLAYER_LINEARS]
+    try:
+        with torch.no_grad():
+            for batch in batches:
+                fp8.unroll(batch["aux_hidden"], batch["next_ids"], steps)
+    finally:
+        for handle in handles:
+            handle.remove()
+    return {
+        n: 10 * math.log10(signal[n] / noise[n]) if noise[n] > 0 else math.inf
+        for n in MIDLAYER_LINEARS
+    }
+
+
+def _top1_agreement(
+    bf16: Eagle3Draft, fp8: Eagle3Draft, batches: list[dict[str, torch.Tensor]], steps: int
+) -> list[float]:
+    same = [0] * steps
+    total = 0
+    with torch.no_grad():
+        for batch in batches:
+            ref = bf16.unroll(batch["aux_hidden"], batch["next_ids"], steps)
+            got = fp8.unroll(batch["aux_hidden"], batch["next_ids"], steps)
+            for k in range(steps):
+                same[k] += int((ref[k].logits.argmax(-1) == got[k].logits.argmax(-1)).sum())
+            total += int(batch["next_ids"].numel())
+    return [s / total for s in same]

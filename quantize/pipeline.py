@@ -1,0 +1,148 @@
+"""The heavy stages of the export (torch and Quark imported here, never at CLI start-up)."""
+
+from __future__ import annotations
+
+import copy
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch import nn
+
+from eaglequant.checkpoint import CONFIG_FILE, Checkpoint, read_checkpoint
+from eaglequant.draft import MIDLAYER_LINEARS, structure_problems
+from eaglequant.inspect_draft import quantization_problems, read_scales
+from eaglequant.quantize import quark_backend
+from eaglequant.quantize.calibrate import CalibrationData, load_capture, run_target
+from eaglequant.quantize.draft_model import Eagle3Draft
+from eaglequant.quantize.load import load_draft_module
+from eaglequant.quantize.measure import Measurement, input_amax, measure
+from eaglequant.exclusions import predict_fates
+from eaglequant.recipe import Recipe
+from eaglequant.writer import (
+    blob_from_file,
+    blob_from_tensor,
+    copy_extra_files,
+    write_checkpoint_weights,
+    write_text,
+)
+
+if TYPE_CHECKING:
+    from eaglequant.quantize.export import ExportPlan, ExportRequest
+
+NOT_COPIED = {CONFIG_FILE, "README.md", "eaglequant.json"}
+
+
+@dataclass
+class Calibration:
+    """Calibration and held-out draft batches, plus the BF16 input ranges they produce."""
+
+    batches: list[dict[str, torch.Tensor]] | None
+    held_out: list[dict[str, torch.Tensor]]
+    amax: dict[str, float] | None
+    sequences: int
+    tokens: int
+
+
+def load(plan: ExportPlan) -> Eagle3Draft:
+    torch.set_grad_enabled(False)
+    return load_draft_module(plan.ckpt)
+
+
+def calibrate(plan: ExportPlan, request: ExportRequest, model: Eagle3Draft) -> Calibration:
+    """Collect draft inputs from the chosen source and split off the held-out part."""
+    source, spec = request.calibration, request.recipe.calibration
+    data: CalibrationData | None = None
+    count = (source.samples or spec.samples) + spec.held_out
+    if source.kind == "target":
+        assert source.target and source.data and plan.aux_layer_ids
+        data = run_target(
+            source.target,
+            source.data,
+            plan.aux_layer_ids,
+            source.seq_len or spec.seq_len,
+            count,
+            source.trust_remote_code,
+            with_embeddings=model.embed_tokens is None,
+        )
+    elif source.kind == "capture":
+        assert source.capture
+        data = load_capture(source.capture, plan.dims)
+    if data is None:
+        return Calibration(None, [], None, 0, 0)
+    if model.embed_tokens is None:
+        _attach_embeddings(model, data)
+    calib, held = data.split(source.samples or spec.samples, spec.held_out)
+    batches = calib.batches(spec.batch_size)
+    amax = input_amax(model, batches, spec.steps)
+    return Calibration(batches, held.batches(spec.batch_size), amax, len(calib.input_ids), calib.tokens)
+
+
+def _attach_embeddings(model: Eagle3Draft, data: CalibrationData) -> None:
+    if data.embed_tokens is None:
+        raise ValueError("the draft has no embed_tokens and the source gave none")
+    model.embed_tokens = nn.Embedding.from_pretrained(data.embed_tokens.float(), freeze=True)
+
+
+def quantize(
+    plan: ExportPlan, request: ExportRequest, model: Eagle3Draft, calib: Calibration, temp: Path
+) -> quark_backend.QuarkResult:
+    """Quark: calibrated static flow, or the file-to-file flow for dynamic activations."""
+    recipe = request.recipe
+    with quark_backend.scratch_dir(temp.parent) as scratch:
+        if not recipe.needs_calibration:
+            return quark_backend.quantize_file_to_file(plan.ckpt, recipe, Path(scratch))
+        working = copy.deepcopy(model)
+        working.unroll_steps = recipe.calibration.steps
+        return quark_backend.quantize_static(working, recipe, calib.batches, Path(scratch))
+
+
+def measure_export(
+    model: Eagle3Draft, quark: quark_backend.QuarkResult, recipe: Recipe, calib: Calibration
+) -> Measurement:
+    return measure(model, quark.tensors, recipe, calib.amax, calib.held_out)
+
+
+def write(
+    folder: Path,
+    ckpt: Checkpoint,
+    quantized: dict[str, torch.Tensor],
+    config: dict[str, Any],
+    max_shard_size: int,
+) -> list[str]:
+    """Quantized midlayer tensors from memory, every other tensor streamed from the input."""
+    replaced = {f"{name}.weight" for name in MIDLAYER_LINEARS}
+    blobs = [blob_from_file(info) for name, info in ckpt.tensors.items() if name not in replaced]
+    blobs += [blob_from_tensor(name, tensor) for name, tensor in quantized.items()]
+    files = write_checkpoint_weights(folder, blobs, max_shard_size)
+    write_text(folder / CONFIG_FILE, json.dumps(config, indent=2) + "\n")
+    files += copy_extra_files(ckpt.folder, folder, NOT_COPIED)
+    return files
+
+
+def verify(folder: Path, source: Checkpoint, quantized: dict[str, torch.Tensor]) -> None:
+    """Re-open the written folder and run the inspect checks plus byte comparisons."""
+    from eaglequant.quantize.export import fail_verification
+
+    written = read_checkpoint(folder)
+    fates = predict_fates(written.config)
+    problems = [str(p) for p in structure_problems(written)]
+    problems += [str(p) for p in quantization_problems(written, fates, read_scales(written), 32)]
+    for fate in fates:
+        expect_quantized = fate.vllm_name not in ("model.fc", "lm_head")
+        if fate.quantized != expect_quantized:
+            problems.append(f"vLLM would build {fate.vllm_name} as {fate.scheme}")
+    for name, info in source.tensors.items():
+        if name not in quantized and name in written.tensors:
+            if written.read_raw(name) != source.read_raw(name):
+                problems.append(f"tensor '{name}' is not byte-identical to the input")
+    for name, tensor in quantized.items():
+        expected = blob_from_tensor(name, tensor).data
+        if name not in written.tensors or written.read_raw(name) != expected:
+            problems.append(f"tensor '{name}' differs from Quark's output")
+    if set(written.tensors) != set(source.tensors) | set(quantized):
+        problems.append("the written tensor names differ from input + quantized tensors")
+    if problems:
+        fail_verification(folder, problems)

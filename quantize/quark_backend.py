@@ -1,0 +1,148 @@
+"""Quantization by AMD Quark: recipe -> ``QConfig``, then Quark's own flows.
+
+* Static activation scales: ``ModelQuantizer.quantize_model`` calibrates the
+  float32 draft module on the calibration batches, ``freeze`` fixes it, and
+  ``export_safetensors`` writes real FP8 weights and float32 scales. The math is
+  float32 (a BF16 model makes Quark divide in BF16 before the FP8 cast).
+* Dynamic activations (``ptpc-fp8``, ``fp8-dynamic``): Quark's file-to-file
+  flow ``ModelQuantizer.direct_quantize_checkpoint`` on a scratch folder that
+  holds only the midlayer's linear weights, the flow AMD's published card used.
+
+Either way only the midlayer's quantized tensors and Quark's
+``quantization_config`` are taken from Quark's output; everything else is
+passed through from the input byte for byte by the writer.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import tempfile
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from eaglequant.checkpoint import Checkpoint, read_checkpoint
+from eaglequant.draft import MIDLAYER_LINEARS
+from eaglequant.recipe import FP8_E4M3_MAX, Recipe
+from eaglequant.writer import blob_from_file, write_checkpoint_weights, write_text
+
+
+@dataclass
+class QuarkResult:
+    """Quark's quantized midlayer tensors and its ``quantization_config``."""
+
+    tensors: dict[str, torch.Tensor]
+    quantization_config: dict[str, Any]
+
+
+def quark_config(recipe: Recipe) -> Any:
+    """The Quark ``QConfig`` for ``recipe``."""
+    from quark.torch.quantization.config.config import (
+        FP8E4M3PerChannelSpec,
+        FP8E4M3PerTensorSpec,
+        QConfig,
+        QLayerConfig,
+    )
+
+    if recipe.weight.granularity == "per_channel":
+        weight = FP8E4M3PerChannelSpec(ch_axis=0, is_dynamic=False, scale_type=recipe.scale_type)
+    else:
+        weight = FP8E4M3PerTensorSpec(
+            observer_method="min_max", scale_type=recipe.scale_type, is_dynamic=False
+        )
+    act = recipe.activation
+    if act.granularity == "per_token":
+        inputs = FP8E4M3PerChannelSpec(ch_axis=1, is_dynamic=True, scale_type=recipe.scale_type)
+    else:
+        inputs = FP8E4M3PerTensorSpec(
+            observer_method="min_max", scale_type=recipe.scale_type, is_dynamic=act.dynamic
+        )
+    layer = QLayerConfig(
+        weight=weight.to_quantization_spec(), input_tensors=inputs.to_quantization_spec()
+    )
+    return QConfig(global_quant_config=layer, exclude=list(recipe.exclude))
+
+
+def quiet_quark() -> None:
+    """Quark logs every config at INFO; keep the terminal for our own progress."""
+    os.environ.setdefault("QUARK_LOG_LEVEL", "warning")
+    for name in ("quark", "quark.torch"):
+        logging.getLogger(name).setLevel(logging.WARNING)
+
+
+def quantize_static(
+    model: torch.nn.Module,
+    recipe: Recipe,
+    batches: Iterable[dict[str, torch.Tensor]] | None,
+    scratch: Path,
+) -> QuarkResult:
+    """Calibrate ``model`` (float32 Eagle3Draft) with Quark and export its FP8 midlayer.
+
+    ``batches`` None means no calibration data: every static input scale is set
+    from the recipe's ``fixed_input_amax`` instead.
+    """
+    quiet_quark()
+    from quark.torch import ModelQuantizer, export_safetensors
+
+    quantizer = ModelQuantizer(quark_config(recipe))
+    if batches is None:
+        # Quark insists on a dataloader for static inputs: give it one all-zero batch,
+        # then set every input scale from the recipe's assumed range.
+        quantized = quantizer.quantize_model(model, [_zero_batch(model)])
+        _set_fixed_input_scales(quantized, recipe.calibration.fixed_input_amax / FP8_E4M3_MAX)
+    else:
+        quantized = quantizer.quantize_model(model, list(batches))
+    frozen = quantizer.freeze(quantized)
+    export_safetensors(frozen, scratch)
+    return _collect(scratch)
+
+
+def _zero_batch(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    dims = model.dims  # type: ignore[attr-defined]
+    return {
+        "aux_hidden": torch.zeros(1, 2, dims.fc_in),
+        "next_ids": torch.zeros(1, 2, dtype=torch.long),
+    }
+
+
+def _set_fixed_input_scales(model: torch.nn.Module, scale: float) -> None:
+    for name, module in model.named_modules():
+        quantizer = getattr(module, "_input_quantizer", None)
+        if name.startswith("midlayer.") and quantizer is not None:
+            quantizer.scale.data.fill_(scale)
+
+
+def quantize_file_to_file(ckpt: Checkpoint, recipe: Recipe, scratch: Path) -> QuarkResult:
+    """Quark's ``direct_quantize_checkpoint`` on the midlayer linears alone."""
+    quiet_quark()
+    from quark.torch import ModelQuantizer
+
+    source, result = scratch / "midlayer-bf16", scratch / "quark-out"
+    source.mkdir()
+    blobs = [blob_from_file(ckpt.tensors[f"{name}.weight"]) for name in MIDLAYER_LINEARS]
+    write_checkpoint_weights(source, blobs, 10**15)
+    write_text(source / "config.json", json.dumps(ckpt.config))
+    ModelQuantizer(quark_config(recipe)).direct_quantize_checkpoint(
+        str(source), str(result), device="cpu"
+    )
+    return _collect(result)
+
+
+def _collect(folder: Path) -> QuarkResult:
+    """Read Quark's output folder: midlayer quantized tensors plus its quantization_config."""
+    written = read_checkpoint(folder)
+    wanted = [
+        n for n in written.tensors if n.startswith(tuple(f"{m}." for m in MIDLAYER_LINEARS))
+    ]
+    tensors = {name: written.load_tensor(name) for name in wanted}
+    return QuarkResult(tensors, written.config["quantization_config"])
+
+
+def scratch_dir(parent: Path) -> tempfile.TemporaryDirectory[str]:
+    """A scratch folder for Quark's own output, removed afterwards."""
+    return tempfile.TemporaryDirectory(prefix=".eaglequant-quark-", dir=parent)
