@@ -96,9 +96,11 @@ def fix_config_command(path: Path, output: Path | None, overwrite: bool) -> None
 
 def _register_commands() -> None:
     from eaglequant.cli_export import capture, export
+    from eaglequant.cli_validate import validate
 
     main.add_command(export)
     main.add_command(capture)
+    main.add_command(validate)
 
 
 _register_commands()

@@ -1,0 +1,119 @@
+"""Scale plausibility (validate check 6), computed outside vLLM with the project's own draft module.
+
+The BF16 baseline draft runs on the target's auxiliary hidden states for the
+validation sequences (prompt + the target's own greedy continuation), unrolled
+over k speculative steps; each midlayer linear's input range is recorded and
+compared with the FP8 artifact's ``input_scale`` x 448. ``weight_scale`` x 448
+is compared with the BF16 weight's amax (per tensor, or per output row for
+per-channel scales). Acceptance alone cannot catch these: FP8 is floating
+point, so a scale 1000x too large leaves acceptance unchanged, and a missing
+``input_scale`` loads silently as vLLM's -3.4e38 placeholder.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from eaglequant.checkpoint import read_checkpoint
+from eaglequant.draft import MIDLAYER_LINEARS, dims_from_config
+from eaglequant.recipe import FP8_E4M3_MAX
+
+if TYPE_CHECKING:
+    from eaglequant.validate.validate import ValidateRequest
+
+
+def plausibility_problems(
+    request: ValidateRequest, generated: list[list[int]] | None
+) -> tuple[list[str], dict[str, Any]]:
+    import torch
+
+    from eaglequant.quantize.calibrate import check_target_fits
+    from eaglequant.quantize.load import load_draft_module
+    from eaglequant.quantize.measure import input_amax
+
+    fp8 = read_checkpoint(request.draft)
+    baseline = read_checkpoint(request.baseline)
+    dims = dims_from_config(baseline.config)
+    aux_ids = check_target_fits(request.target, dims)
+    model = load_draft_module(baseline)
+    batches, embed = _validation_batches(request, generated, aux_ids)
+    if model.embed_tokens is None:
+        model.embed_tokens = torch.nn.Embedding.from_pretrained(embed, freeze=True)
+    measured = input_amax(model, batches, request.k)
+    static_inputs = _static_inputs(fp8.config)
+    problems: list[str] = []
+    numbers: dict[str, Any] = {}
+    for name in MIDLAYER_LINEARS:
+        weight_amax = model.get_submodule(name).weight.detach().abs()
+        row = {"input_amax": measured[name]}
+        problems += _check_weight_scale(fp8, name, weight_amax, request.scale_tolerance, row)
+        if static_inputs:
+            problems += _check_input_scale(fp8, name, measured[name], request.scale_tolerance, row)
+        numbers[name] = row
+    return problems, {"layers": numbers, "tolerance": request.scale_tolerance}
+
+
+def _validation_batches(
+    request: ValidateRequest, generated: list[list[int]] | None, aux_ids: tuple[int, ...]
+) -> tuple[list[dict[str, Any]], Any]:
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(request.target)
+    target = AutoModelForCausalLM.from_pretrained(
+        request.target, dtype=torch.float32, use_safetensors=True
+    ).eval()
+    batches = []
+    with torch.no_grad():
+        for i, prompt in enumerate(request.prompts):
+            ids = tokenizer(prompt)["input_ids"] + (generated[i] if generated else [])
+            row = torch.tensor([ids])
+            states = target(input_ids=row, output_hidden_states=True).hidden_states
+            aux = torch.cat([states[j] for j in aux_ids], dim=-1)
+            batches.append({"aux_hidden": aux[:, :-1], "next_ids": row[:, 1:]})
+    return batches, target.get_input_embeddings().weight.detach().clone()
+
+
+def _static_inputs(config: dict[str, Any]) -> bool:
+    spec = (config.get("quantization_config") or {}).get("global_quant_config", {}).get("input_tensors")
+    spec = spec[0] if isinstance(spec, list) and spec else spec
+    return isinstance(spec, dict) and not spec.get("is_dynamic")
+
+
+def _ratio_problem(name: str, what: str, implied: float, measured: float, tolerance: float) -> list[str]:
+    ratio = implied / measured if measured > 0 else float("inf")
+    if not (1 / tolerance <= ratio <= tolerance):
+        return [
+            f"{name}.{what} x 448 = {implied:.4g} but the measured range is {measured:.4g} "
+            f"(off by {ratio:.3g}x, tolerance {tolerance}x)"
+        ]
+    return []
+
+
+def _check_weight_scale(fp8: Any, name: str, weight_abs: Any, tolerance: float, row: dict[str, Any]) -> list[str]:
+    key = f"{name}.weight_scale"
+    if key not in fp8.tensors:
+        return [f"{key} is missing"]
+    scale = fp8.load_tensor(key).float().flatten()
+    if not bool((scale > 0).all()) or not bool(scale.isfinite().all()):
+        return [f"{key} is not finite positive ({scale.min().item():.3g})"]
+    if scale.numel() > 1:
+        measured = weight_abs.amax(dim=1)
+        ratios = scale * FP8_E4M3_MAX / measured.clamp_min(1e-30)
+        worst = int((ratios.log().abs()).argmax())
+        row["weight_scale_worst_ratio"] = float(ratios[worst])
+        return _ratio_problem(name, f"weight_scale[{worst}]", float(scale[worst]) * FP8_E4M3_MAX, float(measured[worst]), tolerance)
+    implied = float(scale[0]) * FP8_E4M3_MAX
+    row["weight_scale_x448"], row["weight_amax"] = implied, float(weight_abs.max())
+    return _ratio_problem(name, "weight_scale", implied, float(weight_abs.max()), tolerance)
+
+
+def _check_input_scale(fp8: Any, name: str, measured: float, tolerance: float, row: dict[str, Any]) -> list[str]:
+    key = f"{name}.input_scale"
+    if key not in fp8.tensors:
+        return [f"{key} is missing (vLLM would load its -3.4e38 placeholder silently)"]
+    scale = float(fp8.load_tensor(key).float().flatten()[0])
+    if not scale > 0 or scale == float("inf"):
+        return [f"{key} is not finite positive ({scale:.3g})"]
+    row["input_scale_x448"] = scale * FP8_E4M3_MAX
+    return _ratio_problem(name, "input_scale", scale * FP8_E4M3_MAX, measured, tolerance)

@@ -1,0 +1,348 @@
+"""``eaglequant validate``: prove an FP8 draft in vLLM speculative decoding against its BF16 draft.
+
+Three engine runs, each in its own process with a timeout (target alone,
+target + BF16 baseline draft, target + FP8 draft), greedy, the same prompts and
+engine mode, then six checks, each reported with its numbers:
+
+1. lossless: each speculative run's tokens equal the target-only tokens;
+2. acceptance: FP8 mean acceptance length >= ratio x BF16's;
+3. layers: vLLM built ``fc`` and ``lm_head`` unquantized and every midlayer
+   projection with the FP8 scheme, FP8 weights and finite positive scales;
+4. log: no "Attempted to load weight … float8_e4m3fn" (a bad exclusion);
+5. per-position acceptance of both drafts, side by side (information);
+6. scale plausibility, outside vLLM: the BF16 draft run on the target's
+   hidden states for the validation sequences gives each layer's input range;
+   ``input_scale`` x 448 and ``weight_scale`` x 448 must lie within the
+   recipe's factor of the measured ranges, and no scale may be missing.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from eaglequant.checkpoint import read_checkpoint, read_config
+from eaglequant.draft import dims_from_config, structure_problems
+from eaglequant.errors import InputError
+
+LOG_TAIL_CHARS = 4000
+BAD_EXCLUSION_SIGNATURE = "Attempted to load weight"
+
+
+@dataclass(frozen=True)
+class ValidateRequest:
+    target: Path
+    draft: Path
+    baseline: Path
+    prompts: list[str]
+    k: int = 3
+    max_tokens: int = 48
+    min_acceptance_ratio: float = 0.98
+    scale_tolerance: float = 4.0
+    engine_timeout_s: float = 600.0
+    max_model_len: int = 1024
+
+
+@dataclass
+class Check:
+    name: str
+    passed: bool
+    detail: str
+    numbers: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class ValidationReport:
+    target: str
+    draft: str
+    baseline: str
+    k: int
+    prompts: int
+    max_tokens: int
+    backend: str
+    plugin_active: bool
+    engines: dict[str, dict[str, Any]]
+    checks: list[Check]
+
+    @property
+    def passed(self) -> bool:
+        return all(c.passed for c in self.checks)
+
+    def to_json(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["passed"] = self.passed
+        return data
+
+
+def read_prompts(path: Path | None, default: Path | None = None) -> list[str]:
+    """Prompts from a .jsonl (``text`` or ``prompt`` fields) or .txt (one per line)."""
+    source = path or default
+    if source is None or not source.is_file():
+        raise InputError(f"{source}: no such prompts file; pass --prompts FILE")
+    try:
+        raw = source.read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        raise InputError(f"{source}: not UTF-8 text; convert it") from exc
+    if source.suffix == ".jsonl":
+        prompts = []
+        for number, line in enumerate(raw.splitlines(), 1):
+            if not line.strip():
+                continue
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise InputError(f"{source}:{number}: not JSON ({exc.msg})") from exc
+            text = record.get("text", record.get("prompt")) if isinstance(record, dict) else None
+            if not isinstance(text, str):
+                raise InputError(f"{source}:{number}: needs a 'text' or 'prompt' string")
+            prompts.append(text)
+    else:
+        prompts = [line for line in raw.splitlines() if line.strip()]
+    if not prompts:
+        raise InputError(f"{source}: holds no prompts")
+    return prompts
+
+
+def check_inputs(request: ValidateRequest) -> None:
+    """Everything that can be checked before any engine starts."""
+    if not request.target.is_dir():
+        raise InputError(f"{request.target}: no such target folder; pass --target DIR")
+    target_config = read_config(request.target)
+    target_config = target_config.get("text_config", target_config)
+    for role, folder in (("--draft", request.draft), ("--baseline", request.baseline)):
+        ckpt = read_checkpoint(folder)
+        problems = structure_problems(ckpt)
+        if problems:
+            raise InputError(f"{role}: {problems[0]}")
+        dims = dims_from_config(ckpt.config, str(folder / "config.json"))
+        if dims.target_hidden != target_config.get("hidden_size"):
+            raise InputError(
+                f"{folder}: built for target hidden size {dims.target_hidden}, but "
+                f"{request.target} has hidden_size {target_config.get('hidden_size')}; "
+                "pass the target this draft was trained for"
+            )
+        if dims.vocab != target_config.get("vocab_size"):
+            raise InputError(
+                f"{folder}: vocab_size {dims.vocab} differs from the target's "
+                f"{target_config.get('vocab_size')}; pass the target this draft was trained for"
+            )
+    if "quantization_config" not in read_config(request.draft):
+        raise InputError(f"{request.draft}: has no quantization_config; pass the FP8 draft as --draft")
+
+
+def validate(request: ValidateRequest, progress: Any = lambda _m: None) -> ValidationReport:
+    """Run the three engines and the six checks."""
+    check_inputs(request)
+    engines: dict[str, dict[str, Any]] = {}
+    for role, draft in (("target", None), ("bf16", request.baseline), ("fp8", request.draft)):
+        progress(f"vLLM engine: {role} ...")
+        engines[role] = run_engine(request, draft)
+        progress(f"vLLM engine: {role} {'ok' if engines[role]['ok'] else 'FAILED'} "
+                 f"({engines[role]['wall_s']:.0f}s)")
+    checks = _engine_checks(request, engines)
+    progress("scale plausibility ...")
+    checks.append(scale_plausibility(request, engines["target"]))
+    fp8 = engines["fp8"]
+    return ValidationReport(
+        target=str(request.target),
+        draft=str(request.draft),
+        baseline=str(request.baseline),
+        k=request.k,
+        prompts=len(request.prompts),
+        max_tokens=request.max_tokens,
+        backend=fp8.get("result", {}).get("platform", "unknown"),
+        plugin_active=bool(fp8.get("result", {}).get("plugin_active")),
+        engines={role: _engine_summary(e) for role, e in engines.items()},
+        checks=checks,
+    )
+
+
+def run_engine(request: ValidateRequest, draft: Path | None) -> dict[str, Any]:
+    """One engine in a child process (own process group), bounded by the timeout."""
+    with tempfile.TemporaryDirectory(prefix="eaglequant-engine-") as scratch:
+        spec_path, out_path = Path(scratch) / "spec.json", Path(scratch) / "out.json"
+        log_path = Path(scratch) / "engine.log"
+        spec = {
+            "target": str(request.target),
+            "draft": str(draft) if draft else None,
+            "k": request.k,
+            "prompts": request.prompts,
+            "max_tokens": request.max_tokens,
+            "max_model_len": request.max_model_len,
+        }
+        spec_path.write_text(json.dumps(spec))
+        env = dict(os.environ)
+        env.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+        env.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+        started = time.perf_counter()
+        with log_path.open("wb") as log:
+            process = subprocess.Popen(
+                [sys.executable, "-m", "eaglequant.validate.engine_run", str(spec_path), str(out_path)],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env=env,
+                start_new_session=True,
+            )
+            timed_out = _wait(process, request.engine_timeout_s)
+        log_text = log_path.read_text(encoding="utf-8", errors="replace")
+        engine: dict[str, Any] = {
+            "ok": process.returncode == 0 and out_path.is_file() and not timed_out,
+            "returncode": process.returncode,
+            "timed_out": timed_out,
+            "wall_s": round(time.perf_counter() - started, 1),
+            "log": log_text,
+        }
+        if engine["ok"]:
+            engine["result"] = json.loads(out_path.read_text())
+        return engine
+
+
+def _wait(process: subprocess.Popen[bytes], timeout: float) -> bool:
+    try:
+        process.wait(timeout=timeout)
+        return False
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)
+        process.wait()
+        return True
+    finally:
+        try:  # leave no stray children of the engine behind
+            os.killpg(process.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+def _engine_summary(engine: dict[str, Any]) -> dict[str, Any]:
+    result = engine.get("result", {})
+    summary = {k: engine[k] for k in ("ok", "returncode", "timed_out", "wall_s")}
+    summary |= {k: result[k] for k in ("load_s", "generate_s", "metrics") if k in result}
+    if "metrics" in result:
+        summary["acceptance"] = acceptance(result["metrics"])
+    if not engine["ok"]:
+        summary["log_tail"] = engine["log"][-LOG_TAIL_CHARS:]
+    return summary
+
+
+def acceptance(metrics: dict[str, Any]) -> dict[str, Any]:
+    """Mean acceptance length (1 + accepted / drafts, as vLLM's example) and per position."""
+    drafts = metrics.get("num_drafts", 0)
+    accepted = metrics.get("num_accepted_tokens", 0)
+    per_pos = metrics.get("accepted_per_pos", [])
+    return {
+        "mean_length": 1 + accepted / drafts if drafts else None,
+        "per_position": [a / drafts for a in per_pos] if drafts else [],
+        "drafts": drafts,
+        "accepted": accepted,
+    }
+
+
+def _engine_checks(request: ValidateRequest, engines: dict[str, dict[str, Any]]) -> list[Check]:
+    failed = [role for role, e in engines.items() if not e["ok"]]
+    if failed:
+        tails = {role: engines[role]["log"][-LOG_TAIL_CHARS:] for role in failed}
+        return [
+            Check(
+                "engines",
+                False,
+                f"vLLM engine(s) {failed} failed or timed out "
+                f"(timeout {request.engine_timeout_s:.0f}s); see log_tail",
+                {"log_tail": tails},
+            )
+        ]
+    return [
+        _lossless(engines),
+        _acceptance_check(request, engines),
+        _layers_check(engines["fp8"]["result"]["draft_layers"]),
+        _log_check(engines["fp8"]["log"]),
+        _per_position(engines),
+    ]
+
+
+def _lossless(engines: dict[str, dict[str, Any]]) -> Check:
+    reference = engines["target"]["result"]["token_ids"]
+    mismatches = {}
+    for role in ("bf16", "fp8"):
+        got = engines[role]["result"]["token_ids"]
+        differing = [i for i, (a, b) in enumerate(zip(reference, got)) if a != b]
+        if differing or len(got) != len(reference):
+            mismatches[role] = differing
+    detail = "greedy outputs of target + each draft equal the target alone"
+    if mismatches:
+        detail = f"outputs differ from the target alone in prompts {mismatches}"
+    return Check("1 lossless", not mismatches, detail, {"mismatched_prompts": mismatches})
+
+
+def _acceptance_check(request: ValidateRequest, engines: dict[str, dict[str, Any]]) -> Check:
+    bf16 = acceptance(engines["bf16"]["result"]["metrics"])["mean_length"]
+    fp8 = acceptance(engines["fp8"]["result"]["metrics"])["mean_length"]
+    if bf16 is None or fp8 is None:
+        return Check("2 acceptance", False, "no spec-decode metrics were reported")
+    ratio = fp8 / bf16
+    passed = ratio >= request.min_acceptance_ratio
+    detail = (
+        f"FP8 mean acceptance length {fp8:.3f} vs BF16 {bf16:.3f} "
+        f"(ratio {ratio:.3f}, required >= {request.min_acceptance_ratio})"
+    )
+    return Check("2 acceptance", passed, detail, {"fp8": fp8, "bf16": bf16, "ratio": ratio})
+
+
+def _layers_check(layers: list[dict[str, Any]]) -> Check:
+    problems = []
+    for layer in layers:
+        name, method = layer["name"], layer["quant_method"]
+        if name in ("model.fc", "lm_head", "model.embed_tokens"):
+            if not method.startswith("Unquantized") or layer["weight_dtype"] == "float8_e4m3fn":
+                problems.append(f"{name} built as {layer['scheme'] or method} ({layer['weight_dtype']})")
+            continue
+        if ".layers." not in name:
+            continue
+        if layer["scheme"] != "QuarkW8A8Fp8" or layer["weight_dtype"] != "float8_e4m3fn":
+            problems.append(f"{name} built as {layer['scheme'] or method} ({layer['weight_dtype']})")
+        for scale in ("weight_scale", "input_scale"):
+            if scale in layer and not layer[scale]["finite_positive"]:
+                problems.append(f"{name}.{scale} not finite positive ({layer[scale]})")
+    detail = "fc, lm_head unquantized; midlayer projections QuarkW8A8Fp8 with finite positive scales"
+    if problems:
+        detail = "; ".join(problems)
+    return Check("3 layers", not problems, detail, {"layers": layers})
+
+
+def _log_check(log: str) -> Check:
+    hits = [
+        line.strip()
+        for line in log.splitlines()
+        if BAD_EXCLUSION_SIGNATURE in line and "float8" in line
+    ]
+    detail = "no FP8 load warnings" if not hits else f"{len(hits)} warning(s): {hits[0][:300]}"
+    return Check("4 engine log", not hits, detail, {"warnings": hits[:10]})
+
+
+def _per_position(engines: dict[str, dict[str, Any]]) -> Check:
+    bf16 = acceptance(engines["bf16"]["result"]["metrics"])["per_position"]
+    fp8 = acceptance(engines["fp8"]["result"]["metrics"])["per_position"]
+    detail = "per-position acceptance " + ", ".join(
+        f"pos {i + 1}: FP8 {f:.3f} / BF16 {b:.3f}" for i, (f, b) in enumerate(zip(fp8, bf16))
+    )
+    return Check("5 per-position", True, detail, {"fp8": fp8, "bf16": bf16})
+
+
+def scale_plausibility(request: ValidateRequest, target_engine: dict[str, Any]) -> Check:
+    """Check 6: the FP8 artifact's scales against ranges the BF16 draft really produces."""
+    from eaglequant.validate.plausibility import plausibility_problems
+
+    generated = target_engine.get("result", {}).get("token_ids")
+    problems, numbers = plausibility_problems(request, generated)
+    detail = (
+        f"every scale within {request.scale_tolerance}x of the measured range"
+        if not problems
+        else "; ".join(problems)
+    )
+    return Check("6 scale plausibility", not problems, detail, numbers)
