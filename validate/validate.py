@@ -138,15 +138,21 @@ def check_inputs(request: ValidateRequest) -> None:
         raise InputError(f"{request.draft}: has no quantization_config; pass the FP8 draft as --draft")
 
 
-def validate(request: ValidateRequest, progress: Any = lambda _m: None) -> ValidationReport:
-    """Run the three engines and the six checks."""
+def validate(
+    request: ValidateRequest,
+    progress: Any = lambda _m: None,
+    reuse: dict[str, dict[str, Any]] | None = None,
+) -> ValidationReport:
+    """Run the three engines (or reuse finished ``target``/``bf16`` runs) and the six checks."""
     check_inputs(request)
-    engines: dict[str, dict[str, Any]] = {}
+    engines: dict[str, dict[str, Any]] = dict(reuse or {})
     for role, draft in (("target", None), ("bf16", request.baseline), ("fp8", request.draft)):
+        if role in engines:
+            continue
         progress(f"vLLM engine: {role} ...")
         engines[role] = run_engine(request, draft)
-        progress(f"vLLM engine: {role} {'ok' if engines[role]['ok'] else 'FAILED'} "
-                 f"({engines[role]['wall_s']:.0f}s)")
+        state = "ok" if engines[role]["ok"] else "FAILED"
+        progress(f"vLLM engine: {role} {state} ({engines[role]['wall_s']:.0f}s)")
     checks = _engine_checks(request, engines)
     progress("scale plausibility ...")
     checks.append(scale_plausibility(request, engines["target"]))

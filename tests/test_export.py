@@ -1,0 +1,190 @@
+"""Export with real Quark on a tiny in-code draft and target (marked slow: Quark import ~27 s)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from click.testing import CliRunner
+from safetensors import safe_open
+
+from eaglequant.checkpoint import read_checkpoint
+from eaglequant.cli import main
+from eaglequant.draft import MIDLAYER_LINEARS, dims_from_config
+from eaglequant.exclusions import predict_fates
+from eaglequant.recipe import load_recipe
+from eaglequant.synthetic import draft_config, write_random_draft
+from tests.conftest import tree_digest
+
+pytestmark = pytest.mark.slow
+VOCAB = 512
+PASS_THROUGH = [
+    "fc.weight",
+    "lm_head.weight",
+    "embed_tokens.weight",
+    "norm.weight",
+    "midlayer.input_layernorm.weight",
+    "midlayer.hidden_norm.weight",
+    "midlayer.post_attention_layernorm.weight",
+    "d2t",
+    "t2d",
+]
+
+
+@pytest.fixture(scope="module")
+def pair(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """A tiny random Llama target with a BPE tokenizer, a draft for it, and calibration text."""
+    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+
+    root = tmp_path_factory.mktemp("pair")
+    text = [f"def function_{i}(x):\n    return x * {i} + {i % 7}\n" for i in range(400)]
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.train_from_iterator(
+        text,
+        trainers.BpeTrainer(
+            vocab_size=VOCAB,
+            special_tokens=["<eos>"],
+            initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        ),
+    )
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<eos>")
+    torch.manual_seed(0)
+    target = LlamaForCausalLM(
+        LlamaConfig(
+            vocab_size=VOCAB,
+            hidden_size=64,
+            intermediate_size=128,
+            num_hidden_layers=4,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+        )
+    )
+    target.save_pretrained(root / "target")
+    tokenizer.save_pretrained(root / "target")
+    data = root / "calib.jsonl"
+    data.write_text("".join(json.dumps({"text": "".join(text[i : i + 20])}) + "\n" for i in range(0, 400, 20)))
+    draft = write_random_draft(root / "draft", draft_config(vocab=VOCAB, draft_vocab=256), seed=1)
+    return {"target": root / "target", "data": data, "draft": draft, "root": root}
+
+
+def _export(args: list[str]) -> None:
+    result = CliRunner().invoke(main, ["export", *args], catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+
+
+def _calib_args(pair: dict[str, Path]) -> list[str]:
+    return ["--calib-target", str(pair["target"]), "--calib-data", str(pair["data"]), "--calib-samples", "6", "--calib-seq-len", "64"]
+
+
+def test_static_export_round_trip(pair: dict[str, Path], tmp_path: Path) -> None:
+    out = tmp_path / "fp8"
+    before = tree_digest(pair["draft"])
+    _export([str(pair["draft"]), str(out), *_calib_args(pair)])
+    assert tree_digest(pair["draft"]) == before
+    src, written = read_checkpoint(pair["draft"]), read_checkpoint(out)
+    for name in PASS_THROUGH:
+        assert written.read_raw(name) == src.read_raw(name), name
+    for name in MIDLAYER_LINEARS:
+        assert written.tensors[f"{name}.weight"].dtype == "F8_E4M3"
+        assert written.tensors[f"{name}.weight_scale"].dtype == "F32"
+        assert written.tensors[f"{name}.input_scale"].shape == ()
+    config = json.loads((out / "config.json").read_text())
+    qcfg = config["quantization_config"]
+    assert qcfg["exclude"] == ["re:.*fc.*", "re:.*lm_head.*"]
+    assert qcfg["quant_method"] == "quark" and isinstance(qcfg["export"]["kv_cache_group"], list)
+    assert config["architectures"] == ["LlamaForCausalLMEagle3"]
+    assert config["torch_dtype"] == "bfloat16"
+    fates = {f.vllm_name: f for f in predict_fates(config, 4)}
+    assert not fates["model.fc"].quantized and not fates["lm_head"].quantized
+    assert all(f.quantized for n, f in fates.items() if ".layers.4." in n)
+    manifest = json.loads((out / "eaglequant.json").read_text())
+    assert set(manifest["files"]) == {"config.json", "model.safetensors"}
+    assert manifest["calibration"]["calibrated"] and manifest["calibration"]["tokens"] == 6 * 64
+    assert all(layer["sqnr_db"] > 20 for layer in manifest["layers"])
+    assert len(manifest["top1_agreement_by_step"]) == 3
+    inspect = CliRunner().invoke(main, ["inspect", str(out), "--target-layers", "4"])
+    assert inspect.exit_code == 0, inspect.output
+
+
+def test_capture_then_export_scales_equal_independent_float32_amax(pair: dict[str, Path], tmp_path: Path) -> None:
+    from eaglequant.quantize.calibrate import load_capture
+    from eaglequant.quantize.load import load_draft_module
+    from eaglequant.quantize.measure import input_amax
+
+    capture = tmp_path / "capture"
+    result = CliRunner().invoke(
+        main,
+        ["capture", "--target", str(pair["target"]), "--data", str(pair["data"]), str(capture),
+         "--draft", str(pair["draft"]), "--samples", "8", "--seq-len", "48"],
+        catch_exceptions=False,
+    )
+    assert result.exit_code == 0, result.output
+    assert json.loads((capture / "capture.json").read_text())["aux_layer_ids"] == [1, 2, 3]
+    out = tmp_path / "fp8"
+    _export([str(pair["draft"]), str(out), "--calib-hidden-states", str(capture), "--calib-samples", "6"])
+
+    ckpt = read_checkpoint(pair["draft"])
+    recipe = load_recipe()
+    data = load_capture(capture, dims_from_config(ckpt.config))
+    calib, _held = data.split(6, recipe.calibration.held_out)
+    bf16 = load_draft_module(ckpt)
+    amax = input_amax(bf16, calib.batches(recipe.calibration.batch_size), recipe.calibration.steps)
+    with safe_open(str(out / "model.safetensors"), framework="pt") as handle:
+        for name in MIDLAYER_LINEARS:
+            input_scale = handle.get_tensor(f"{name}.input_scale")
+            weight_scale = handle.get_tensor(f"{name}.weight_scale")
+            expected_weight = bf16.get_submodule(name).weight.abs().max() / 448.0
+            torch.testing.assert_close(input_scale, torch.tensor(amax[name] / 448.0), rtol=1e-6, atol=0)
+            torch.testing.assert_close(weight_scale, expected_weight, rtol=1e-6, atol=0)
+            dequant = handle.get_tensor(f"{name}.weight").float() * weight_scale
+            weight = bf16.get_submodule(name).weight
+            assert (dequant - weight).abs().max() <= weight.abs().max() / 16
+
+
+def test_calib_none_uses_recipe_range(pair: dict[str, Path], tmp_path: Path) -> None:
+    out = tmp_path / "fp8"
+    _export([str(pair["draft"]), str(out), "--calib", "none", "--max-shard-size", "60KB"])
+    written = read_checkpoint(out)
+    assert written.sharded and len(written.shard_files) > 1
+    index = json.loads((out / "model.safetensors.index.json").read_text())
+    assert set(index["weight_map"]) == set(written.tensors)
+    assert index["metadata"]["total_size"] == written.total_bytes
+    for name in MIDLAYER_LINEARS:
+        assert float(written.load_tensor(f"{name}.input_scale")) == pytest.approx(16.0 / 448.0)
+    manifest = json.loads((out / "eaglequant.json").read_text())
+    assert manifest["calibration"]["calibrated"] is False
+
+
+def test_ptpc_equals_quarks_own_file_to_file_flow(pair: dict[str, Path], tmp_path: Path) -> None:
+    from quark.torch import ModelQuantizer
+
+    from eaglequant.quantize.quark_backend import quark_config
+
+    out = tmp_path / "ptpc"
+    _export([str(pair["draft"]), str(out), "--recipe", "ptpc-fp8"])
+    reference = tmp_path / "quark-f2f"
+    ModelQuantizer(quark_config(load_recipe("ptpc-fp8"))).direct_quantize_checkpoint(
+        str(pair["draft"]), str(reference), device="cpu"
+    )
+    mine, theirs = read_checkpoint(out), read_checkpoint(reference)
+    assert set(mine.tensors) == set(theirs.tensors)
+    for name in mine.tensors:
+        assert mine.read_raw(name) == theirs.read_raw(name), name
+        assert mine.tensors[name].dtype == theirs.tensors[name].dtype, name
+    assert mine.tensors["midlayer.mlp.up_proj.weight_scale"].shape == (128,)
+    assert "midlayer.mlp.up_proj.input_scale" not in mine.tensors
+    qcfg = json.loads((out / "config.json").read_text())["quantization_config"]
+    assert qcfg["global_quant_config"]["input_tensors"]["is_dynamic"] is True
+    assert qcfg["exclude"] == ["re:.*fc.*", "re:.*lm_head.*"]
+
+
+def test_dry_run_writes_nothing(pair: dict[str, Path], tmp_path: Path) -> None:
+    out = tmp_path / "never"
+    result = CliRunner().invoke(main, ["export", str(pair["draft"]), str(out), *_calib_args(pair), "--dry-run"])
+    assert result.exit_code == 0, result.output
+    assert "every check passed" in result.output
+    assert not out.exists() and list(tmp_path.iterdir()) == []
