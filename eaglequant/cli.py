@@ -94,6 +94,24 @@ def fix_config_command(path: Path, output: Path | None, overwrite: bool) -> None
     click.echo(f"{verb} exclude {result.before} -> {result.after} in {result.written_to}")
 
 
+@main.command()
+@click.argument("out", type=click.Path(path_type=Path))
+@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--target-steps", type=click.IntRange(min=1), default=800, show_default=True)
+@click.option("--draft-steps", type=click.IntRange(min=1), default=700, show_default=True)
+@click.option("--overwrite", is_flag=True, help="Replace a non-empty OUT.")
+@reports_errors
+def toy(out: Path, seed: int, target_steps: int, draft_steps: int, overwrite: bool) -> None:
+    """Train the embedded toy pair (target, EAGLE-3 draft, prompts) into OUT (~15 min, 2 cores)."""
+    from eaglequant.output import atomic_output_dir, check_output_path
+    from eaglequant.toy import ToySettings, make_pair
+
+    check_output_path(out, [], overwrite)
+    settings = ToySettings(seed=seed, target_steps=target_steps, draft_train_steps=draft_steps)
+    with atomic_output_dir(out, overwrite) as temp:
+        make_pair(temp, settings, log=lambda m: click.echo(f"[toy] {m}", err=True))
+
+
 def _register_commands() -> None:
     from eaglequant.cli_export import capture, export
     from eaglequant.cli_validate import validate

@@ -38,7 +38,11 @@ def _calibration_source(
         if not (calib_target and calib_data):
             raise InputError("--calib-target and --calib-data go together; pass both")
         return CalibrationSource(
-            "target", target=calib_target, data=calib_data, samples=samples, seq_len=seq_len,
+            "target",
+            target=calib_target,
+            data=calib_data,
+            samples=samples,
+            seq_len=seq_len,
             trust_remote_code=trust_remote_code,
         )
     if calib_hidden_states:
@@ -54,19 +58,40 @@ def _calibration_source(
 @click.command()
 @click.argument("src", type=PATH)
 @click.argument("out", type=PATH, required=False)
-@click.option("--recipe", default="fp8-static", show_default=True, help="Recipe name in configs/ or a YAML path.")
-@click.option("--calib-target", type=PATH, help="Target model folder to capture hidden states from.")
-@click.option("--calib-data", type=PATH, help="Calibration text: .jsonl (text or messages) or .txt.")
+@click.option(
+    "--recipe",
+    default="fp8-static",
+    show_default=True,
+    help="Recipe name in configs/ or a YAML path.",
+)
+@click.option(
+    "--calib-target", type=PATH, help="Target model folder to capture hidden states from."
+)
+@click.option(
+    "--calib-data", type=PATH, help="Calibration text: .jsonl (text or messages) or .txt."
+)
 @click.option("--calib-hidden-states", type=PATH, help="A folder written by `eaglequant capture`.")
-@click.option("--calib", type=click.Choice(["none"]), help="'none': fixed input range from the recipe (uncalibrated).")
-@click.option("--calib-samples", type=click.IntRange(min=1), help="Calibration sequences (recipe default).")
-@click.option("--calib-seq-len", type=click.IntRange(min=2), help="Tokens per calibration sequence.")
-@click.option("--max-shard-size", default="5GB", show_default=True, help="Shard size, e.g. 5GB or 500MB.")
+@click.option(
+    "--calib",
+    type=click.Choice(["none"]),
+    help="'none': fixed input range from the recipe (uncalibrated).",
+)
+@click.option(
+    "--calib-samples", type=click.IntRange(min=1), help="Calibration sequences (recipe default)."
+)
+@click.option(
+    "--calib-seq-len", type=click.IntRange(min=2), help="Tokens per calibration sequence."
+)
+@click.option(
+    "--max-shard-size", default="5GB", show_default=True, help="Shard size, e.g. 5GB or 500MB."
+)
 @click.option("--overwrite", is_flag=True, help="Replace a non-empty OUT.")
 @click.option("--dry-run", is_flag=True, help="Run every check, print the plan, write nothing.")
 @click.option("--dump-recipe", is_flag=True, help="Print the resolved recipe as YAML and exit.")
 @click.option("--json", "as_json", is_flag=True, help="Print the result (manifest) as JSON.")
-@click.option("--trust-remote-code", is_flag=True, help="Allow the calibration target's custom code.")
+@click.option(
+    "--trust-remote-code", is_flag=True, help="Allow the calibration target's custom code."
+)
 def export(
     src: Path,
     out: Path | None,
@@ -106,8 +131,14 @@ def export(
             out=out,
             recipe=resolved,
             calibration=_calibration_source(
-                calib, calib_target, calib_data, calib_hidden_states, calib_samples,
-                calib_seq_len, trust_remote_code, resolved.needs_calibration,
+                calib,
+                calib_target,
+                calib_data,
+                calib_hidden_states,
+                calib_samples,
+                calib_seq_len,
+                trust_remote_code,
+                resolved.needs_calibration,
             ),
             max_shard_size=parse_shard_size(max_shard_size),
             overwrite=overwrite,
@@ -115,7 +146,11 @@ def export(
         )
         result = export_draft(request, progress=_progress)
         if as_json:
-            click.echo(json.dumps(result.manifest if not dry_run else {"plan": result.plan.steps}, indent=2))
+            click.echo(
+                json.dumps(
+                    result.manifest if not dry_run else {"plan": result.plan.steps}, indent=2
+                )
+            )
             return
         from eaglequant.report import print_export
 
@@ -129,7 +164,9 @@ def export(
 @click.option("--data", type=PATH, required=True, help="Text: .jsonl (text or messages) or .txt.")
 @click.argument("out", type=PATH)
 @click.option("--draft", type=PATH, help="Draft folder: take its aux layer ids and check the fit.")
-@click.option("--aux-layers", help="Comma-separated target layer ids (default: the draft's, else vLLM's).")
+@click.option(
+    "--aux-layers", help="Comma-separated target layer ids (default: the draft's, else vLLM's)."
+)
 @click.option("--samples", type=click.IntRange(min=1), default=72, show_default=True)
 @click.option("--seq-len", type=click.IntRange(min=2), default=256, show_default=True)
 @click.option("--embeddings", is_flag=True, help="Also store the target's input embeddings.")
@@ -154,7 +191,15 @@ def capture(
         from eaglequant.quantize.capture import capture_hidden_states
 
         info = capture_hidden_states(
-            target, data, out, draft, aux_layers, samples, seq_len, embeddings, overwrite,
+            target,
+            data,
+            out,
+            draft,
+            aux_layers,
+            samples,
+            seq_len,
+            embeddings,
+            overwrite,
             trust_remote_code,
         )
         click.echo(json.dumps(info))

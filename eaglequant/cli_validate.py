@@ -15,12 +15,24 @@ PATH = click.Path(path_type=Path)
 @click.option("--target", type=PATH, required=True, help="Target model folder.")
 @click.option("--draft", type=PATH, required=True, help="The FP8 draft to validate.")
 @click.option("--baseline", type=PATH, required=True, help="The BF16 draft it was exported from.")
-@click.option("--k", type=click.IntRange(1, 16), default=3, show_default=True, help="num_speculative_tokens.")
+@click.option(
+    "--k", type=click.IntRange(1, 16), default=3, show_default=True, help="num_speculative_tokens."
+)
 @click.option("--prompts", type=PATH, help="Prompts: .jsonl (text) or .txt (one per line).")
 @click.option("--max-tokens", type=click.IntRange(min=1), default=48, show_default=True)
-@click.option("--min-acceptance-ratio", type=float, help="Required FP8/BF16 acceptance length (recipe default 0.98).")
+@click.option(
+    "--min-acceptance-ratio",
+    type=float,
+    help="Required FP8/BF16 acceptance length (recipe default 0.98).",
+)
 @click.option("--scale-tolerance", type=float, help="Scale plausibility factor (recipe default 4).")
-@click.option("--engine-timeout", type=float, default=600.0, show_default=True, help="Seconds per vLLM engine.")
+@click.option(
+    "--engine-timeout",
+    type=float,
+    default=600.0,
+    show_default=True,
+    help="Seconds per vLLM engine.",
+)
 @click.option("--max-model-len", type=click.IntRange(min=16), default=1024, show_default=True)
 @click.option("--json", "json_path", type=PATH, help="Write the JSON report here.")
 @click.option("--markdown", "markdown_path", type=PATH, help="Write the Markdown report here.")
@@ -47,7 +59,8 @@ def validate(
     def body() -> int:
         from eaglequant.recipe import ValidationSpec
         from eaglequant.validate.report import markdown_report, print_validation
-        from eaglequant.validate.validate import ValidateRequest, read_prompts, validate as run
+        from eaglequant.validate.validate import ValidateRequest, read_prompts
+        from eaglequant.validate.validate import validate as run
 
         defaults = ValidationSpec()
         request = ValidateRequest(

@@ -206,9 +206,7 @@ def _shape_problem(ckpt: Checkpoint, name: str, shape: tuple[int, ...]) -> list[
 
 
 def _unexpected_tensor_problems(ckpt: Checkpoint, known: set[str]) -> list[Problem]:
-    quant_parts = {
-        f"{linear}{suffix}" for linear in MIDLAYER_LINEARS for suffix in SCALE_SUFFIXES
-    }
+    quant_parts = {f"{linear}{suffix}" for linear in MIDLAYER_LINEARS for suffix in SCALE_SUFFIXES}
     biases = {f"midlayer.self_attn.{p}.bias" for p in ("q_proj", "k_proj", "v_proj")}
     problems = []
     for name in sorted(ckpt.tensors):

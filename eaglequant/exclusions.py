@@ -20,7 +20,10 @@ from typing import Any
 
 # Bare names that the published reference card writes as these exact regexes.
 CARD_REGEX = {"fc": "re:.*fc.*", "lm_head": "re:.*lm_head.*"}
-FUSED_SHARDS = {"qkv_proj": ("q_proj", "k_proj", "v_proj"), "gate_up_proj": ("gate_proj", "up_proj")}
+FUSED_SHARDS = {
+    "qkv_proj": ("q_proj", "k_proj", "v_proj"),
+    "gate_up_proj": ("gate_proj", "up_proj"),
+}
 DEFAULT_TARGET_LAYERS = 32
 
 
@@ -39,10 +42,8 @@ def _as_regex(entry: str) -> str:
         return entry
     if entry in CARD_REGEX:
         return CARD_REGEX[entry]
-    if any(ch in entry for ch in "*?["):
-        body = fnmatch.translate(entry)
-    else:
-        body = re.escape(entry) + r"$"
+    is_glob = any(ch in entry for ch in "*?[")
+    body = fnmatch.translate(entry) if is_glob else re.escape(entry) + r"$"
     # A checkpoint name ('midlayer.…') is 'model.layers.<N>.…' inside vLLM.
     body = body.replace(re.escape("midlayer."), r"layers\.\d+\.")
     return f"re:(.*\\.)?{body}"
@@ -67,7 +68,9 @@ def vllm_linear_names(target_layers: int) -> dict[str, tuple[str, ...]]:
             f"midlayer.self_attn.{p}" for p in FUSED_SHARDS["qkv_proj"]
         ),
         f"{layer}.self_attn.o_proj": ("midlayer.self_attn.o_proj",),
-        f"{layer}.mlp.gate_up_proj": tuple(f"midlayer.mlp.{p}" for p in FUSED_SHARDS["gate_up_proj"]),
+        f"{layer}.mlp.gate_up_proj": tuple(
+            f"midlayer.mlp.{p}" for p in FUSED_SHARDS["gate_up_proj"]
+        ),
         f"{layer}.mlp.down_proj": ("midlayer.mlp.down_proj",),
         "model.fc": ("fc",),
         "lm_head": ("lm_head",),
@@ -100,7 +103,9 @@ def is_excluded(vllm_name: str, exclude: list[str]) -> bool:
     return all(shard_hits)
 
 
-def predict_fates(config: dict[str, Any], target_layers: int = DEFAULT_TARGET_LAYERS) -> list[LayerFate]:
+def predict_fates(
+    config: dict[str, Any], target_layers: int = DEFAULT_TARGET_LAYERS
+) -> list[LayerFate]:
     """Predict vLLM's treatment of every draft linear under ``config``'s quantization_config."""
     qcfg = config.get("quantization_config")
     fates = []
@@ -116,7 +121,9 @@ def _fate(vllm_name: str, sources: tuple[str, ...], qcfg: Any) -> LayerFate:
         method = qcfg.get("quant_method")
         return LayerFate(vllm_name, sources, False, "unknown", f"quant_method {method!r}")
     if vllm_name == "lm_head":
-        return LayerFate(vllm_name, sources, False, "bf16", "vLLM's Quark path never quantizes lm_head")
+        return LayerFate(
+            vllm_name, sources, False, "bf16", "vLLM's Quark path never quantizes lm_head"
+        )
     exclude = list(qcfg.get("exclude") or [])
     try:
         excluded = is_excluded(vllm_name, exclude)
@@ -134,9 +141,7 @@ def _layer_config(vllm_name: str, qcfg: dict[str, Any]) -> dict[str, Any]:
     proj = vllm_name.rsplit(".", 1)[-1]
     names = [vllm_name[: -len(proj)] + s for s in FUSED_SHARDS.get(proj, (proj,))]
     for pattern, cfg in layer_cfgs.items():
-        hit = any(
-            fnmatch.fnmatch(n, pattern) if "*" in pattern else n in pattern for n in names
-        )
+        hit = any(fnmatch.fnmatch(n, pattern) if "*" in pattern else n in pattern for n in names)
         if hit:
             return dict(cfg)
     return dict(qcfg.get("global_quant_config") or {})

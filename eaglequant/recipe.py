@@ -124,7 +124,9 @@ def _build(cls: Any, data: dict[str, Any], path: str, prefix: str) -> Any:
             raise InputError(
                 f"{path}: unknown key '{prefix}{key}'; known keys here: {sorted(known)}"
             )
-    values = {key: _convert(hints[key], value, path, f"{prefix}{key}") for key, value in data.items()}
+    values = {
+        key: _convert(hints[key], value, path, f"{prefix}{key}") for key, value in data.items()
+    }
     return cls(**values)
 
 
@@ -136,7 +138,9 @@ def _convert(hint: Any, value: Any, path: str, key: str) -> Any:
     origin = get_origin(hint)
     if origin is Literal:
         if value not in get_args(hint):
-            raise InputError(f"{path}: '{key}' must be one of {list(get_args(hint))}, got {value!r}")
+            raise InputError(
+                f"{path}: '{key}' must be one of {list(get_args(hint))}, got {value!r}"
+            )
         return value
     if origin is tuple:
         if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
@@ -158,7 +162,10 @@ def _check_values(recipe: Recipe, path: Path) -> None:
         raise InputError(f"{path}: 'calibration.held_out' >= 0 and 'fixed_input_amax' > 0 required")
     if recipe.activation.granularity == "per_token" and not recipe.activation.dynamic:
         raise InputError(f"{path}: 'activation.granularity: per_token' requires 'dynamic: true'")
-    if not 0 < recipe.validation.min_acceptance_ratio <= 1.5 or recipe.validation.scale_tolerance <= 1:
+    if (
+        not 0 < recipe.validation.min_acceptance_ratio <= 1.5
+        or recipe.validation.scale_tolerance <= 1
+    ):
         raise InputError(
             f"{path}: 'validation.min_acceptance_ratio' must be in (0, 1.5] and "
             "'validation.scale_tolerance' above 1"

@@ -24,10 +24,13 @@ def print_inspect(report: InspectReport) -> None:
     console.print(f"[bold]{report.path}[/bold]  architectures={report.architectures}")
     if report.dims:
         dims = report.dims
+        fc_in = dims["num_aux"] * dims["target_hidden"]
         console.print(
-            f"hidden {dims['hidden']}, heads {dims['heads']}/{dims['kv_heads']} x {dims['head_dim']}, "
-            f"intermediate {dims['intermediate']}, fc {dims['num_aux'] * dims['target_hidden']}->{dims['hidden']}, "
-            f"vocab {dims['vocab']} (draft {dims['draft_vocab']}), aux layers {dims['aux_layer_ids']}"
+            f"hidden {dims['hidden']}, heads {dims['heads']}/{dims['kv_heads']} x "
+            f"{dims['head_dim']}, intermediate {dims['intermediate']}, "
+            f"fc {fc_in}->{dims['hidden']}, "
+            f"vocab {dims['vocab']} (draft {dims['draft_vocab']}), "
+            f"aux layers {dims['aux_layer_ids']}"
         )
     sizes = ", ".join(f"{k} {human_bytes(v)}" for k, v in report.bytes_by_dtype.items())
     console.print(f"{report.tensor_count} tensors ({sizes}) in {len(report.shards)} file(s)")

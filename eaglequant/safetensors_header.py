@@ -9,6 +9,7 @@ refused with a clear message before any library maps it.
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import struct
@@ -159,7 +160,7 @@ def _is_count(value: object) -> bool:
 
 def _check_no_overlap(path: Path, tensors: dict[str, TensorInfo]) -> None:
     ordered = sorted((t for t in tensors.values() if t.nbytes), key=lambda t: t.start)
-    for before, after in zip(ordered, ordered[1:]):
+    for before, after in itertools.pairwise(ordered):
         if after.start < before.end:
             raise InputError(
                 f"{path}: tensors '{before.name}' and '{after.name}' overlap in the file; "

@@ -70,7 +70,10 @@ def write_random_draft(
     if not with_embeddings:
         shapes.pop("embed_tokens.weight")
     target_ids = torch.randperm(dims.vocab, generator=generator)[: dims.draft_vocab].sort().values
-    maps = {"d2t": target_ids - torch.arange(dims.draft_vocab), "t2d": vocab_mask(target_ids, dims.vocab)}
+    maps = {
+        "d2t": target_ids - torch.arange(dims.draft_vocab),
+        "t2d": vocab_mask(target_ids, dims.vocab),
+    }
     blobs: list[TensorBlob] = []
     for name, shape in sorted(shapes.items()):
         tensor = maps[name] if name in maps else _random_weight(shape, generator)

@@ -156,7 +156,7 @@ def _train_loop(
         factor = min(1.0, (step + 1) / 20) * (
             0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * step / steps))
         )
-        for group, lr in zip(optimizer.param_groups, base_lrs):
+        for group, lr in zip(optimizer.param_groups, base_lrs, strict=True):
             group["lr"] = lr * factor
         loss = step_loss(next(data))
         optimizer.zero_grad()
@@ -165,7 +165,8 @@ def _train_loop(
         optimizer.step()
         smoothed = loss.item() if step == 0 else 0.95 * smoothed + 0.05 * loss.item()
         if (step + 1) % 50 == 0:
-            log(f"{label}: step {step + 1}/{steps}, {time.monotonic() - start:.0f}s, loss {smoothed:.3f}")
+            elapsed = time.monotonic() - start
+            log(f"{label}: step {step + 1}/{steps}, {elapsed:.0f}s, loss {smoothed:.3f}")
     log(f"{label}: {steps} steps in {time.monotonic() - start:.0f}s, final loss {smoothed:.3f}")
     return smoothed
 
@@ -224,13 +225,13 @@ def draft_loss(draft: Any, target: Any, batch: Any, draft_ids: Any, steps: int) 
     aux, logits = target_features(target, batch)
     t = batch.shape[1] - steps - 1
     outputs = draft.unroll(aux[:, :t], batch[:, 1 : t + 1], steps)
-    loss = 0.0
+    loss: Any = 0.0
     for k, out in enumerate(outputs):
         # Step k at base i predicts token i+k+2, which the target predicts at position i+k+1.
         teacher = logits[:, k + 1 : k + 1 + t][..., draft_ids].float().softmax(-1)
-        loss = loss + F.cross_entropy(
-            out.logits.flatten(0, 1).float(), teacher.flatten(0, 1)
-        ) * (0.8**k)
+        loss = loss + F.cross_entropy(out.logits.flatten(0, 1).float(), teacher.flatten(0, 1)) * (
+            0.8**k
+        )
     return loss
 
 
@@ -269,6 +270,15 @@ def held_out_prompts(tokenizer: Any, settings: ToySettings) -> list[dict[str, st
     return prompts
 
 
+def calibration_records(
+    settings: ToySettings, files: int = 48, chars: int = 6000
+) -> list[dict[str, str]]:
+    """Calibration text for the demo export: openings of training files (realistic inputs)."""
+    train = corpus_files(held_out=False)
+    step = max(1, len(train) // files)
+    return [{"text": _read(p)[:chars]} for p in train[::step][:files]]
+
+
 def make_pair(out: Path, settings: ToySettings, log: Any = print) -> dict[str, Any]:
     """Build the whole pair into ``out`` (``target/``, ``draft/``, ``prompts.jsonl``)."""
     import torch
@@ -297,7 +307,12 @@ def make_pair(out: Path, settings: ToySettings, log: Any = print) -> dict[str, A
 
 
 def _save_pair(
-    out: Path, target: Any, tokenizer: Any, draft: Any, config: dict[str, Any], settings: ToySettings
+    out: Path,
+    target: Any,
+    tokenizer: Any,
+    draft: Any,
+    config: dict[str, Any],
+    settings: ToySettings,
 ) -> None:
     import torch
 
@@ -316,3 +331,5 @@ def _save_pair(
     write_text(draft_dir / "config.json", json.dumps(config, indent=2) + "\n")
     prompts = held_out_prompts(tokenizer, settings)
     write_text(out / "prompts.jsonl", "".join(json.dumps(p) + "\n" for p in prompts))
+    calibration = calibration_records(settings)
+    write_text(out / "calibration.jsonl", "".join(json.dumps(r) + "\n" for r in calibration))

@@ -194,7 +194,9 @@ def save_capture(folder: Path, data: CalibrationData, info: dict[str, Any]) -> N
     tensors = {"input_ids": data.input_ids, "aux_hidden_states": data.aux_hidden.bfloat16()}
     if data.embed_tokens is not None:
         tensors["embed_tokens.weight"] = data.embed_tokens.bfloat16()
-    write_safetensors(folder / CAPTURE_TENSORS, [blob_from_tensor(k, v) for k, v in tensors.items()])
+    write_safetensors(
+        folder / CAPTURE_TENSORS, [blob_from_tensor(k, v) for k, v in tensors.items()]
+    )
     info = {"format": CAPTURE_FORMAT, "tokens": data.tokens, **info}
     write_text(folder / CAPTURE_INFO, json.dumps(info, indent=2) + "\n")
 
@@ -223,7 +225,11 @@ def load_capture(folder: Path, dims: DraftDims) -> CalibrationData:
     with safe_open(str(path), framework="pt") as handle:
         ids = handle.get_tensor("input_ids").long()
         aux = handle.get_tensor("aux_hidden_states").float()
-        embed = handle.get_tensor("embed_tokens.weight").float() if "embed_tokens.weight" in handle.keys() else None
+        embed = (
+            handle.get_tensor("embed_tokens.weight").float()
+            if "embed_tokens.weight" in handle.keys()  # noqa: SIM118 (safe_open has no __contains__)
+            else None
+        )
     if int(ids.max()) >= dims.vocab or int(ids.min()) < 0:
         raise InputError(f"{path}: token ids exceed the draft's vocab_size {dims.vocab}")
     return CalibrationData(ids, aux, f"capture {path}", embed)

@@ -9,11 +9,12 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from eaglequant.quantize.calibrate import default_aux_layers, run_target, save_capture
+
 from eaglequant.checkpoint import read_checkpoint, read_config
-from eaglequant.draft import dims_from_config, require_bf16_draft
+from eaglequant.draft import require_bf16_draft
 from eaglequant.errors import InputError
 from eaglequant.output import atomic_output_dir, check_output_path
-from eaglequant.quantize.calibrate import default_aux_layers, run_target, save_capture
 
 
 def capture_hidden_states(
@@ -65,4 +66,6 @@ def _parse_layers(text: str) -> tuple[int, ...]:
     try:
         return tuple(int(part) for part in text.split(","))
     except ValueError as exc:
-        raise InputError(f"--aux-layers {text!r}: give comma-separated integers, e.g. 1,2,3") from exc
+        raise InputError(
+            f"--aux-layers {text!r}: give comma-separated integers, e.g. 1,2,3"
+        ) from exc

@@ -25,7 +25,6 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 from torch import nn
-
 from transformers import LlamaConfig, PreTrainedModel
 
 from eaglequant.draft import DraftDims, dims_from_config
@@ -45,6 +44,8 @@ class RMSNorm(nn.Module):
 
 
 class Attention(nn.Module):
+    inv_freq: torch.Tensor
+
     def __init__(self, dims: DraftDims) -> None:
         super().__init__()
         h, hd = dims.hidden, dims.head_dim
@@ -122,6 +123,8 @@ class Eagle3Draft(PreTrainedModel):
     """
 
     config_class = LlamaConfig
+    d2t: torch.Tensor
+    t2d: torch.Tensor
 
     def __init__(self, config: LlamaConfig, with_embeddings: bool = True) -> None:
         super().__init__(config)

@@ -104,8 +104,10 @@ def plan_export(request: ExportRequest) -> ExportPlan:
             f"{request.src}: the draft has no embed_tokens, so calibration needs the target's "
             "embeddings: pass --calib-target/--calib-data or a capture made with --embeddings"
         )
-    flow = "quantize_model (static, calibrated)" if recipe.needs_calibration else (
-        "direct_quantize_checkpoint (file-to-file)"
+    flow = (
+        "quantize_model (static, calibrated)"
+        if recipe.needs_calibration
+        else ("direct_quantize_checkpoint (file-to-file)")
     )
     steps = [
         f"load {request.src} ({len(ckpt.tensors)} tensors, {ckpt.total_bytes} bytes)",
@@ -199,14 +201,18 @@ def build_manifest(
     return {
         "tool": "eaglequant",
         "version": __version__,
-        "libraries": {name: _version(name) for name in ("amd-quark", "torch", "transformers", "safetensors", "huggingface_hub")},
+        "libraries": {
+            name: _version(name)
+            for name in ("amd-quark", "torch", "transformers", "safetensors", "huggingface_hub")
+        },
         "python": platform.python_version(),
         "source": str(request.src),
         "recipe": request.recipe.to_dict(),
         "calibration": {
             "source": request.calibration.describe(),
             "kind": request.calibration.kind,
-            "calibrated": request.calibration.kind != "none" or not request.recipe.needs_calibration,
+            "calibrated": request.calibration.kind != "none"
+            or not request.recipe.needs_calibration,
             "sequences": calib.sequences,
             "tokens": calib.tokens,
             "held_out_tokens": measurement.held_out_tokens,

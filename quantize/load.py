@@ -5,11 +5,11 @@ from __future__ import annotations
 import math
 
 import torch
+from eaglequant.quantize.draft_model import Eagle3Draft
 from transformers import LlamaConfig
 
 from eaglequant.checkpoint import Checkpoint
 from eaglequant.errors import InputError
-from eaglequant.quantize.draft_model import Eagle3Draft
 
 
 def load_draft_module(ckpt: Checkpoint, dtype: torch.dtype = torch.float32) -> Eagle3Draft:

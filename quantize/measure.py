@@ -16,10 +16,10 @@ from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
+from eaglequant.quantize.draft_model import Eagle3Draft
 from torch import nn
 
 from eaglequant.draft import MIDLAYER_LINEARS
-from eaglequant.quantize.draft_model import Eagle3Draft
 from eaglequant.recipe import FP8_E4M3_MAX, Recipe
 
 FP8 = torch.float8_e4m3fn
@@ -33,12 +33,21 @@ def fp8_quantize(x: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
 class SimulatedFp8Linear(nn.Module):
     """An nn.Linear replacement computing with the exported FP8 tensors."""
 
+    weight: torch.Tensor
+
     def __init__(
-        self, weight: torch.Tensor, weight_scale: torch.Tensor, input_scale: torch.Tensor | None,
+        self,
+        weight: torch.Tensor,
+        weight_scale: torch.Tensor,
+        input_scale: torch.Tensor | None,
         per_token: bool,
     ) -> None:
         super().__init__()
-        scale = weight_scale.float().reshape(-1, 1) if weight_scale.numel() > 1 else weight_scale.float()
+        scale = (
+            weight_scale.float().reshape(-1, 1)
+            if weight_scale.numel() > 1
+            else weight_scale.float()
+        )
         self.register_buffer("weight", weight.float() * scale)
         self.input_scale = input_scale.float() if input_scale is not None else None
         self.per_token = per_token
@@ -91,7 +100,9 @@ class Measurement:
     held_out_tokens: int = 0
 
 
-def input_amax(model: Eagle3Draft, batches: list[dict[str, torch.Tensor]], steps: int) -> dict[str, float]:
+def input_amax(
+    model: Eagle3Draft, batches: list[dict[str, torch.Tensor]], steps: int
+) -> dict[str, float]:
     """Largest |input| each midlayer linear sees over ``steps`` unrolled steps."""
     amax: dict[str, float] = {}
 
@@ -133,7 +144,10 @@ def measure(
 
 
 def _layer_stats(
-    bf16: Eagle3Draft, tensors: dict[str, torch.Tensor], name: str, calib_amax: dict[str, float] | None
+    bf16: Eagle3Draft,
+    tensors: dict[str, torch.Tensor],
+    name: str,
+    calib_amax: dict[str, float] | None,
 ) -> LayerStats:
     weight = bf16.get_submodule(name).weight
     input_scale = tensors.get(f"{name}.input_scale")

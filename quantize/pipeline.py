@@ -9,17 +9,17 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
-from torch import nn
-
-from eaglequant.checkpoint import CONFIG_FILE, Checkpoint, read_checkpoint
-from eaglequant.draft import MIDLAYER_LINEARS, structure_problems
-from eaglequant.inspect_draft import quantization_problems, read_scales
 from eaglequant.quantize import quark_backend
 from eaglequant.quantize.calibrate import CalibrationData, load_capture, run_target
 from eaglequant.quantize.draft_model import Eagle3Draft
 from eaglequant.quantize.load import load_draft_module
 from eaglequant.quantize.measure import Measurement, input_amax, measure
+from torch import nn
+
+from eaglequant.checkpoint import CONFIG_FILE, Checkpoint, read_checkpoint
+from eaglequant.draft import MIDLAYER_LINEARS, structure_problems
 from eaglequant.exclusions import predict_fates
+from eaglequant.inspect_draft import quantization_problems, read_scales
 from eaglequant.recipe import Recipe
 from eaglequant.writer import (
     blob_from_file,
@@ -77,7 +77,9 @@ def calibrate(plan: ExportPlan, request: ExportRequest, model: Eagle3Draft) -> C
     calib, held = data.split(source.samples or spec.samples, spec.held_out)
     batches = calib.batches(spec.batch_size)
     amax = input_amax(model, batches, spec.steps)
-    return Calibration(batches, held.batches(spec.batch_size), amax, len(calib.input_ids), calib.tokens)
+    return Calibration(
+        batches, held.batches(spec.batch_size), amax, len(calib.input_ids), calib.tokens
+    )
 
 
 def _attach_embeddings(model: Eagle3Draft, data: CalibrationData) -> None:
@@ -134,10 +136,10 @@ def verify(folder: Path, source: Checkpoint, quantized: dict[str, torch.Tensor])
         expect_quantized = fate.vllm_name not in ("model.fc", "lm_head")
         if fate.quantized != expect_quantized:
             problems.append(f"vLLM would build {fate.vllm_name} as {fate.scheme}")
-    for name, info in source.tensors.items():
-        if name not in quantized and name in written.tensors:
-            if written.read_raw(name) != source.read_raw(name):
-                problems.append(f"tensor '{name}' is not byte-identical to the input")
+    for name in source.tensors:
+        passed_through = name not in quantized and name in written.tensors
+        if passed_through and written.read_raw(name) != source.read_raw(name):
+            problems.append(f"tensor '{name}' is not byte-identical to the input")
     for name, tensor in quantized.items():
         expected = blob_from_tensor(name, tensor).data
         if name not in written.tensors or written.read_raw(name) != expected:

@@ -28,6 +28,7 @@ import torch
 
 from eaglequant.checkpoint import Checkpoint, read_checkpoint
 from eaglequant.draft import MIDLAYER_LINEARS
+from eaglequant.quantize.draft_model import Eagle3Draft
 from eaglequant.recipe import FP8_E4M3_MAX, Recipe
 from eaglequant.writer import blob_from_file, write_checkpoint_weights, write_text
 
@@ -76,7 +77,7 @@ def quiet_quark() -> None:
 
 
 def quantize_static(
-    model: torch.nn.Module,
+    model: Eagle3Draft,
     recipe: Recipe,
     batches: Iterable[dict[str, torch.Tensor]] | None,
     scratch: Path,
@@ -102,8 +103,8 @@ def quantize_static(
     return _collect(scratch)
 
 
-def _zero_batch(model: torch.nn.Module) -> dict[str, torch.Tensor]:
-    dims = model.dims  # type: ignore[attr-defined]
+def _zero_batch(model: Eagle3Draft) -> dict[str, torch.Tensor]:
+    dims = model.dims
     return {
         "aux_hidden": torch.zeros(1, 2, dims.fc_in),
         "next_ids": torch.zeros(1, 2, dtype=torch.long),
@@ -136,9 +137,7 @@ def quantize_file_to_file(ckpt: Checkpoint, recipe: Recipe, scratch: Path) -> Qu
 def _collect(folder: Path) -> QuarkResult:
     """Read Quark's output folder: midlayer quantized tensors plus its quantization_config."""
     written = read_checkpoint(folder)
-    wanted = [
-        n for n in written.tensors if n.startswith(tuple(f"{m}." for m in MIDLAYER_LINEARS))
-    ]
+    wanted = [n for n in written.tensors if n.startswith(tuple(f"{m}." for m in MIDLAYER_LINEARS))]
     tensors = {name: written.load_tensor(name) for name in wanted}
     return QuarkResult(tensors, written.config["quantization_config"])
 

@@ -163,7 +163,8 @@ def test_two_layers_refused(tiny_draft: Path) -> None:
 def test_fc_width_must_match_target_hidden(tiny_draft: Path) -> None:
     edit_config(tiny_draft, target_hidden_size=80)
     with pytest.raises(
-        InputError, match=r"tensor 'fc.weight'.*has shape \[64, 192\], the config implies \[64, 240\]"
+        InputError,
+        match=r"tensor 'fc.weight'.*has shape \[64, 192\], the config implies \[64, 240\]",
     ):
         require_bf16_draft(read_checkpoint(tiny_draft))
 
@@ -178,7 +179,9 @@ def test_every_mismatch_is_named(tiny_draft: Path) -> None:
 
 def test_missing_midlayer_tensor(tmp_path: Path, tiny_draft: Path) -> None:
     ckpt = read_checkpoint(tiny_draft)
-    tensors = {n: ckpt.load_tensor(n) for n in ckpt.tensors if n != "midlayer.self_attn.k_proj.weight"}
+    tensors = {
+        n: ckpt.load_tensor(n) for n in ckpt.tensors if n != "midlayer.self_attn.k_proj.weight"
+    }
     save_file(tensors, str(tiny_draft / "model.safetensors"), metadata={"format": "pt"})
     with pytest.raises(InputError, match="tensor 'midlayer.self_attn.k_proj.weight' is missing"):
         require_bf16_draft(read_checkpoint(tiny_draft))

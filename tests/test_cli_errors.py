@@ -1,4 +1,7 @@
-"""Bad input through the CLI: exit 2, one line naming the problem, nothing written, input untouched."""
+"""Bad input through the CLI: exit 2, one line naming the problem, nothing written.
+
+The input folder is checked byte for byte afterwards.
+"""
 
 from __future__ import annotations
 
@@ -35,7 +38,9 @@ def _assert_clean_failure(code: int, output: str, pattern: str) -> None:
         ({"hidden_size": None}, "missing key 'hidden_size'"),
     ],
 )
-def test_export_refuses_bad_draft(tiny_draft: Path, tmp_path: Path, change: dict, pattern: str) -> None:
+def test_export_refuses_bad_draft(
+    tiny_draft: Path, tmp_path: Path, change: dict, pattern: str
+) -> None:
     edit_config(tiny_draft, **change)
     before = tree_digest(tiny_draft)
     out = tmp_path / "out"
@@ -72,7 +77,17 @@ def test_output_not_empty(tiny_draft: Path, tmp_path: Path) -> None:
 
 
 def test_unparsable_shard_size(tiny_draft: Path, tmp_path: Path) -> None:
-    code, output = _run(["export", str(tiny_draft), str(tmp_path / "o"), "--calib", "none", "--max-shard-size", "lots"])
+    code, output = _run(
+        [
+            "export",
+            str(tiny_draft),
+            str(tmp_path / "o"),
+            "--calib",
+            "none",
+            "--max-shard-size",
+            "lots",
+        ]
+    )
     _assert_clean_failure(code, output, "--max-shard-size 'lots'")
 
 
@@ -93,7 +108,9 @@ def test_static_recipe_without_calibration_source(tiny_draft: Path, tmp_path: Pa
 def test_bad_recipe(tiny_draft: Path, tmp_path: Path, yaml_text: str, pattern: str) -> None:
     recipe = tmp_path / "bad.yaml"
     recipe.write_text(yaml_text)
-    code, output = _run(["export", str(tiny_draft), str(tmp_path / "o"), "--calib", "none", "--recipe", str(recipe)])
+    code, output = _run(
+        ["export", str(tiny_draft), str(tmp_path / "o"), "--calib", "none", "--recipe", str(recipe)]
+    )
     _assert_clean_failure(code, output, pattern)
 
 
@@ -108,8 +125,17 @@ def test_validate_missing_target(tiny_draft: Path, tmp_path: Path) -> None:
     prompts = tmp_path / "p.txt"
     prompts.write_text("hello\n")
     code, output = _run(
-        ["validate", "--target", str(tmp_path / "nope"), "--draft", str(tiny_draft),
-         "--baseline", str(tiny_draft), "--prompts", str(prompts)]
+        [
+            "validate",
+            "--target",
+            str(tmp_path / "nope"),
+            "--draft",
+            str(tiny_draft),
+            "--baseline",
+            str(tiny_draft),
+            "--prompts",
+            str(prompts),
+        ]
     )
     _assert_clean_failure(code, output, "no such target folder")
 
@@ -117,11 +143,22 @@ def test_validate_missing_target(tiny_draft: Path, tmp_path: Path) -> None:
 def test_validate_draft_for_another_target(tiny_draft: Path, tmp_path: Path) -> None:
     target = tmp_path / "target"
     target.mkdir()
-    (target / "config.json").write_text(json.dumps({"hidden_size": 128, "vocab_size": 256, "num_hidden_layers": 4}))
+    (target / "config.json").write_text(
+        json.dumps({"hidden_size": 128, "vocab_size": 256, "num_hidden_layers": 4})
+    )
     prompts = tmp_path / "p.txt"
     prompts.write_text("hello\n")
     code, output = _run(
-        ["validate", "--target", str(target), "--draft", str(tiny_draft),
-         "--baseline", str(tiny_draft), "--prompts", str(prompts)]
+        [
+            "validate",
+            "--target",
+            str(target),
+            "--draft",
+            str(tiny_draft),
+            "--baseline",
+            str(tiny_draft),
+            "--prompts",
+            str(prompts),
+        ]
     )
     _assert_clean_failure(code, output, "built for target hidden size 64")

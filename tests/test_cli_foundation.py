@@ -46,7 +46,9 @@ def test_inspect_clean_bf16_draft(tiny_draft: Path) -> None:
 
 
 def test_inspect_json(tiny_draft: Path) -> None:
-    result = CliRunner().invoke(main, ["inspect", str(tiny_draft), "--json", "--target-layers", "4"])
+    result = CliRunner().invoke(
+        main, ["inspect", str(tiny_draft), "--json", "--target-layers", "4"]
+    )
     data = json.loads(result.output)
     assert data["tensor_count"] == 16
     assert data["fates"][0]["vllm_name"] == "model.layers.4.self_attn.qkv_proj"
@@ -63,7 +65,9 @@ def test_bare_fc_exclude_is_reported_and_fix_config_repairs_it(tiny_draft: Path)
     runner = CliRunner()
     result = runner.invoke(main, ["inspect", str(tiny_draft)])
     assert result.exit_code == 1
-    assert "exclude entry 'fc' matches no vLLM module; vLLM would quantize model.fc" in result.output
+    assert (
+        "exclude entry 'fc' matches no vLLM module; vLLM would quantize model.fc" in result.output
+    )
     assert f"run `eaglequant fix-config {tiny_draft}`" in result.output
 
     fixed = runner.invoke(main, ["fix-config", str(tiny_draft)])

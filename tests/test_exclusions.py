@@ -20,7 +20,11 @@ def quark_config(exclude: list[str], weight_scheme: str = "per_tensor") -> dict:
             "exclude": exclude,
             "global_quant_config": {
                 "weight": spec,
-                "input_tensors": {"dtype": "fp8_e4m3", "qscheme": "per_tensor", "is_dynamic": False},
+                "input_tensors": {
+                    "dtype": "fp8_e4m3",
+                    "qscheme": "per_tensor",
+                    "is_dynamic": False,
+                },
                 "output_tensors": None,
             },
             "layer_quant_config": {},
@@ -48,7 +52,9 @@ def test_bare_fc_leaves_fc_quantized_regex_fixes_it() -> None:
     bare = {f.vllm_name: f for f in predict_fates(quark_config(["fc", "lm_head"]), 4)}
     assert bare["model.fc"].quantized
     assert not bare["lm_head"].quantized
-    fixed = {f.vllm_name: f for f in predict_fates(quark_config(rewrite_exclude(["fc", "lm_head"])), 4)}
+    fixed = {
+        f.vllm_name: f for f in predict_fates(quark_config(rewrite_exclude(["fc", "lm_head"])), 4)
+    }
     assert not fixed["model.fc"].quantized
     for name in ("qkv_proj", "o_proj"):
         fate = fixed[f"model.layers.4.self_attn.{name}"]

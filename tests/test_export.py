@@ -66,7 +66,9 @@ def pair(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     target.save_pretrained(root / "target")
     tokenizer.save_pretrained(root / "target")
     data = root / "calib.jsonl"
-    data.write_text("".join(json.dumps({"text": "".join(text[i : i + 20])}) + "\n" for i in range(0, 400, 20)))
+    data.write_text(
+        "".join(json.dumps({"text": "".join(text[i : i + 20])}) + "\n" for i in range(0, 400, 20))
+    )
     draft = write_random_draft(root / "draft", draft_config(vocab=VOCAB, draft_vocab=256), seed=1)
     return {"target": root / "target", "data": data, "draft": draft, "root": root}
 
@@ -77,7 +79,16 @@ def _export(args: list[str]) -> None:
 
 
 def _calib_args(pair: dict[str, Path]) -> list[str]:
-    return ["--calib-target", str(pair["target"]), "--calib-data", str(pair["data"]), "--calib-samples", "6", "--calib-seq-len", "64"]
+    return [
+        "--calib-target",
+        str(pair["target"]),
+        "--calib-data",
+        str(pair["data"]),
+        "--calib-samples",
+        "6",
+        "--calib-seq-len",
+        "64",
+    ]
 
 
 def test_static_export_round_trip(pair: dict[str, Path], tmp_path: Path) -> None:
@@ -110,7 +121,9 @@ def test_static_export_round_trip(pair: dict[str, Path], tmp_path: Path) -> None
     assert inspect.exit_code == 0, inspect.output
 
 
-def test_capture_then_export_scales_equal_independent_float32_amax(pair: dict[str, Path], tmp_path: Path) -> None:
+def test_capture_then_export_scales_equal_independent_float32_amax(
+    pair: dict[str, Path], tmp_path: Path
+) -> None:
     from eaglequant.quantize.calibrate import load_capture
     from eaglequant.quantize.load import load_draft_module
     from eaglequant.quantize.measure import input_amax
@@ -118,14 +131,35 @@ def test_capture_then_export_scales_equal_independent_float32_amax(pair: dict[st
     capture = tmp_path / "capture"
     result = CliRunner().invoke(
         main,
-        ["capture", "--target", str(pair["target"]), "--data", str(pair["data"]), str(capture),
-         "--draft", str(pair["draft"]), "--samples", "8", "--seq-len", "48"],
+        [
+            "capture",
+            "--target",
+            str(pair["target"]),
+            "--data",
+            str(pair["data"]),
+            str(capture),
+            "--draft",
+            str(pair["draft"]),
+            "--samples",
+            "8",
+            "--seq-len",
+            "48",
+        ],
         catch_exceptions=False,
     )
     assert result.exit_code == 0, result.output
     assert json.loads((capture / "capture.json").read_text())["aux_layer_ids"] == [1, 2, 3]
     out = tmp_path / "fp8"
-    _export([str(pair["draft"]), str(out), "--calib-hidden-states", str(capture), "--calib-samples", "6"])
+    _export(
+        [
+            str(pair["draft"]),
+            str(out),
+            "--calib-hidden-states",
+            str(capture),
+            "--calib-samples",
+            "6",
+        ]
+    )
 
     ckpt = read_checkpoint(pair["draft"])
     recipe = load_recipe()
@@ -138,7 +172,9 @@ def test_capture_then_export_scales_equal_independent_float32_amax(pair: dict[st
             input_scale = handle.get_tensor(f"{name}.input_scale")
             weight_scale = handle.get_tensor(f"{name}.weight_scale")
             expected_weight = bf16.get_submodule(name).weight.abs().max() / 448.0
-            torch.testing.assert_close(input_scale, torch.tensor(amax[name] / 448.0), rtol=1e-6, atol=0)
+            torch.testing.assert_close(
+                input_scale, torch.tensor(amax[name] / 448.0), rtol=1e-6, atol=0
+            )
             torch.testing.assert_close(weight_scale, expected_weight, rtol=1e-6, atol=0)
             dequant = handle.get_tensor(f"{name}.weight").float() * weight_scale
             weight = bf16.get_submodule(name).weight
@@ -160,9 +196,8 @@ def test_calib_none_uses_recipe_range(pair: dict[str, Path], tmp_path: Path) -> 
 
 
 def test_ptpc_equals_quarks_own_file_to_file_flow(pair: dict[str, Path], tmp_path: Path) -> None:
-    from quark.torch import ModelQuantizer
-
     from eaglequant.quantize.quark_backend import quark_config
+    from quark.torch import ModelQuantizer
 
     out = tmp_path / "ptpc"
     _export([str(pair["draft"]), str(out), "--recipe", "ptpc-fp8"])
@@ -184,7 +219,9 @@ def test_ptpc_equals_quarks_own_file_to_file_flow(pair: dict[str, Path], tmp_pat
 
 def test_dry_run_writes_nothing(pair: dict[str, Path], tmp_path: Path) -> None:
     out = tmp_path / "never"
-    result = CliRunner().invoke(main, ["export", str(pair["draft"]), str(out), *_calib_args(pair), "--dry-run"])
+    result = CliRunner().invoke(
+        main, ["export", str(pair["draft"]), str(out), *_calib_args(pair), "--dry-run"]
+    )
     assert result.exit_code == 0, result.output
     assert "every check passed" in result.output
     assert not out.exists() and list(tmp_path.iterdir()) == []

@@ -114,10 +114,13 @@ def test_overwrite_replaces_and_race_loser_fails_cleanly(tmp_path: Path) -> None
     with atomic_output_dir(out, overwrite=True) as temp:
         (temp / "new.txt").write_text("new")
     assert sorted(p.name for p in out.iterdir()) == ["new.txt"]
-    with pytest.raises(OutputError, match="appeared while this run was writing"):
-        with atomic_output_dir(tmp_path / "race", overwrite=False) as temp:
-            (temp / "mine.txt").write_text("x")
-            (tmp_path / "race").mkdir()
-            (tmp_path / "race" / "theirs.txt").write_text("y")
+    race = tmp_path / "race"
+    with (
+        pytest.raises(OutputError, match="appeared while this run was writing"),
+        atomic_output_dir(race, overwrite=False) as temp,
+    ):
+        (temp / "mine.txt").write_text("x")
+        race.mkdir()
+        (race / "theirs.txt").write_text("y")
     assert sorted(p.name for p in (tmp_path / "race").iterdir()) == ["theirs.txt"]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out", "race"]

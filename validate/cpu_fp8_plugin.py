@@ -18,11 +18,16 @@ ROCm it does nothing.
 
 from __future__ import annotations
 
+import contextlib
 import os
 from typing import Any
 
 ACTIVE_ENV = "EAGLEQUANT_CPU_FP8_PLUGIN_ACTIVE"
-STUB_OPS = ("static_scaled_fp8_quant", "dynamic_scaled_fp8_quant", "dynamic_per_token_scaled_fp8_quant")
+STUB_OPS = (
+    "static_scaled_fp8_quant",
+    "dynamic_scaled_fp8_quant",
+    "dynamic_per_token_scaled_fp8_quant",
+)
 FP8_MAX = 448.0
 MIN_SCALE = 1.0 / (FP8_MAX * 512.0)
 
@@ -47,10 +52,8 @@ def fp8_ops_are_stubs() -> bool:
     """True when the compiled FP8 quant ops exist but take no arguments (or are missing)."""
     import torch
 
-    try:
+    with contextlib.suppress(ImportError):
         import vllm._C  # noqa: F401
-    except ImportError:
-        pass
     namespace = torch.ops._C
     for name in STUB_OPS:
         try:

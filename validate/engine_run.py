@@ -1,4 +1,6 @@
-"""One vLLM engine configuration, run in its own process: ``python -m eaglequant.validate.engine_run SPEC OUT``.
+"""One vLLM engine configuration in its own process.
+
+Run as ``python -m eaglequant.validate.engine_run SPEC OUT``.
 
 SPEC is a JSON file: target, optional draft and k, prompts, max_tokens,
 max_model_len. The process starts an offline ``vllm.LLM`` (greedy,

@@ -26,7 +26,6 @@ def plausibility_problems(
     request: ValidateRequest, generated: list[list[int]] | None
 ) -> tuple[list[str], dict[str, Any]]:
     import torch
-
     from eaglequant.quantize.calibrate import check_target_fits
     from eaglequant.quantize.load import load_draft_module
     from eaglequant.quantize.measure import input_amax
@@ -75,12 +74,18 @@ def _validation_batches(
 
 
 def _static_inputs(config: dict[str, Any]) -> bool:
-    spec = (config.get("quantization_config") or {}).get("global_quant_config", {}).get("input_tensors")
+    spec = (
+        (config.get("quantization_config") or {})
+        .get("global_quant_config", {})
+        .get("input_tensors")
+    )
     spec = spec[0] if isinstance(spec, list) and spec else spec
     return isinstance(spec, dict) and not spec.get("is_dynamic")
 
 
-def _ratio_problem(name: str, what: str, implied: float, measured: float, tolerance: float) -> list[str]:
+def _ratio_problem(
+    name: str, what: str, implied: float, measured: float, tolerance: float
+) -> list[str]:
     ratio = implied / measured if measured > 0 else float("inf")
     if not (1 / tolerance <= ratio <= tolerance):
         return [
@@ -90,7 +95,9 @@ def _ratio_problem(name: str, what: str, implied: float, measured: float, tolera
     return []
 
 
-def _check_weight_scale(fp8: Any, name: str, weight_abs: Any, tolerance: float, row: dict[str, Any]) -> list[str]:
+def _check_weight_scale(
+    fp8: Any, name: str, weight_abs: Any, tolerance: float, row: dict[str, Any]
+) -> list[str]:
     key = f"{name}.weight_scale"
     if key not in fp8.tensors:
         return [f"{key} is missing"]
@@ -102,13 +109,21 @@ def _check_weight_scale(fp8: Any, name: str, weight_abs: Any, tolerance: float, 
         ratios = scale * FP8_E4M3_MAX / measured.clamp_min(1e-30)
         worst = int((ratios.log().abs()).argmax())
         row["weight_scale_worst_ratio"] = float(ratios[worst])
-        return _ratio_problem(name, f"weight_scale[{worst}]", float(scale[worst]) * FP8_E4M3_MAX, float(measured[worst]), tolerance)
+        return _ratio_problem(
+            name,
+            f"weight_scale[{worst}]",
+            float(scale[worst]) * FP8_E4M3_MAX,
+            float(measured[worst]),
+            tolerance,
+        )
     implied = float(scale[0]) * FP8_E4M3_MAX
     row["weight_scale_x448"], row["weight_amax"] = implied, float(weight_abs.max())
     return _ratio_problem(name, "weight_scale", implied, float(weight_abs.max()), tolerance)
 
 
-def _check_input_scale(fp8: Any, name: str, measured: float, tolerance: float, row: dict[str, Any]) -> list[str]:
+def _check_input_scale(
+    fp8: Any, name: str, measured: float, tolerance: float, row: dict[str, Any]
+) -> list[str]:
     key = f"{name}.input_scale"
     if key not in fp8.tensors:
         return [f"{key} is missing (vLLM would load its -3.4e38 placeholder silently)"]

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from eaglequant.report import console
 from eaglequant.validate.validate import ValidationReport, acceptance
+
+from eaglequant.report import console
 
 
 def _acceptance_rows(report: ValidationReport) -> list[tuple[str, str, str, str]]:
@@ -23,7 +24,8 @@ def print_validation(report: ValidationReport) -> None:
 
     console.print(
         f"target {report.target}, k={report.k}, {report.prompts} prompts x {report.max_tokens} "
-        f"tokens, backend {report.backend}, CPU FP8 plugin {'active' if report.plugin_active else 'inactive'}"
+        f"tokens, backend {report.backend}, "
+        f"CPU FP8 plugin {'active' if report.plugin_active else 'inactive'}"
     )
     table = Table(title="Speculative decoding in vLLM")
     for column in ("draft", "mean acceptance length", "acceptance by position", "engine"):
@@ -35,9 +37,13 @@ def print_validation(report: ValidationReport) -> None:
     for column in ("check", "result", "detail"):
         checks.add_column(column)
     for check in report.checks:
-        checks.add_row(check.name, "[green]PASS[/green]" if check.passed else "[red]FAIL[/red]", check.detail)
+        checks.add_row(
+            check.name, "[green]PASS[/green]" if check.passed else "[red]FAIL[/red]", check.detail
+        )
     console.print(checks)
-    console.print("[green]all checks passed[/green]" if report.passed else "[red]validation FAILED[/red]")
+    console.print(
+        "[green]all checks passed[/green]" if report.passed else "[red]validation FAILED[/red]"
+    )
 
 
 def markdown_report(report: ValidationReport) -> str:

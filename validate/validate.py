@@ -18,6 +18,7 @@ engine mode, then six checks, each reported with its numbers:
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -135,7 +136,9 @@ def check_inputs(request: ValidateRequest) -> None:
                 f"{target_config.get('vocab_size')}; pass the target this draft was trained for"
             )
     if "quantization_config" not in read_config(request.draft):
-        raise InputError(f"{request.draft}: has no quantization_config; pass the FP8 draft as --draft")
+        raise InputError(
+            f"{request.draft}: has no quantization_config; pass the FP8 draft as --draft"
+        )
 
 
 def validate(
@@ -191,7 +194,13 @@ def run_engine(request: ValidateRequest, draft: Path | None) -> dict[str, Any]:
         started = time.perf_counter()
         with log_path.open("wb") as log:
             process = subprocess.Popen(
-                [sys.executable, "-m", "eaglequant.validate.engine_run", str(spec_path), str(out_path)],
+                [
+                    sys.executable,
+                    "-m",
+                    "eaglequant.validate.engine_run",
+                    str(spec_path),
+                    str(out_path),
+                ],
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 env=env,
@@ -220,10 +229,8 @@ def _wait(process: subprocess.Popen[bytes], timeout: float) -> bool:
         process.wait()
         return True
     finally:
-        try:  # leave no stray children of the engine behind
+        with contextlib.suppress(ProcessLookupError):  # no stray children of the engine
             os.killpg(process.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
 
 
 def _engine_summary(engine: dict[str, Any]) -> dict[str, Any]:
@@ -277,7 +284,7 @@ def _lossless(engines: dict[str, dict[str, Any]]) -> Check:
     mismatches = {}
     for role in ("bf16", "fp8"):
         got = engines[role]["result"]["token_ids"]
-        differing = [i for i, (a, b) in enumerate(zip(reference, got)) if a != b]
+        differing = [i for i, (a, b) in enumerate(zip(reference, got, strict=False)) if a != b]
         if differing or len(got) != len(reference):
             mismatches[role] = differing
     detail = "greedy outputs of target + each draft equal the target alone"
@@ -306,16 +313,22 @@ def _layers_check(layers: list[dict[str, Any]]) -> Check:
         name, method = layer["name"], layer["quant_method"]
         if name in ("model.fc", "lm_head", "model.embed_tokens"):
             if not method.startswith("Unquantized") or layer["weight_dtype"] == "float8_e4m3fn":
-                problems.append(f"{name} built as {layer['scheme'] or method} ({layer['weight_dtype']})")
+                problems.append(
+                    f"{name} built as {layer['scheme'] or method} ({layer['weight_dtype']})"
+                )
             continue
         if ".layers." not in name:
             continue
         if layer["scheme"] != "QuarkW8A8Fp8" or layer["weight_dtype"] != "float8_e4m3fn":
-            problems.append(f"{name} built as {layer['scheme'] or method} ({layer['weight_dtype']})")
+            problems.append(
+                f"{name} built as {layer['scheme'] or method} ({layer['weight_dtype']})"
+            )
         for scale in ("weight_scale", "input_scale"):
             if scale in layer and not layer[scale]["finite_positive"]:
                 problems.append(f"{name}.{scale} not finite positive ({layer[scale]})")
-    detail = "fc, lm_head unquantized; midlayer projections QuarkW8A8Fp8 with finite positive scales"
+    detail = (
+        "fc, lm_head unquantized; midlayer projections QuarkW8A8Fp8 with finite positive scales"
+    )
     if problems:
         detail = "; ".join(problems)
     return Check("3 layers", not problems, detail, {"layers": layers})
@@ -335,7 +348,8 @@ def _per_position(engines: dict[str, dict[str, Any]]) -> Check:
     bf16 = acceptance(engines["bf16"]["result"]["metrics"])["per_position"]
     fp8 = acceptance(engines["fp8"]["result"]["metrics"])["per_position"]
     detail = "per-position acceptance " + ", ".join(
-        f"pos {i + 1}: FP8 {f:.3f} / BF16 {b:.3f}" for i, (f, b) in enumerate(zip(fp8, bf16))
+        f"pos {i + 1}: FP8 {f:.3f} / BF16 {b:.3f}"
+        for i, (f, b) in enumerate(zip(fp8, bf16, strict=False))
     )
     return Check("5 per-position", True, detail, {"fp8": fp8, "bf16": bf16})
 
