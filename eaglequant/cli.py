@@ -98,7 +98,7 @@ def fix_config_command(path: Path, output: Path | None, overwrite: bool) -> None
 @click.argument("out", type=click.Path(path_type=Path))
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--target-steps", type=click.IntRange(min=1), default=800, show_default=True)
-@click.option("--draft-steps", type=click.IntRange(min=1), default=700, show_default=True)
+@click.option("--draft-steps", type=click.IntRange(min=1), default=900, show_default=True)
 @click.option("--overwrite", is_flag=True, help="Replace a non-empty OUT.")
 @reports_errors
 def toy(out: Path, seed: int, target_steps: int, draft_steps: int, overwrite: bool) -> None:

@@ -153,12 +153,16 @@ class Eagle3Draft(PreTrainedModel):
         next_ids: torch.Tensor,
         steps: int,
         embed: nn.Module | None = None,
+        forced_ids: torch.Tensor | None = None,
     ) -> list[StepOutput]:
         """Run ``steps`` speculative steps from every position, as vLLM drafts.
 
         ``aux_hidden`` (b, t, fc_in) are the target's auxiliary hidden states at
         positions 0..t-1 and ``next_ids`` (b, t) the tokens at positions 1..t.
-        Step k's outputs at base position i predict the token at i+k+2.
+        Step k's outputs at base position i predict the token at i+k+2. Later
+        steps take the draft's own predicted tokens, as vLLM does, unless
+        ``forced_ids`` (b, t+steps-1: the tokens at positions 1..) are given
+        (training: the token a correct draft would have produced).
         """
         embed = embed if embed is not None else self.embed_tokens
         assert embed is not None, "a draft without embed_tokens needs the target's embeddings"
@@ -173,7 +177,10 @@ class Eagle3Draft(PreTrainedModel):
             out = self._step(embed(tokens), hidden, base + step, keys, values)
             outputs.append(out)
             hidden = out.prenorm
-            tokens = self.draft_to_target(out.logits.argmax(-1))
+            if forced_ids is not None:
+                tokens = forced_ids[:, step + 1 : step + 1 + t]
+            else:
+                tokens = self.draft_to_target(out.logits.argmax(-1))
         return outputs
 
     def _step(
