@@ -25,10 +25,10 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from eaglequant.quantize.draft_model import Eagle3Draft
 
 from eaglequant.checkpoint import Checkpoint, read_checkpoint
 from eaglequant.draft import MIDLAYER_LINEARS
-from eaglequant.quantize.draft_model import Eagle3Draft
 from eaglequant.recipe import FP8_E4M3_MAX, Recipe
 from eaglequant.writer import blob_from_file, write_checkpoint_weights, write_text
 

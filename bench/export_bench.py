@@ -1,0 +1,198 @@
+"""Export benchmark: eaglequant against the I/O floor and Quark's own file-to-file flow.
+
+Generates once (cached, seeded) a synthetic BF16 draft of the chosen shape,
+sharded at 5 GB, plus a captured-hidden-states folder for calibration; then
+measures side by side in one run, each in a fresh subprocess (wall time and
+peak RSS of that process tree):
+
+1. the I/O floor: read every input byte, write the output's byte count;
+2. ``eaglequant export --recipe ptpc-fp8`` vs ``ModelQuantizer.direct_quantize_checkpoint``
+   on the same input (outputs compared tensor for tensor);
+3. ``eaglequant export`` (static recipe) calibrated on the captured tokens, with
+   its stage timings;
+4. ``eaglequant --help`` and ``eaglequant inspect`` latency.
+
+Results go to ``bench/results-<shape>.json`` and a table of ratios on stdout.
+``--shape small`` is the CI smoke variant (not timed there).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+SHAPES = {
+    # hidden, heads, kv_heads, head_dim, intermediate, vocab, draft_vocab
+    "kimi-k2.5": dict(
+        hidden=7168, heads=64, kv_heads=64, intermediate=12288, vocab=163840, draft_vocab=163840
+    ),
+    "small": dict(hidden=512, heads=8, kv_heads=8, intermediate=1024, vocab=8192, draft_vocab=8192),
+}
+EQ = [sys.executable, "-m", "eaglequant.cli"]
+
+
+def prepare(shape: str, cache: Path, tokens: int) -> tuple[Path, Path]:
+    """The synthetic draft and a capture folder, generated once per shape."""
+    from eaglequant.synthetic import draft_config, write_random_draft
+
+    draft, capture = cache / shape / "draft", cache / shape / "capture"
+    if not (draft / "config.json").exists():
+        dims = SHAPES[shape]
+        config = draft_config(aux_layer_ids=(2, 30, 58), **dims)
+        config["head_dim"] = 128 if shape == "kimi-k2.5" else dims["hidden"] // dims["heads"]
+        shutil.rmtree(draft, ignore_errors=True)
+        write_random_draft(draft, config, seed=0, max_shard_size=5 * 10**9)
+    if not (capture / "capture.json").exists():
+        write_capture(draft, capture, tokens)
+    return draft, capture
+
+
+def write_capture(draft: Path, capture: Path, tokens: int) -> None:
+    import torch
+    from eaglequant.quantize.calibrate import CalibrationData, save_capture
+
+    from eaglequant.checkpoint import read_checkpoint
+    from eaglequant.draft import dims_from_config
+
+    dims = dims_from_config(read_checkpoint(draft).config)
+    seq = 256
+    rows = max(1, tokens // seq) + 2
+    generator = torch.Generator().manual_seed(1)
+    ids = torch.randint(0, dims.vocab, (rows, seq), generator=generator)
+    aux = torch.randn(rows, seq, dims.fc_in, generator=generator)
+    capture.mkdir(parents=True, exist_ok=True)
+    save_capture(capture, CalibrationData(ids, aux, "synthetic"), {"synthetic": True})
+
+
+def timed(cmd: list[str]) -> dict[str, float]:
+    """Wall time and peak RSS (of the child, via wait4) of one command."""
+    started = time.perf_counter()
+    process = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    _, status, usage = os.wait4(process.pid, 0)
+    wall = time.perf_counter() - started
+    if os.waitstatus_to_exitcode(status) != 0:
+        raise SystemExit(f"failed: {' '.join(cmd)}\n{process.stderr.read().decode()[-3000:]}")  # type: ignore[union-attr]
+    return {"wall_s": round(wall, 3), "peak_rss_gib": round(usage.ru_maxrss / 2**20, 3)}
+
+
+def io_floor(draft: Path, out_bytes: int, scratch: Path) -> dict[str, float]:
+    script = (
+        "import sys, pathlib\n"
+        "src, dst, n = pathlib.Path(sys.argv[1]), pathlib.Path(sys.argv[2]), int(sys.argv[3])\n"
+        "for p in sorted(src.glob('*.safetensors')):\n"
+        "    with p.open('rb') as f:\n"
+        "        while f.read(1 << 26): pass\n"
+        "block = b'\\0' * (1 << 26)\n"
+        "with dst.open('wb') as f:\n"
+        "    while n > 0:\n"
+        "        f.write(block[: min(n, len(block))]); n -= len(block)\n"
+        "    f.flush(); import os; os.fsync(f.fileno())\n"
+    )
+    return timed(
+        [sys.executable, "-c", script, str(draft), str(scratch / "floor.bin"), str(out_bytes)]
+    )
+
+
+def quark_f2f(draft: Path, out: Path) -> dict[str, float]:
+    script = (
+        "import sys\n"
+        "from quark.torch import ModelQuantizer\n"
+        "from eaglequant.quantize.quark_backend import quark_config\n"
+        "from eaglequant.recipe import load_recipe\n"
+        "ModelQuantizer(quark_config(load_recipe('ptpc-fp8'))).direct_quantize_checkpoint("
+        "sys.argv[1], sys.argv[2], device='cpu')\n"
+    )
+    return timed([sys.executable, "-c", script, str(draft), str(out)])
+
+
+def same_quantized_tensors(mine: Path, theirs: Path) -> bool:
+    from eaglequant.checkpoint import read_checkpoint
+
+    a, b = read_checkpoint(mine), read_checkpoint(theirs)
+    return set(a.tensors) == set(b.tensors) and all(
+        a.read_raw(n) == b.read_raw(n) for n in a.tensors
+    )
+
+
+def folder_bytes(folder: Path) -> int:
+    return sum(p.stat().st_size for p in folder.glob("*.safetensors"))
+
+
+def run(shape: str, tokens: int) -> dict[str, object]:
+    cache = HERE / ".cache"
+    draft, capture = prepare(shape, cache, tokens)
+    results: dict[str, object] = {
+        "shape": shape,
+        "input_bytes": folder_bytes(draft),
+        "cpus": os.cpu_count(),
+    }
+    with tempfile.TemporaryDirectory(dir=cache) as tmp:
+        scratch = Path(tmp)
+        results["help"] = timed([*EQ, "--help"])
+        results["inspect"] = timed([*EQ, "inspect", str(draft), "--json"])
+        results["ptpc_export"] = timed(
+            [*EQ, "export", str(draft), str(scratch / "ptpc"), "--recipe", "ptpc-fp8"]
+        )
+        results["quark_f2f"] = quark_f2f(draft, scratch / "quark")
+        results["ptpc_equals_quark"] = same_quantized_tensors(scratch / "ptpc", scratch / "quark")
+        out_bytes = folder_bytes(scratch / "ptpc")
+        results["output_bytes"] = out_bytes
+        results["io_floor"] = io_floor(draft, out_bytes, scratch)
+        samples = max(1, tokens // 256)
+        static = [
+            *EQ,
+            "export",
+            str(draft),
+            str(scratch / "static"),
+            "--calib-hidden-states",
+            str(capture),
+            "--calib-samples",
+            str(samples),
+        ]
+        results["static_export"] = timed(static)
+        manifest = json.loads((scratch / "static" / "eaglequant.json").read_text())
+        results["static_stages_s"] = manifest["timings_s"]
+    return results
+
+
+def print_table(results: dict) -> None:  # type: ignore[type-arg]
+    floor = results["io_floor"]["wall_s"]
+    rows = [
+        ("I/O floor", results["io_floor"]),
+        ("export ptpc-fp8", results["ptpc_export"]),
+        ("Quark direct_quantize_checkpoint", results["quark_f2f"]),
+        ("export fp8-static (calibrated)", results["static_export"]),
+    ]
+    gigabytes = results["input_bytes"] / 1e9, results["output_bytes"] / 1e9
+    print(f"shape {results['shape']}: input {gigabytes[0]:.2f} GB, output {gigabytes[1]:.2f} GB")
+    print(f"{'run':36} {'x floor':>8} {'wall s':>8} {'peak RSS GiB':>13}")
+    for name, row in rows:
+        ratio = row["wall_s"] / floor
+        print(f"{name:36} {ratio:8.2f} {row['wall_s']:8.2f} {row['peak_rss_gib']:13.2f}")
+    print(f"ptpc output equals Quark's tensor for tensor: {results['ptpc_equals_quark']}")
+    print(f"static export stages: {results['static_stages_s']}")
+    print(f"--help {results['help']['wall_s']:.3f}s, inspect {results['inspect']['wall_s']:.3f}s")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--shape", choices=sorted(SHAPES), default="small")
+    parser.add_argument("--tokens", type=int, default=4096, help="calibration tokens")
+    args = parser.parse_args()
+    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+    results = run(args.shape, args.tokens)
+    (HERE / f"results-{args.shape}.json").write_text(json.dumps(results, indent=2) + "\n")
+    print_table(results)
+
+
+if __name__ == "__main__":
+    main()

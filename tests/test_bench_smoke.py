@@ -1,0 +1,25 @@
+"""The small-shape export benchmark runs end to end (a smoke test: nothing is timed here)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from tests.conftest import REPO
+
+pytestmark = pytest.mark.slow
+
+
+def test_small_benchmark_runs_and_ptpc_matches_quark() -> None:
+    subprocess.run(
+        [sys.executable, str(REPO / "bench" / "export_bench.py"), "--shape", "small", "--tokens", "512"],
+        check=True,
+        cwd=REPO,
+        capture_output=True,
+    )
+    results = json.loads((REPO / "bench" / "results-small.json").read_text())
+    assert results["ptpc_equals_quark"] is True
+    assert set(results["static_stages_s"]) >= {"load", "calibrate", "quantize", "write", "verify"}
