@@ -117,9 +117,14 @@ def write_checkpoint_weights(
     folder: Path, blobs: list[TensorBlob], max_shard_size: int
 ) -> list[str]:
     """Write ``blobs`` into ``folder`` as shards (+ index when more than one); return file names."""
+    from tqdm.auto import tqdm
+
     plan = plan_shards(blobs, max_shard_size)
-    for filename, shard_blobs in plan.items():
-        write_safetensors(folder / filename, shard_blobs)
+    total = sum(b.nbytes for b in blobs)
+    with tqdm(total=total, desc="writing shards", unit="B", unit_scale=True, disable=None) as bar:
+        for filename, shard_blobs in plan.items():
+            write_safetensors(folder / filename, shard_blobs)
+            bar.update(sum(b.nbytes for b in shard_blobs))
     if len(plan) > 1:
         weight_map = {b.name: f for f, shard in plan.items() for b in shard}
         index = {

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from tqdm.auto import tqdm
 
 from eaglequant.checkpoint import read_config
 from eaglequant.draft import DraftDims
@@ -180,7 +181,8 @@ def run_target(
     ).eval()
     aux_rows = []
     with torch.no_grad():
-        for row in input_ids.split(4):
+        rows = input_ids.split(4)
+        for row in tqdm(rows, desc="target hidden states", unit="batch", disable=None):
             states = model(input_ids=row, output_hidden_states=True).hidden_states
             aux_rows.append(torch.cat([states[i] for i in aux_ids], dim=-1))
     embed = model.get_input_embeddings().weight.detach().clone() if with_embeddings else None

@@ -18,6 +18,7 @@ import torch
 import torch.nn.functional as F
 from eaglequant.quantize.draft_model import Eagle3Draft
 from torch import nn
+from tqdm.auto import tqdm
 
 from eaglequant.draft import MIDLAYER_LINEARS
 from eaglequant.recipe import FP8_E4M3_MAX, Recipe
@@ -115,7 +116,7 @@ def input_amax(
     handles = [model.get_submodule(n).register_forward_pre_hook(hook(n)) for n in MIDLAYER_LINEARS]
     try:
         with torch.no_grad():
-            for batch in batches:
+            for batch in tqdm(batches, desc="calibration ranges", unit="batch", disable=None):
                 model.unroll(batch["aux_hidden"], batch["next_ids"], steps)
     finally:
         for handle in handles:

@@ -99,3 +99,13 @@ def test_fix_config_on_bf16_draft_is_bad_input(tiny_draft: Path) -> None:
     result = CliRunner().invoke(main, ["fix-config", str(tiny_draft)])
     assert result.exit_code == 2
     assert "no quantization_config" in result.output
+
+
+def test_inspect_reads_headers_without_torch(tiny_draft: Path) -> None:
+    code = (
+        "import sys; from eaglequant.cli import main\n"
+        f"try:\n    main(['inspect', {str(tiny_draft)!r}, '--json'])\nexcept SystemExit as e:\n"
+        "    assert e.code == 0, e.code\n"
+        "assert 'torch' not in sys.modules and 'safetensors' not in sys.modules\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, capture_output=True)
