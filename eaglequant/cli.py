@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import json
+import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -29,6 +30,16 @@ def run_reporting_errors(body: Callable[[], Any]) -> Any:
     except EagleQuantError as exc:
         click.echo(f"error: {exc}", err=True)
         sys.exit(exc.exit_code)
+    except Exception as exc:
+        if os.environ.get("EAGLEQUANT_DEBUG"):
+            raise
+        message = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+        click.echo(
+            f"error: unexpected {type(exc).__name__}: {message[:300]}; nothing was published "
+            "(rerun with EAGLEQUANT_DEBUG=1 for the traceback and report it)",
+            err=True,
+        )
+        sys.exit(1)
 
 
 def reports_errors(func: F) -> F:

@@ -54,6 +54,13 @@ def atomic_output_dir(out: Path, overwrite: bool) -> Iterator[Path]:
         os.chmod(temp, DIR_MODE)
         yield temp
         _publish(temp, out, overwrite)
+    except OSError as exc:
+        shutil.rmtree(temp, ignore_errors=True)
+        where = f" ({exc.filename})" if exc.filename else ""
+        raise OutputError(
+            f"{out}: I/O error while writing: {exc.strerror or exc}{where}; nothing was "
+            "written and the input is untouched, free space or fix the path and rerun"
+        ) from exc
     except BaseException:
         shutil.rmtree(temp, ignore_errors=True)
         raise

@@ -7,11 +7,13 @@ import json
 from pathlib import Path
 
 import pytest
+import torch
 
 from eaglequant.synthetic import draft_config, write_random_draft
 
 REPO = Path(__file__).resolve().parent.parent
 TOY = REPO / "examples" / "toy"
+VOCAB = 512
 
 
 def tree_digest(folder: Path) -> dict[str, str]:
@@ -31,6 +33,46 @@ def tiny_draft(tmp_path: Path) -> Path:
 @pytest.fixture
 def sharded_draft(tmp_path: Path) -> Path:
     return write_random_draft(tmp_path / "sharded", draft_config(), seed=0, max_shard_size=40_000)
+
+
+@pytest.fixture(scope="session")
+def pair(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """A tiny random Llama target with a BPE tokenizer, a draft for it, and calibration text."""
+    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+
+    root = tmp_path_factory.mktemp("pair")
+    text = [f"def function_{i}(x):\n    return x * {i} + {i % 7}\n" for i in range(400)]
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.train_from_iterator(
+        text,
+        trainers.BpeTrainer(
+            vocab_size=VOCAB,
+            special_tokens=["<eos>"],
+            initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        ),
+    )
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<eos>")
+    torch.manual_seed(0)
+    target = LlamaForCausalLM(
+        LlamaConfig(
+            vocab_size=VOCAB,
+            hidden_size=64,
+            intermediate_size=128,
+            num_hidden_layers=4,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+        )
+    )
+    target.save_pretrained(root / "target")
+    tokenizer.save_pretrained(root / "target")
+    data = root / "calib.jsonl"
+    data.write_text(
+        "".join(json.dumps({"text": "".join(text[i : i + 20])}) + "\n" for i in range(0, 400, 20))
+    )
+    draft = write_random_draft(root / "draft", draft_config(vocab=VOCAB, draft_vocab=256), seed=1)
+    return {"target": root / "target", "data": data, "draft": draft, "root": root}
 
 
 def edit_config(folder: Path, **changes: object) -> None:

@@ -15,7 +15,14 @@ pytestmark = pytest.mark.slow
 
 def test_small_benchmark_runs_and_ptpc_matches_quark() -> None:
     subprocess.run(
-        [sys.executable, str(REPO / "bench" / "export_bench.py"), "--shape", "small", "--tokens", "512"],
+        [
+            sys.executable,
+            str(REPO / "bench" / "export_bench.py"),
+            "--shape",
+            "small",
+            "--tokens",
+            "512",
+        ],
         check=True,
         cwd=REPO,
         capture_output=True,

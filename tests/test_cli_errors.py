@@ -9,6 +9,7 @@ import json
 from pathlib import Path
 
 import pytest
+import torch
 from click.testing import CliRunner
 
 from eaglequant.cli import main
@@ -162,3 +163,129 @@ def test_validate_draft_for_another_target(tiny_draft: Path, tmp_path: Path) -> 
         ]
     )
     _assert_clean_failure(code, output, "built for target hidden size 64")
+
+
+def _export_with_data(pair: dict[str, Path], tmp_path: Path, data: Path) -> tuple[int, str]:
+    args = [
+        "export",
+        str(pair["draft"]),
+        str(tmp_path / "o"),
+        "--calib-target",
+        str(pair["target"]),
+    ]
+    return _run([*args, "--calib-data", str(data), "--calib-seq-len", "16"])
+
+
+@pytest.mark.parametrize(
+    ("content", "suffix", "pattern"),
+    [
+        (b"", ".jsonl", "no usable text"),
+        (b"\xff\xfe\x00bad", ".txt", "not UTF-8 text"),
+        (b'{"other": 1}\n', ".jsonl", "calib.jsonl:1: needs a 'text' string"),
+        (b"not json\n", ".jsonl", "calib.jsonl:1: not a JSON object"),
+        (b"   \n\n", ".txt", "no usable text"),
+        (b"hi", ".txt", "fewer than one sequence"),
+    ],
+)
+def test_bad_calibration_data(
+    pair: dict[str, Path], tmp_path: Path, content: bytes, suffix: str, pattern: str
+) -> None:
+    data = tmp_path / f"calib{suffix}"
+    data.write_bytes(content)
+    code, output = _export_with_data(pair, tmp_path, data)
+    _assert_clean_failure(code, output, pattern)
+    assert not (tmp_path / "o").exists()
+
+
+def test_calibration_target_that_does_not_fit(pair: dict[str, Path], tmp_path: Path) -> None:
+    target = tmp_path / "target"
+    target.mkdir()
+    config = json.loads((pair["target"] / "config.json").read_text())
+    (target / "config.json").write_text(json.dumps({**config, "hidden_size": 96}))
+    code, output = _run(
+        [
+            "export",
+            str(pair["draft"]),
+            str(tmp_path / "o"),
+            "--calib-target",
+            str(target),
+            "--calib-data",
+            str(pair["data"]),
+        ]
+    )
+    _assert_clean_failure(code, output, "hidden_size 96 does not fit the draft")
+    (target / "config.json").write_text(json.dumps({**config, "vocab_size": 1000}))
+    code, output = _run(
+        [
+            "export",
+            str(pair["draft"]),
+            str(tmp_path / "o"),
+            "--calib-target",
+            str(target),
+            "--calib-data",
+            str(pair["data"]),
+        ]
+    )
+    _assert_clean_failure(code, output, "vocab_size 1000 differs")
+
+
+def test_captured_states_of_the_wrong_width(tiny_draft: Path, tmp_path: Path) -> None:
+    from eaglequant.quantize.calibrate import CalibrationData, save_capture
+
+    capture = tmp_path / "capture"
+    capture.mkdir()
+    save_capture(
+        capture,
+        CalibrationData(torch.zeros(2, 8, dtype=torch.long), torch.zeros(2, 8, 100), "x"),
+        {},
+    )
+    code, output = _run(
+        ["export", str(tiny_draft), str(tmp_path / "o"), "--calib-hidden-states", str(capture)]
+    )
+    _assert_clean_failure(code, output, "has shape [2, 8, 100], the draft's fc takes width 192")
+
+
+def test_nan_weight_is_named(tiny_draft: Path, tmp_path: Path) -> None:
+    from safetensors.torch import load_file, save_file
+
+    tensors = load_file(str(tiny_draft / "model.safetensors"))
+    tensors["midlayer.mlp.down_proj.weight"][0, 0] = float("nan")
+    save_file(tensors, str(tiny_draft / "model.safetensors"), metadata={"format": "pt"})
+    code, output = _run(["export", str(tiny_draft), str(tmp_path / "o"), "--calib", "none"])
+    _assert_clean_failure(code, output, "tensor 'midlayer.mlp.down_proj.weight' holds 1 NaN/Inf")
+    assert not (tmp_path / "o").exists() and list(tmp_path.iterdir()) == [tiny_draft]
+
+
+def test_fp8_draft_passed_to_export(tiny_draft: Path, tmp_path: Path) -> None:
+    from safetensors.torch import load_file, save_file
+
+    tensors = load_file(str(tiny_draft / "model.safetensors"))
+    tensors["midlayer.mlp.up_proj.weight"] = tensors["midlayer.mlp.up_proj.weight"].to(
+        torch.float8_e4m3fn
+    )
+    save_file(tensors, str(tiny_draft / "model.safetensors"), metadata={"format": "pt"})
+    code, output = _run(["export", str(tiny_draft), str(tmp_path / "o"), "--calib", "none"])
+    _assert_clean_failure(code, output, "already quantized")
+    assert "fix-config" in output
+
+
+@pytest.mark.parametrize("command", ["inspect", "export"])
+def test_pickle_only_weights_refused(tmp_path: Path, command: str) -> None:
+    folder = tmp_path / "pickled"
+    folder.mkdir()
+    (folder / "config.json").write_text("{}")
+    (folder / "pytorch_model.bin").write_bytes(b"\x80\x04junk")
+    args = [command, str(folder)] + (
+        [str(tmp_path / "o"), "--calib", "none"] if command == "export" else []
+    )
+    code, output = _run(args)
+    _assert_clean_failure(code, output, "pickle-based weights are refused")
+
+
+def test_sharded_index_problems_through_the_cli(sharded_draft: Path, tmp_path: Path) -> None:
+    index_path = sharded_draft / "model.safetensors.index.json"
+    index = json.loads(index_path.read_text())
+    index["weight_map"]["fc.weight"] = "../escape.safetensors"
+    index_path.write_text(json.dumps(index))
+    code, output = _run(["inspect", str(sharded_draft)])
+    _assert_clean_failure(code, output, "not a plain file name inside the model folder")

@@ -10,6 +10,7 @@ from pathlib import Path
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from eaglequant.checkpoint import read_checkpoint
 from eaglequant.errors import InputError
 from eaglequant.exclusions import is_excluded, rewrite_exclude, vllm_linear_names
 from eaglequant.safetensors_header import parse_header, read_header
@@ -86,3 +87,14 @@ def test_rewrite_is_idempotent_and_never_matches_less(entries: list[str]) -> Non
         except ValueError:  # only some shards of a fused layer match: vLLM refuses it too
             continue
         assert after or not before, (name, entries, once)
+
+
+@FUZZ
+@given(index=json_values, config=json_values)
+def test_random_index_and_config_give_only_input_errors(
+    sharded_draft: Path, index: object, config: object
+) -> None:
+    (sharded_draft / "model.safetensors.index.json").write_text(json.dumps(index))
+    (sharded_draft / "config.json").write_text(json.dumps(config))
+    with contextlib.suppress(InputError):
+        read_checkpoint(sharded_draft)
