@@ -18,6 +18,7 @@ from torch import nn
 
 from eaglequant.checkpoint import CONFIG_FILE, Checkpoint, read_checkpoint
 from eaglequant.draft import MIDLAYER_LINEARS, structure_problems
+from eaglequant.errors import OutputError
 from eaglequant.exclusions import predict_fates
 from eaglequant.inspect_draft import quantization_problems, read_scales
 from eaglequant.recipe import Recipe
@@ -92,13 +93,21 @@ def quantize(
     plan: ExportPlan, request: ExportRequest, model: Eagle3Draft, calib: Calibration, temp: Path
 ) -> quark_backend.QuarkResult:
     """Quark: calibrated static flow, or the file-to-file flow for dynamic activations."""
+    from safetensors import SafetensorError
+
     recipe = request.recipe
     with quark_backend.scratch_dir(temp.parent) as scratch:
-        if not recipe.needs_calibration:
-            return quark_backend.quantize_file_to_file(plan.ckpt, recipe, Path(scratch))
-        working = copy.deepcopy(model)
-        working.unroll_steps = recipe.calibration.steps
-        return quark_backend.quantize_static(working, recipe, calib.batches, Path(scratch))
+        try:
+            if not recipe.needs_calibration:
+                return quark_backend.quantize_file_to_file(plan.ckpt, recipe, Path(scratch))
+            working = copy.deepcopy(model)
+            working.unroll_steps = recipe.calibration.steps
+            return quark_backend.quantize_static(working, recipe, calib.batches, Path(scratch))
+        except SafetensorError as exc:  # Quark's own writing into the scratch folder
+            raise OutputError(
+                f"{request.out}: I/O error while writing Quark's output in {scratch}: {exc}; "
+                "nothing was written and the input is untouched, free space and rerun"
+            ) from exc
 
 
 def measure_export(

@@ -70,8 +70,14 @@ def quark_config(recipe: Recipe) -> Any:
 
 
 def quiet_quark() -> None:
-    """Quark logs every config at INFO; keep the terminal for our own progress."""
+    """Settings read when Quark is imported: quieter logs, no torch.compile.
+
+    Quark logs every config at INFO; keep the terminal for our own progress. Its
+    fake-quantize kernel is wrapped in ``torch.compile``, which for a one-shot
+    export costs more than it saves (an inductor C++ build per process).
+    """
     os.environ.setdefault("QUARK_LOG_LEVEL", "warning")
+    os.environ.setdefault("QUARK_DISABLE_COMPILE", "1")
     for name in ("quark", "quark.torch"):
         logging.getLogger(name).setLevel(logging.WARNING)
 

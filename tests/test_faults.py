@@ -102,3 +102,29 @@ def test_two_exports_to_one_output_one_wins_cleanly(tiny_draft: Path, tmp_path: 
     for path in [out, *out.iterdir()]:
         expected = 0o755 if path.is_dir() else 0o644
         assert path.stat().st_mode & 0o777 == expected, path
+
+
+def test_own_writer_hitting_the_size_limit_leaves_nothing(tiny_draft: Path, tmp_path: Path) -> None:
+    script = (
+        "import sys, pathlib\n"
+        "from eaglequant.checkpoint import read_checkpoint\n"
+        "from eaglequant.errors import OutputError\n"
+        "from eaglequant.output import atomic_output_dir\n"
+        "from eaglequant.writer import blob_from_file, write_checkpoint_weights\n"
+        "src, out = read_checkpoint(sys.argv[1]), pathlib.Path(sys.argv[2])\n"
+        "try:\n"
+        "    with atomic_output_dir(out, overwrite=False) as temp:\n"
+        "        write_checkpoint_weights(temp, [blob_from_file(t) for t in src.tensors.values()], 10**9)\n"
+        "except OutputError as exc:\n"
+        "    print(exc); sys.exit(2)\n"
+    )
+    out = tmp_path / "copy"
+    result = subprocess.run(
+        [sys.executable, "-c", script, str(tiny_draft), str(out)],
+        capture_output=True,
+        text=True,
+        preexec_fn=_limit_file_size,
+    )
+    assert result.returncode == 2, result.stderr
+    assert "I/O error while writing: File too large" in result.stdout
+    assert not out.exists() and not _temps(out)
