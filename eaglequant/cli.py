@@ -106,6 +106,33 @@ def fix_config_command(path: Path, output: Path | None, overwrite: bool) -> None
 
 
 @main.command()
+@click.argument("folder", type=EXISTING_DIR)
+@click.option(
+    "--base-model", required=True, help="The target model's Hub name, e.g. amd/Kimi-K2.5-MXFP4."
+)
+@click.option(
+    "--validation", type=click.Path(path_type=Path), help="A report from validate --json."
+)
+@click.option(
+    "--tune", "tune_dir", type=click.Path(path_type=Path), help="A folder from tune --out."
+)
+@click.option("--license", "license_id", help="License id for the front matter.")
+@reports_errors
+def card(
+    folder: Path,
+    base_model: str,
+    validation: Path | None,
+    tune_dir: Path | None,
+    license_id: str | None,
+) -> None:
+    """Write the Hugging Face model card (README.md) of an exported FP8 draft FOLDER."""
+    from eaglequant.card import write_card
+
+    path = write_card(folder, base_model, validation, tune_dir, license_id)
+    click.echo(f"wrote {path}")
+
+
+@main.command()
 @click.argument("out", type=click.Path(path_type=Path))
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--target-steps", type=click.IntRange(min=1), default=800, show_default=True)
@@ -125,11 +152,12 @@ def toy(out: Path, seed: int, target_steps: int, draft_steps: int, overwrite: bo
 
 def _register_commands() -> None:
     from eaglequant.cli_export import capture, export
-    from eaglequant.cli_validate import validate
+    from eaglequant.cli_validate import tune, validate
 
     main.add_command(export)
     main.add_command(capture)
     main.add_command(validate)
+    main.add_command(tune)
 
 
 _register_commands()

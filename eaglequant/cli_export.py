@@ -92,6 +92,7 @@ def _calibration_source(
 @click.option(
     "--trust-remote-code", is_flag=True, help="Allow the calibration target's custom code."
 )
+@click.option("--base-model", help="Also write the model card for this target (Hub name).")
 def export(
     src: Path,
     out: Path | None,
@@ -108,6 +109,7 @@ def export(
     dump_recipe: bool,
     as_json: bool,
     trust_remote_code: bool,
+    base_model: str | None,
 ) -> None:
     """Quantize the BF16 EAGLE-3 draft SRC to static FP8 E4M3 into OUT."""
     from eaglequant.cli import run_reporting_errors
@@ -145,6 +147,10 @@ def export(
             dry_run=dry_run,
         )
         result = export_draft(request, progress=_progress)
+        if base_model and not dry_run:
+            from eaglequant.card import write_card
+
+            write_card(out, base_model)
         if as_json:
             click.echo(
                 json.dumps(

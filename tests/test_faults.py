@@ -113,8 +113,9 @@ def test_own_writer_hitting_the_size_limit_leaves_nothing(tiny_draft: Path, tmp_
         "from eaglequant.writer import blob_from_file, write_checkpoint_weights\n"
         "src, out = read_checkpoint(sys.argv[1]), pathlib.Path(sys.argv[2])\n"
         "try:\n"
+        "    blobs = [blob_from_file(t) for t in src.tensors.values()]\n"
         "    with atomic_output_dir(out, overwrite=False) as temp:\n"
-        "        write_checkpoint_weights(temp, [blob_from_file(t) for t in src.tensors.values()], 10**9)\n"
+        "        write_checkpoint_weights(temp, blobs, 10**9)\n"
         "except OutputError as exc:\n"
         "    print(exc); sys.exit(2)\n"
     )

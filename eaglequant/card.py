@@ -1,0 +1,193 @@
+"""``eaglequant card``: the Hugging Face model card of an exported FP8 draft, from measured data.
+
+Reads the folder's config and ``eaglequant.json`` manifest, optionally a
+validation report (``validate --json``) and a tuning folder (``tune --out``),
+and writes ``README.md`` with YAML front matter into the folder (atomically),
+copying the tuning plots beside it, so the folder is ready for ``hf upload``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from eaglequant.checkpoint import read_config
+from eaglequant.errors import InputError
+from eaglequant.exclusions import predict_fates
+
+MANIFEST = "eaglequant.json"
+PLOTS = ("throughput.png", "speedup.png", "acceptance.png")
+
+
+def _read_json(path: Path, what: str) -> dict[str, Any]:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise InputError(
+            f"{path}: cannot read the {what} ({exc}); pass the file eaglequant wrote"
+        ) from exc
+    if not isinstance(data, dict):
+        raise InputError(f"{path}: the {what} must be a JSON object")
+    return data
+
+
+def write_card(
+    folder: Path,
+    base_model: str,
+    validation: Path | None = None,
+    tune_dir: Path | None = None,
+    license_id: str | None = None,
+) -> Path:
+    config = read_config(folder)
+    if "quantization_config" not in config:
+        raise InputError(f"{folder}: no quantization_config; run the card on an exported FP8 draft")
+    manifest_path = folder / MANIFEST
+    if not manifest_path.is_file():
+        raise InputError(
+            f"{manifest_path}: missing; the card is built from eaglequant export's manifest"
+        )
+    manifest = _read_json(manifest_path, "export manifest")
+    report = _read_json(validation, "validation report") if validation else None
+    tuning = _read_json(tune_dir / "results.json", "tuning results") if tune_dir else None
+    text = render(folder, base_model, config, manifest, report, tuning, license_id)
+    if tune_dir:
+        for name in PLOTS:
+            if (tune_dir / name).is_file():
+                shutil.copyfile(tune_dir / name, folder / name)
+                os.chmod(folder / name, 0o644)
+    target = folder / "README.md"
+    fd, temp = tempfile.mkstemp(prefix=".README.md.", dir=folder)
+    with os.fdopen(fd, "w", encoding="utf-8") as handle:
+        handle.write(text)
+    os.chmod(temp, 0o644)
+    os.replace(temp, target)
+    return target
+
+
+def front_matter(base_model: str, license_id: str | None) -> dict[str, Any]:
+    meta: dict[str, Any] = {
+        "base_model": base_model,
+        "base_model_relation": "quantized",
+        "library_name": "vllm",
+        "tags": ["eagle3", "speculative-decoding", "fp8", "quark", "draft-model"],
+    }
+    if license_id:
+        meta["license"] = license_id
+    return meta
+
+
+def render(
+    folder: Path,
+    base_model: str,
+    config: dict[str, Any],
+    manifest: dict[str, Any],
+    report: dict[str, Any] | None,
+    tuning: dict[str, Any] | None,
+    license_id: str | None,
+) -> str:
+    license_id = license_id or config.get("license")
+    qcfg = config["quantization_config"]
+    k = (tuning or {}).get("recommended_overall_k") or (report or {}).get("k") or 6
+    speculative = {
+        "model": folder.name,
+        "method": "eagle3",
+        "num_speculative_tokens": k,
+        "draft_tensor_parallel_size": 1,
+    }
+    parts = [
+        "---\n" + yaml.safe_dump(front_matter(base_model, license_id), sort_keys=False) + "---\n",
+        f"# {folder.name}\n",
+        f"FP8 E4M3 EAGLE-3 draft model for `{base_model}`, quantized with AMD Quark "
+        f"{qcfg.get('version', '')} by eaglequant {manifest.get('version', '')} "
+        f"(recipe `{manifest['recipe']['name']}`).\n",
+        "## Usage\n",
+        "```\nvllm serve "
+        + base_model
+        + " \\\n  --speculative-config '"
+        + json.dumps(speculative)
+        + "'\n```\n",
+        _quantization_section(config, manifest),
+        _calibration_section(manifest),
+    ]
+    if report:
+        parts.append(_validation_section(report))
+    if tuning:
+        from eaglequant.validate.tune_report import markdown_tables
+
+        parts.append("## Tuning (`eaglequant tune`)\n\n" + markdown_tables(tuning))
+        parts.append("".join(f"![{n}]({n})\n" for n in PLOTS))
+    parts.append(_files_section(manifest))
+    return "\n".join(parts)
+
+
+def _quantization_section(config: dict[str, Any], manifest: dict[str, Any]) -> str:
+    fates = predict_fates(config)
+    rows = "\n".join(
+        f"| `{', '.join(f.checkpoint_names)}` | "
+        f"{f.scheme if f.quantized else f'BF16 ({f.reason})'} |"
+        for f in fates
+    )
+    exclude = config["quantization_config"].get("exclude")
+    return (
+        "## What is quantized\n\n| layers | format in vLLM |\n|---|---|\n" + rows + "\n\n"
+        f"`exclude` is written as regex ({', '.join(f'`{e}`' for e in exclude)}): vLLM matches "
+        "exclusions against its own module names (`model.fc`, `model.layers.N…`), so bare "
+        "names would leave `fc` quantized. Embeddings and norms are not quantized.\n"
+    )
+
+
+def _calibration_section(manifest: dict[str, Any]) -> str:
+    calib = manifest["calibration"]
+    rows = "\n".join(
+        f"| `{layer['name']}` | {layer['weight_scale']:.4g} | "
+        f"{_fmt(layer['input_scale'], '.4g')} | {_fmt(layer['sqnr_db'], '.1f', '-')} |"
+        for layer in manifest["layers"]
+    )
+    agreement = ", ".join(f"{a:.3f}" for a in manifest.get("top1_agreement_by_step") or [])
+    return (
+        "## Calibration\n\n"
+        f"Source: {calib['source']}; {calib['tokens']} tokens over {calib['speculative_steps']} "
+        f"speculative steps; calibrated: {'yes' if calib['calibrated'] else 'NO (fixed range)'}."
+        "\n\n"
+        "| layer | weight scale | input scale | output SQNR (dB) |\n|---|---|---|---|\n"
+        + rows
+        + "\n"
+        + (f"\nTop-1 agreement with the BF16 draft by step: {agreement}.\n" if agreement else "")
+    )
+
+
+def _fmt(value: float | None, spec: str, missing: str = "dynamic") -> str:
+    return missing if value is None else format(value, spec)
+
+
+def _validation_section(report: dict[str, Any]) -> str:
+    lines = [
+        "## Validation in vLLM (`eaglequant validate`)\n",
+        f"k={report['k']}, {report['prompts']} prompts x {report['max_tokens']} tokens, greedy; "
+        f"backend {report['backend']}.\n",
+        "| draft | mean acceptance length | acceptance by position |",
+        "|---|---|---|",
+    ]
+    for role in ("bf16", "fp8"):
+        acc = report["engines"][role].get("acceptance") or {}
+        per_pos = " / ".join(f"{p:.3f}" for p in acc.get("per_position", []))
+        mean = acc.get("mean_length")
+        lines.append(
+            f"| {role.upper()} | {mean:.3f} | {per_pos} |"
+            if mean
+            else f"| {role.upper()} | - | - |"
+        )
+    lines += ["", "| check | result |", "|---|---|"]
+    lines += [f"| {c['name']} | {'PASS' if c['passed'] else 'FAIL'} |" for c in report["checks"]]
+    return "\n".join(lines) + "\n"
+
+
+def _files_section(manifest: dict[str, Any]) -> str:
+    rows = "\n".join(f"| `{name}` | `{digest}` |" for name, digest in manifest["files"].items())
+    return "## Files (sha256)\n\n| file | sha256 |\n|---|---|\n" + rows + "\n"
