@@ -87,6 +87,16 @@ def test_good_fp8_draft_passes(good_fp8: Path, shared_engines: dict, tmp_path: P
     fp8 = report.engines["fp8"]["acceptance"]["mean_length"]
     assert bf16 > 1.8 and fp8 >= 0.98 * bf16
     assert report.plugin_active and report.backend == "cpu"
+    report_path = tmp_path / "validation.json"
+    report_path.write_text(json.dumps(report.to_json()))
+    card = CliRunner().invoke(
+        main,
+        ["card", str(good_fp8), "--base-model", "toy/target", "--validation", str(report_path)],
+    )
+    assert card.exit_code == 0, card.output
+    text = (good_fp8 / "README.md").read_text()
+    assert f"| FP8 | {fp8:.3f} |" in text and f"| BF16 | {bf16:.3f} |" in text
+    assert "| 6 scale plausibility | PASS |" in text
 
 
 def test_bare_exclude_fails_acceptance_layers_and_log(

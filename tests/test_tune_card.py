@@ -1,0 +1,162 @@
+"""tune (real vllm serve + vllm bench serve on the toy pair) and the model card."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+import yaml
+from click.testing import CliRunner
+from eaglequant.validate.tune import TuneRequest, check_request
+
+from eaglequant.cli import main
+from eaglequant.errors import InputError
+from tests.conftest import TOY
+
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+def test_max_model_len_headroom_is_checked_before_serving(tmp_path: Path) -> None:
+    request = TuneRequest(
+        TOY / "target", TOY / "draft", ks=(4, 6, 8), isl=1024, osl=1024, max_model_len=2048
+    )
+    with pytest.raises(
+        InputError, match=r"--max-model-len 2048 is too small .* set --max-model-len 2056"
+    ):
+        check_request(request)
+    passthrough = TuneRequest(
+        TOY / "target", TOY / "draft", ks=(6,), serve_args=("--max-model-len", "2304")
+    )
+    assert check_request(passthrough) == 2304
+    result = CliRunner().invoke(
+        main,
+        [
+            "tune",
+            "--target",
+            str(TOY / "target"),
+            "--draft",
+            str(TOY / "draft"),
+            "--max-model-len",
+            "100",
+        ],
+    )
+    assert result.exit_code == 2 and "is too small" in result.output
+
+
+def _servers_running() -> list[str]:
+    found = []
+    for pid in os.listdir("/proc"):
+        if pid.isdigit():
+            try:
+                cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+            except OSError:
+                continue
+            if "vllm.entrypoints.openai.api_server" in cmdline:
+                found.append(cmdline)
+    return found
+
+
+@pytest.fixture(scope="module")
+def tune_out(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("tune") / "results"
+    prompts = out.parent / "prompts.jsonl"
+    texts = [json.loads(line)["text"] for line in (TOY / "prompts.jsonl").read_text().splitlines()]
+    prompts.write_text("".join(json.dumps({"prompt": t}) + "\n" for t in texts[:8]))
+    result = CliRunner().invoke(
+        main,
+        [
+            "tune",
+            "--target",
+            str(TOY / "target"),
+            "--draft",
+            str(TOY / "draft"),
+            "--k",
+            "1,2,3",
+            "--concurrency",
+            "1,4",
+            "--isl",
+            "64",
+            "--osl",
+            "24",
+            "--prompts",
+            str(prompts),
+            "--num-prompts",
+            "8",
+            "--serve-arg",
+            "--enforce-eager",
+            "--out",
+            str(out),
+        ],
+        catch_exceptions=False,
+    )
+    assert result.exit_code == 0, result.output
+    return out
+
+
+@pytest.mark.vllm
+@pytest.mark.slow
+def test_tune_runs_servers_and_writes_results(tune_out: Path) -> None:
+    summary = json.loads((tune_out / "results.json").read_text())
+    measured = {(r["k"], r["concurrency"]) for r in summary["results"]}
+    assert measured == {(k, c) for k in (0, 1, 2, 3) for c in (1, 4)}
+    for row in summary["results"]:
+        assert row["output_throughput"] > 0
+        if row["k"]:
+            assert row["acceptance_length"] > 1.0 and len(row["per_position"]) == row["k"]
+            assert row["speedup"] > 0
+    assert set(summary["recommended_k"]) == {"1", "4"}
+    assert '"method": "eagle3"' in summary["serve_command"]
+    for name in ("throughput.png", "speedup.png", "acceptance.png"):
+        assert (tune_out / name).read_bytes()[:8] == PNG_MAGIC
+    assert not _servers_running()
+
+
+@pytest.mark.vllm
+@pytest.mark.slow
+def test_card_from_export_and_tuning(tune_out: Path, tmp_path: Path) -> None:
+    out = tmp_path / "fp8"
+    result = CliRunner().invoke(
+        main,
+        [
+            "export",
+            str(TOY / "draft"),
+            str(out),
+            "--calib-target",
+            str(TOY / "target"),
+            "--calib-data",
+            str(TOY / "calibration.jsonl"),
+            "--calib-samples",
+            "8",
+            "--base-model",
+            "toy/target",
+        ],
+        catch_exceptions=False,
+    )
+    assert result.exit_code == 0, result.output
+    card = CliRunner().invoke(
+        main,
+        [
+            "card",
+            str(out),
+            "--base-model",
+            "toy/target",
+            "--tune",
+            str(tune_out),
+            "--license",
+            "mit",
+        ],
+    )
+    assert card.exit_code == 0, card.output
+    text = (out / "README.md").read_text()
+    front = yaml.safe_load(text.split("---\n")[1])
+    assert front["base_model"] == "toy/target" and front["base_model_relation"] == "quantized"
+    assert front["license"] == "mit" and "eagle3" in front["tags"]
+    manifest = json.loads((out / "eaglequant.json").read_text())
+    assert f"{manifest['layers'][0]['weight_scale']:.4g}" in text
+    assert manifest["files"]["model.safetensors"] in text
+    summary = json.loads((tune_out / "results.json").read_text())
+    first = next(r for r in summary["results"] if r["k"] == 1)
+    assert f"{first['output_throughput']:.1f}" in text
+    assert "re:.*fc.*" in text and (out / "speedup.png").is_file()
