@@ -20,7 +20,7 @@ from typing import Any, Literal
 
 from eaglequant import __version__
 from eaglequant.checkpoint import CONFIG_FILE, Checkpoint, read_checkpoint
-from eaglequant.draft import MIDLAYER_LINEARS, DraftDims, require_bf16_draft
+from eaglequant.draft import DraftDims, require_bf16_draft
 from eaglequant.errors import CheckFailed, InputError
 from eaglequant.exclusions import rewrite_exclude
 from eaglequant.output import atomic_output_dir, check_output_path
@@ -97,8 +97,6 @@ def plan_export(request: ExportRequest) -> ExportPlan:
         assert calib.capture is not None
         if not calib.capture.exists():
             raise InputError(f"{calib.capture}: no such capture folder; run `eaglequant capture`")
-    elif recipe.needs_calibration:
-        pass  # --calib none with a static recipe: fixed range, reported as uncalibrated
     if "embed_tokens.weight" not in ckpt.tensors and calib.kind == "none":
         raise InputError(
             f"{request.src}: the draft has no embed_tokens, so calibration needs the target's "
@@ -239,10 +237,6 @@ def _sha256(path: Path) -> str:
         while chunk := handle.read(1 << 24):
             digest.update(chunk)
     return digest.hexdigest()
-
-
-def quantized_names() -> list[str]:
-    return [f"{name}.weight" for name in MIDLAYER_LINEARS]
 
 
 def fail_verification(folder: Path, problems: list[str]) -> None:

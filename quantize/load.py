@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import math
-
 import torch
 from eaglequant.quantize.draft_model import Eagle3Draft
 from transformers import LlamaConfig
@@ -41,8 +39,3 @@ def _check_finite(ckpt: Checkpoint, name: str, tensor: torch.Tensor) -> None:
             f"{ckpt.tensors[name].file}: tensor '{name}' holds {bad} NaN/Inf value(s); "
             "the checkpoint is corrupt, re-export it from a healthy training run"
         )
-
-
-def weight_amax(tensor: torch.Tensor) -> float:
-    value = float(tensor.detach().abs().max())
-    return value if math.isfinite(value) else float("nan")

@@ -197,36 +197,23 @@ def test_bad_calibration_data(
     assert not (tmp_path / "o").exists()
 
 
-def test_calibration_target_that_does_not_fit(pair: dict[str, Path], tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    ("change", "pattern"),
+    [
+        ({"hidden_size": 96}, "hidden_size 96 does not fit the draft"),
+        ({"vocab_size": 1000}, "vocab_size 1000 differs"),
+    ],
+)
+def test_calibration_target_that_does_not_fit(
+    pair: dict[str, Path], tmp_path: Path, change: dict, pattern: str
+) -> None:
     target = tmp_path / "target"
     target.mkdir()
     config = json.loads((pair["target"] / "config.json").read_text())
-    (target / "config.json").write_text(json.dumps({**config, "hidden_size": 96}))
-    code, output = _run(
-        [
-            "export",
-            str(pair["draft"]),
-            str(tmp_path / "o"),
-            "--calib-target",
-            str(target),
-            "--calib-data",
-            str(pair["data"]),
-        ]
-    )
-    _assert_clean_failure(code, output, "hidden_size 96 does not fit the draft")
-    (target / "config.json").write_text(json.dumps({**config, "vocab_size": 1000}))
-    code, output = _run(
-        [
-            "export",
-            str(pair["draft"]),
-            str(tmp_path / "o"),
-            "--calib-target",
-            str(target),
-            "--calib-data",
-            str(pair["data"]),
-        ]
-    )
-    _assert_clean_failure(code, output, "vocab_size 1000 differs")
+    (target / "config.json").write_text(json.dumps({**config, **change}))
+    args = ["export", str(pair["draft"]), str(tmp_path / "o"), "--calib-target", str(target)]
+    code, output = _run([*args, "--calib-data", str(pair["data"])])
+    _assert_clean_failure(code, output, pattern)
 
 
 def test_captured_states_of_the_wrong_width(tiny_draft: Path, tmp_path: Path) -> None:
