@@ -55,6 +55,7 @@ def write_card(
     manifest = _read_json(manifest_path, "export manifest")
     report = _read_json(validation, "validation report") if validation else None
     tuning = _read_json(tune_dir / "results.json", "tuning results") if tune_dir else None
+    license_id = license_id or source_license(Path(manifest.get("source", "")))
     text = render(folder, base_model, config, manifest, report, tuning, license_id)
     if tune_dir:
         for name in PLOTS:
@@ -68,6 +69,22 @@ def write_card(
     os.chmod(temp, 0o644)
     os.replace(temp, target)
     return target
+
+
+def source_license(source: Path) -> str | None:
+    """The ``license`` in the source draft's model card front matter, when there is one."""
+    readme = source / "README.md"
+    if not readme.is_file():
+        return None
+    parts = readme.read_text(encoding="utf-8", errors="replace").split("---\n")
+    if len(parts) < 3 or parts[0].strip():
+        return None
+    try:
+        meta = yaml.safe_load(parts[1])
+    except yaml.YAMLError:
+        return None
+    value = meta.get("license") if isinstance(meta, dict) else None
+    return str(value) if value else None
 
 
 def front_matter(base_model: str, license_id: str | None) -> dict[str, Any]:
@@ -91,7 +108,6 @@ def render(
     tuning: dict[str, Any] | None,
     license_id: str | None,
 ) -> str:
-    license_id = license_id or config.get("license")
     qcfg = config["quantization_config"]
     k = (tuning or {}).get("recommended_overall_k") or (report or {}).get("k") or 6
     speculative = {

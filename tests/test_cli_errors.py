@@ -13,12 +13,22 @@ import torch
 from click.testing import CliRunner
 
 from eaglequant.cli import main
+from eaglequant.output import TEMP_MARK
 from eaglequant.recipe import load_recipe
 from tests.conftest import edit_config, tree_digest
 
 
 def _run(args: list[str]) -> tuple[int, str]:
+    """Run the CLI; on failure, every folder argument is unchanged and nothing new was created."""
+    folders = {Path(a): tree_digest(Path(a)) for a in args if Path(a).is_dir()}
+    absent = [Path(a) for a in args if "/" in a and not Path(a).exists()]
     result = CliRunner().invoke(main, args)
+    if result.exit_code != 0:
+        for folder, digest in folders.items():
+            assert tree_digest(folder) == digest, f"{folder} was modified"
+        for path in absent:
+            assert not path.exists(), f"{path} was created"
+            assert not list(path.parent.glob(f".{path.name}{TEMP_MARK}*")), "temporary folder left"
     return result.exit_code, result.output
 
 
@@ -276,3 +286,21 @@ def test_sharded_index_problems_through_the_cli(sharded_draft: Path, tmp_path: P
     index_path.write_text(json.dumps(index))
     code, output = _run(["inspect", str(sharded_draft)])
     _assert_clean_failure(code, output, "not a plain file name inside the model folder")
+
+
+def test_missing_config_json(tiny_draft: Path, tmp_path: Path) -> None:
+    (tiny_draft / "config.json").unlink()
+    code, output = _run(["export", str(tiny_draft), str(tmp_path / "o"), "--calib", "none"])
+    _assert_clean_failure(code, output, "config.json: missing")
+
+
+def test_integer_weight_where_float_expected(tiny_draft: Path, tmp_path: Path) -> None:
+    from safetensors.torch import load_file, save_file
+
+    tensors = load_file(str(tiny_draft / "model.safetensors"))
+    tensors["midlayer.mlp.gate_proj.weight"] = tensors["midlayer.mlp.gate_proj.weight"].to(
+        torch.int8
+    )
+    save_file(tensors, str(tiny_draft / "model.safetensors"), metadata={"format": "pt"})
+    code, output = _run(["export", str(tiny_draft), str(tmp_path / "o"), "--calib", "none"])
+    _assert_clean_failure(code, output, "already quantized ('midlayer.mlp.gate_proj.weight')")

@@ -109,3 +109,12 @@ def test_inspect_reads_headers_without_torch(tiny_draft: Path) -> None:
         "assert 'torch' not in sys.modules and 'safetensors' not in sys.modules\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True, capture_output=True)
+
+
+def test_card_carries_the_source_license(tmp_path: Path) -> None:
+    from eaglequant.card import source_license
+
+    (tmp_path / "README.md").write_text("---\nlicense: apache-2.0\ntags: [x]\n---\n# Draft\n")
+    assert source_license(tmp_path) == "apache-2.0"
+    (tmp_path / "README.md").write_text("# no front matter\n")
+    assert source_license(tmp_path) is None

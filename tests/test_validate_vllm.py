@@ -163,3 +163,14 @@ def test_engine_timeout_is_a_failed_check_with_log(good_fp8: Path, shared_engine
     engines = next(c for c in report.checks if c.name == "engines")
     assert not engines.passed and "timed out" in engines.detail
     assert report.engines["fp8"]["timed_out"]
+
+
+def test_engine_crash_is_a_failed_check_with_log_tail(
+    good_fp8: Path, shared_engines: dict, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "100000")  # more KV cache than the machine has
+    report = validate(_request(good_fp8), reuse=shared_engines)
+    engines = next(c for c in report.checks if c.name == "engines")
+    assert not engines.passed and "['fp8'] failed" in engines.detail
+    assert report.engines["fp8"]["returncode"] != 0 and not report.engines["fp8"]["timed_out"]
+    assert report.engines["fp8"]["log_tail"].strip()
