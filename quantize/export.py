@@ -128,13 +128,13 @@ def export_draft(request: ExportRequest, progress: Progress = lambda _msg: None)
     with atomic_output_dir(request.out, request.overwrite) as temp:
         stage = _Stages(timings, progress)
         with stage("load"):
-            model = pipeline.load(plan)
+            model = pipeline.load(plan, request)
         with stage("calibrate"):
             calib = pipeline.calibrate(plan, request, model)
         with stage("quantize"):
             quark = pipeline.quantize(plan, request, model, calib, temp)
         with stage("measure"):
-            measurement = pipeline.measure_export(model, quark, request.recipe, calib)
+            measurement = pipeline.measure_export(plan.ckpt, model, quark, request.recipe, calib)
         with stage("write"):
             config = output_config(plan.ckpt.config, quark.quantization_config, request.recipe)
             files = pipeline.write(temp, plan.ckpt, quark.tensors, config, request.max_shard_size)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import copy
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
@@ -125,15 +126,20 @@ def input_amax(
 
 
 def measure(
-    bf16: Eagle3Draft,
+    bf16: Eagle3Draft | None,
     tensors: dict[str, torch.Tensor],
     recipe: Recipe,
     calib_amax: dict[str, float] | None,
     held_out: list[dict[str, torch.Tensor]],
+    weight_of: Callable[[str], torch.Tensor],
 ) -> Measurement:
-    """Layer stats (always) and, with held-out batches, SQNR and top-1 agreement."""
-    layers = [_layer_stats(bf16, tensors, name, calib_amax) for name in MIDLAYER_LINEARS]
-    if not held_out:
+    """Layer stats (always) and, with a model and held-out batches, SQNR and top-1 agreement.
+
+    ``weight_of(name)`` gives a midlayer linear's BF16 weight (one at a time, so the
+    file-to-file flow never needs the whole draft in memory).
+    """
+    layers = [_layer_stats(weight_of(name), tensors, name, calib_amax) for name in MIDLAYER_LINEARS]
+    if bf16 is None or not held_out:
         return Measurement(layers)
     fp8 = simulated_fp8_draft(bf16, tensors, recipe)
     sqnr = _sqnr(bf16, fp8, held_out, recipe.calibration.steps)
@@ -145,12 +151,11 @@ def measure(
 
 
 def _layer_stats(
-    bf16: Eagle3Draft,
+    weight: torch.Tensor,
     tensors: dict[str, torch.Tensor],
     name: str,
     calib_amax: dict[str, float] | None,
 ) -> LayerStats:
-    weight = bf16.get_submodule(name).weight
     input_scale = tensors.get(f"{name}.input_scale")
     return LayerStats(
         name=name,

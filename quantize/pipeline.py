@@ -47,14 +47,22 @@ class Calibration:
     tokens: int
 
 
-def load(plan: ExportPlan) -> Eagle3Draft:
+def load(plan: ExportPlan, request: ExportRequest) -> Eagle3Draft | None:
+    """The draft as a torch module, when calibration or measurement needs it.
+
+    The file-to-file flow without calibration data never holds the whole draft.
+    """
     torch.set_grad_enabled(False)
+    if not request.recipe.needs_calibration and request.calibration.kind == "none":
+        return None
     return load_draft_module(plan.ckpt)
 
 
-def calibrate(plan: ExportPlan, request: ExportRequest, model: Eagle3Draft) -> Calibration:
+def calibrate(plan: ExportPlan, request: ExportRequest, model: Eagle3Draft | None) -> Calibration:
     """Collect draft inputs from the chosen source and split off the held-out part."""
     source, spec = request.calibration, request.recipe.calibration
+    if model is None:
+        return Calibration(None, [], None, 0, 0)
     data: CalibrationData | None = None
     count = (source.samples or spec.samples) + spec.held_out
     if source.kind == "target":
@@ -90,7 +98,11 @@ def _attach_embeddings(model: Eagle3Draft, data: CalibrationData) -> None:
 
 
 def quantize(
-    plan: ExportPlan, request: ExportRequest, model: Eagle3Draft, calib: Calibration, temp: Path
+    plan: ExportPlan,
+    request: ExportRequest,
+    model: Eagle3Draft | None,
+    calib: Calibration,
+    temp: Path,
 ) -> quark_backend.QuarkResult:
     """Quark: calibrated static flow, or the file-to-file flow for dynamic activations."""
     from safetensors import SafetensorError
@@ -100,6 +112,7 @@ def quantize(
         try:
             if not recipe.needs_calibration:
                 return quark_backend.quantize_file_to_file(plan.ckpt, recipe, Path(scratch))
+            assert model is not None
             working = copy.deepcopy(model)
             working.unroll_steps = recipe.calibration.steps
             return quark_backend.quantize_static(working, recipe, calib.batches, Path(scratch))
@@ -111,9 +124,18 @@ def quantize(
 
 
 def measure_export(
-    model: Eagle3Draft, quark: quark_backend.QuarkResult, recipe: Recipe, calib: Calibration
+    ckpt: Checkpoint,
+    model: Eagle3Draft | None,
+    quark: quark_backend.QuarkResult,
+    recipe: Recipe,
+    calib: Calibration,
 ) -> Measurement:
-    return measure(model, quark.tensors, recipe, calib.amax, calib.held_out)
+    def weight_of(name: str) -> torch.Tensor:
+        if model is not None:
+            return model.get_submodule(name).weight
+        return ckpt.load_tensor(f"{name}.weight").float()
+
+    return measure(model, quark.tensors, recipe, calib.amax, calib.held_out, weight_of)
 
 
 def write(
