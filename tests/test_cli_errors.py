@@ -304,3 +304,118 @@ def test_integer_weight_where_float_expected(tiny_draft: Path, tmp_path: Path) -
     save_file(tensors, str(tiny_draft / "model.safetensors"), metadata={"format": "pt"})
     code, output = _run(["export", str(tiny_draft), str(tmp_path / "o"), "--calib", "none"])
     _assert_clean_failure(code, output, "already quantized ('midlayer.mlp.gate_proj.weight')")
+
+
+def _index_edit(edit):  # type: ignore[no-untyped-def]
+    def apply(folder: Path) -> None:
+        path = folder / "model.safetensors.index.json"
+        index = json.loads(path.read_text())
+        edit(folder, index)
+        path.write_text(json.dumps(index))
+
+    return apply
+
+
+def _map(name: str, shard: str):  # type: ignore[no-untyped-def]
+    return _index_edit(lambda _folder, index: index["weight_map"].__setitem__(name, shard))
+
+
+def _duplicate_norm(folder: Path, index: dict) -> None:
+    from safetensors.torch import save_file
+
+    save_file(
+        {"norm.weight": torch.ones(64, dtype=torch.bfloat16)},
+        str(folder / "model-extra.safetensors"),
+    )
+    index["weight_map"]["norm.weight"] = "model-extra.safetensors"
+
+
+def _stray_shard(folder: Path) -> None:
+    from safetensors.torch import save_file
+
+    save_file({"x": torch.zeros(2)}, str(folder / "stray.safetensors"))
+
+
+def _symlinked_shard(folder: Path) -> None:
+    shard = json.loads((folder / "model.safetensors.index.json").read_text())["weight_map"][
+        "fc.weight"
+    ]
+    outside = folder.parent / "outside.safetensors"
+    (folder / shard).rename(outside)
+    (folder / shard).symlink_to(outside)
+
+
+def _rewrite_first_shard(transform):  # type: ignore[no-untyped-def]
+    def apply(folder: Path) -> None:
+        shard = sorted(folder.glob("model-*.safetensors"))[0]
+        shard.write_bytes(transform(shard.read_bytes()))
+
+    return apply
+
+
+def _header(data: bytes) -> tuple[int, bytes, bytes]:
+    length = int.from_bytes(data[:8], "little")
+    return length, data[8 : 8 + length], data[8 + length :]
+
+
+def _offsets_past_end(data: bytes) -> bytes:
+    _, header, body = _header(data)
+    parsed = json.loads(header)
+    name = next(k for k in parsed if k != "__metadata__")
+    begin, end = parsed[name]["data_offsets"]
+    parsed[name]["data_offsets"] = [begin + len(body), end + len(body)]
+    raw = json.dumps(parsed).encode()
+    return len(raw).to_bytes(8, "little") + raw + body
+
+
+SHARDED_CORPUS = [
+    (
+        "index names a missing shard",
+        _map("fc.weight", "model-00099-of-00099.safetensors"),
+        "which does not exist",
+    ),
+    ("shard name with ..", _map("fc.weight", "../x.safetensors"), "not a plain file name"),
+    ("absolute shard path", _map("fc.weight", "/etc/passwd"), "not a plain file name"),
+    ("symlink out of the folder", _symlinked_shard, "link leading outside the model folder"),
+    (
+        "tensor mapped to a shard lacking it",
+        _map("ghost.weight", "model-00001-of-00006.safetensors"),
+        "which lacks it",
+    ),
+    ("tensor in two shards", _index_edit(_duplicate_norm), "is stored in both"),
+    ("shard not in the index", _stray_shard, "is not in the index"),
+    ("truncated shard", _rewrite_first_shard(lambda d: d[: len(d) - 100]), "truncated"),
+    (
+        "header longer than file",
+        _rewrite_first_shard(lambda d: (10**9).to_bytes(8, "little") + d[8:]),
+        "exceeds the file size",
+    ),
+    (
+        "header not JSON",
+        _rewrite_first_shard(lambda d: d[:8] + b"!" + d[9:]),
+        "header is not valid JSON",
+    ),
+    (
+        "offsets out of range",
+        _rewrite_first_shard(_offsets_past_end),
+        "run past the end of the data",
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("case", "corrupt", "pattern"), SHARDED_CORPUS, ids=[c[0] for c in SHARDED_CORPUS]
+)
+@pytest.mark.parametrize("command", ["inspect", "export"])
+def test_sharded_corpus_through_the_cli(
+    sharded_draft: Path,
+    tmp_path: Path,
+    case: str,
+    corrupt,
+    pattern: str,
+    command: str,  # type: ignore[no-untyped-def]
+) -> None:
+    corrupt(sharded_draft)
+    extra = [str(tmp_path / "o"), "--calib", "none"] if command == "export" else []
+    code, output = _run([command, str(sharded_draft), *extra])
+    _assert_clean_failure(code, output, pattern)
