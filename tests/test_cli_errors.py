@@ -419,3 +419,53 @@ def test_sharded_corpus_through_the_cli(
     extra = [str(tmp_path / "o"), "--calib", "none"] if command == "export" else []
     code, output = _run([command, str(sharded_draft), *extra])
     _assert_clean_failure(code, output, pattern)
+
+
+def test_chat_messages_go_through_the_chat_template(pair: dict[str, Path], tmp_path: Path) -> None:
+    import shutil
+
+    target = tmp_path / "target"
+    shutil.copytree(pair["target"], target)
+    config_path = target / "tokenizer_config.json"
+    tokenizer_config = json.loads(config_path.read_text())
+    tokenizer_config["chat_template"] = (
+        "{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}{% endfor %}"
+    )
+    config_path.write_text(json.dumps(tokenizer_config))
+    data = tmp_path / "chat.jsonl"
+    turn = [{"role": "user", "content": "def f(x): return x * 2 " * 20}]
+    data.write_text("".join(json.dumps({"messages": turn}) + "\n" for _ in range(4)))
+    out = tmp_path / "capture"
+    result = CliRunner().invoke(
+        main,
+        [
+            "capture",
+            "--target",
+            str(target),
+            "--data",
+            str(data),
+            str(out),
+            "--samples",
+            "2",
+            "--seq-len",
+            "32",
+        ],
+    )
+    assert result.exit_code == 0, result.output
+    info = json.loads((out / "capture.json").read_text())
+    assert info["sequences"] == 2 and info["tokens"] == 64
+    from safetensors.torch import load_file
+    from transformers import AutoTokenizer
+
+    ids = load_file(str(out / "hidden_states.safetensors"))["input_ids"]
+    text = AutoTokenizer.from_pretrained(target).decode(ids[0]).replace(" ", "")
+    assert text.startswith("<user>def")  # the fixture tokenizer has no byte-level decoder
+
+
+def test_chat_messages_without_a_template(pair: dict[str, Path], tmp_path: Path) -> None:
+    data = tmp_path / "chat.jsonl"
+    data.write_text(json.dumps({"messages": [{"role": "user", "content": "hi"}]}) + "\n")
+    code, output = _run(
+        ["capture", "--target", str(pair["target"]), "--data", str(data), str(tmp_path / "capture")]
+    )
+    _assert_clean_failure(code, output, "need a tokenizer chat template")
