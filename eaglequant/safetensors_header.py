@@ -59,6 +59,21 @@ class TensorInfo:
     def numel(self) -> int:
         return math.prod(self.shape)
 
+    def same_bytes(self, other: TensorInfo, chunk: int = 1 << 24) -> bool:
+        """True when both tensors are stored with identical bytes (compared chunk by chunk)."""
+        if (self.dtype, self.shape, self.nbytes) != (other.dtype, other.shape, other.nbytes):
+            return False
+        with self.file.open("rb") as mine, other.file.open("rb") as theirs:
+            mine.seek(self.start)
+            theirs.seek(other.start)
+            remaining = self.nbytes
+            while remaining:
+                size = min(chunk, remaining)
+                if mine.read(size) != theirs.read(size):
+                    return False
+                remaining -= size
+        return True
+
 
 @dataclass(frozen=True)
 class SafetensorsHeader:

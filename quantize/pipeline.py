@@ -169,7 +169,7 @@ def verify(folder: Path, source: Checkpoint, quantized: dict[str, torch.Tensor])
             problems.append(f"vLLM would build {fate.vllm_name} as {fate.scheme}")
     for name in source.tensors:
         passed_through = name not in quantized and name in written.tensors
-        if passed_through and written.read_raw(name) != source.read_raw(name):
+        if passed_through and not written.tensors[name].same_bytes(source.tensors[name]):
             problems.append(f"tensor '{name}' is not byte-identical to the input")
     for name, tensor in quantized.items():
         expected = blob_from_tensor(name, tensor).data
