@@ -127,9 +127,24 @@ def folder_bytes(folder: Path) -> int:
     return sum(p.stat().st_size for p in folder.glob("*.safetensors"))
 
 
+def prepare_in_child(shape: str, cache: Path, tokens: int) -> tuple[Path, Path]:
+    """Generate in a child process: a forked child's peak RSS starts at its parent's, so
+    the parent must stay small for the wait4 figures of the measured runs to be right."""
+    script = (
+        "import sys; sys.path.insert(0, sys.argv[1])\n"
+        "from export_bench import prepare\n"
+        "from pathlib import Path\n"
+        "prepare(sys.argv[2], Path(sys.argv[3]), int(sys.argv[4]))\n"
+    )
+    subprocess.run(
+        [sys.executable, "-c", script, str(HERE), shape, str(cache), str(tokens)], check=True
+    )
+    return cache / shape / "draft", cache / shape / "capture"
+
+
 def run(shape: str, tokens: int, static: bool = True) -> dict[str, object]:
     cache = HERE / ".cache"
-    draft, capture = prepare(shape, cache, tokens)
+    draft, capture = prepare_in_child(shape, cache, tokens)
     results: dict[str, object] = {
         "shape": shape,
         "input_bytes": folder_bytes(draft),

@@ -72,7 +72,7 @@ def print_export(result) -> None:  # type: ignore[no-untyped-def]
     manifest = result.manifest
     calib = manifest["calibration"]
     table = Table(title=f"FP8 layers written to {result.out}")
-    for column in ("layer", "w amax", "w scale", "in amax", "in scale", "SQNR dB"):
+    for column in ("layer", "w amax", "w scale", "in range", "in scale", "SQNR dB"):
         table.add_column(column, justify="right" if column != "layer" else "left")
     for layer in manifest["layers"]:
         table.add_row(

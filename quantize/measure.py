@@ -3,9 +3,11 @@
 The FP8 side is simulated from the written tensors themselves (FP8 weight x
 ``weight_scale``, inputs cast to FP8 with ``input_scale`` or per-token /
 per-tensor dynamic scales), so what is measured is the artifact, not Quark's
-in-memory model. Reported per quantized layer: weight and input amax, the
-scales, output SQNR (dB) against the unquantized layer on the same inputs;
-and per speculative step, top-1 agreement of the FP8 and BF16 drafts.
+in-memory model. Reported per quantized layer: the weight amax, the scales,
+the input range a static scale covers (``input_scale`` x 448: the amax Quark
+observed while calibrating), output SQNR (dB) against the unquantized layer on
+the same inputs; and per speculative step, top-1 agreement of the FP8 and BF16
+drafts.
 """
 
 from __future__ import annotations
@@ -129,7 +131,6 @@ def measure(
     bf16: Eagle3Draft | None,
     tensors: dict[str, torch.Tensor],
     recipe: Recipe,
-    calib_amax: dict[str, float] | None,
     held_out: list[dict[str, torch.Tensor]],
     weight_of: Callable[[str], torch.Tensor],
 ) -> Measurement:
@@ -138,7 +139,7 @@ def measure(
     ``weight_of(name)`` gives a midlayer linear's BF16 weight (one at a time, so the
     file-to-file flow never needs the whole draft in memory).
     """
-    layers = [_layer_stats(weight_of(name), tensors, name, calib_amax) for name in MIDLAYER_LINEARS]
+    layers = [_layer_stats(weight_of(name), tensors, name) for name in MIDLAYER_LINEARS]
     if bf16 is None or not held_out:
         return Measurement(layers)
     fp8 = simulated_fp8_draft(bf16, tensors, recipe)
@@ -154,15 +155,15 @@ def _layer_stats(
     weight: torch.Tensor,
     tensors: dict[str, torch.Tensor],
     name: str,
-    calib_amax: dict[str, float] | None,
 ) -> LayerStats:
     input_scale = tensors.get(f"{name}.input_scale")
+    scale = float(input_scale) if input_scale is not None else None
     return LayerStats(
         name=name,
         weight_amax=float(weight.abs().max()),
         weight_scale=float(tensors[f"{name}.weight_scale"].float().max()),
-        input_amax=calib_amax.get(name) if calib_amax else None,
-        input_scale=float(input_scale) if input_scale is not None else None,
+        input_amax=scale * FP8_E4M3_MAX if scale is not None else None,
+        input_scale=scale,
     )
 
 

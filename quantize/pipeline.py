@@ -13,7 +13,7 @@ from eaglequant.quantize import quark_backend
 from eaglequant.quantize.calibrate import CalibrationData, load_capture, run_target
 from eaglequant.quantize.draft_model import Eagle3Draft
 from eaglequant.quantize.load import load_draft_module
-from eaglequant.quantize.measure import Measurement, input_amax, measure
+from eaglequant.quantize.measure import Measurement, measure
 from torch import nn
 
 from eaglequant.checkpoint import CONFIG_FILE, Checkpoint, read_checkpoint
@@ -42,7 +42,6 @@ class Calibration:
 
     batches: list[dict[str, torch.Tensor]] | None
     held_out: list[dict[str, torch.Tensor]]
-    amax: dict[str, float] | None
     sequences: int
     tokens: int
 
@@ -62,7 +61,7 @@ def calibrate(plan: ExportPlan, request: ExportRequest, model: Eagle3Draft | Non
     """Collect draft inputs from the chosen source and split off the held-out part."""
     source, spec = request.calibration, request.recipe.calibration
     if model is None:
-        return Calibration(None, [], None, 0, 0)
+        return Calibration(None, [], 0, 0)
     data: CalibrationData | None = None
     count = (source.samples or spec.samples) + spec.held_out
     if source.kind == "target":
@@ -80,15 +79,12 @@ def calibrate(plan: ExportPlan, request: ExportRequest, model: Eagle3Draft | Non
         assert source.capture
         data = load_capture(source.capture, plan.dims)
     if data is None:
-        return Calibration(None, [], None, 0, 0)
+        return Calibration(None, [], 0, 0)
     if model.embed_tokens is None:
         _attach_embeddings(model, data)
     calib, held = data.split(source.samples or spec.samples, spec.held_out)
     batches = calib.batches(spec.batch_size)
-    amax = input_amax(model, batches, spec.steps)
-    return Calibration(
-        batches, held.batches(spec.batch_size), amax, len(calib.input_ids), calib.tokens
-    )
+    return Calibration(batches, held.batches(spec.batch_size), len(calib.input_ids), calib.tokens)
 
 
 def _attach_embeddings(model: Eagle3Draft, data: CalibrationData) -> None:
@@ -135,7 +131,7 @@ def measure_export(
             return model.get_submodule(name).weight
         return ckpt.load_tensor(f"{name}.weight").float()
 
-    return measure(model, quark.tensors, recipe, calib.amax, calib.held_out, weight_of)
+    return measure(model, quark.tensors, recipe, calib.held_out, weight_of)
 
 
 def write(

@@ -98,12 +98,9 @@ def _ratio_problem(
 def _check_weight_scale(
     fp8: Any, name: str, weight_abs: Any, tolerance: float, row: dict[str, Any]
 ) -> list[str]:
-    key = f"{name}.weight_scale"
-    if key not in fp8.tensors:
-        return [f"{key} is missing"]
-    scale = fp8.load_tensor(key).float().flatten()
-    if not bool((scale > 0).all()) or not bool(scale.isfinite().all()):
-        return [f"{key} is not finite positive ({scale.min().item():.3g})"]
+    scale, problems = _finite_positive_scale(fp8, f"{name}.weight_scale", "")
+    if scale is None:
+        return problems
     if scale.numel() > 1:
         measured = weight_abs.amax(dim=1)
         ratios = scale * FP8_E4M3_MAX / measured.clamp_min(1e-30)
@@ -124,11 +121,20 @@ def _check_weight_scale(
 def _check_input_scale(
     fp8: Any, name: str, measured: float, tolerance: float, row: dict[str, Any]
 ) -> list[str]:
-    key = f"{name}.input_scale"
+    placeholder = " (vLLM would load its -3.4e38 placeholder silently)"
+    scale, problems = _finite_positive_scale(fp8, f"{name}.input_scale", placeholder)
+    if scale is None:
+        return problems
+    implied = float(scale[0]) * FP8_E4M3_MAX
+    row["input_scale_x448"] = implied
+    return _ratio_problem(name, "input_scale", implied, measured, tolerance)
+
+
+def _finite_positive_scale(fp8: Any, key: str, if_missing: str) -> tuple[Any, list[str]]:
+    """The scale tensor (flattened, float32), or the problem that stops the check."""
     if key not in fp8.tensors:
-        return [f"{key} is missing (vLLM would load its -3.4e38 placeholder silently)"]
-    scale = float(fp8.load_tensor(key).float().flatten()[0])
-    if not scale > 0 or scale == float("inf"):
-        return [f"{key} is not finite positive ({scale:.3g})"]
-    row["input_scale_x448"] = scale * FP8_E4M3_MAX
-    return _ratio_problem(name, "input_scale", scale * FP8_E4M3_MAX, measured, tolerance)
+        return None, [f"{key} is missing{if_missing}"]
+    scale = fp8.load_tensor(key).float().flatten()
+    if not bool((scale > 0).all() and scale.isfinite().all()):
+        return None, [f"{key} is not finite positive ({scale.min().item():.3g})"]
+    return scale, []
