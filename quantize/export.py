@@ -97,16 +97,13 @@ def plan_export(request: ExportRequest) -> ExportPlan:
         assert calib.capture is not None
         if not calib.capture.exists():
             raise InputError(f"{calib.capture}: no such capture folder; run `eaglequant capture`")
-    if "embed_tokens.weight" not in ckpt.tensors and calib.kind == "none":
+    no_embeddings = "embed_tokens.weight" not in ckpt.tensors
+    if no_embeddings and calib.kind == "none" and recipe.needs_calibration:
         raise InputError(
             f"{request.src}: the draft has no embed_tokens, so calibration needs the target's "
             "embeddings: pass --calib-target/--calib-data or a capture made with --embeddings"
         )
-    flow = (
-        "quantize_model (static, calibrated)"
-        if recipe.needs_calibration
-        else ("direct_quantize_checkpoint (file-to-file)")
-    )
+    flow = "quantize_model (static)" if recipe.needs_calibration else "direct_quantize_checkpoint"
     steps = [
         f"load {request.src} ({len(ckpt.tensors)} tensors, {ckpt.total_bytes} bytes)",
         f"calibrate: {calib.describe()}",

@@ -18,7 +18,7 @@ from torch import nn
 
 from eaglequant.checkpoint import CONFIG_FILE, Checkpoint, read_checkpoint
 from eaglequant.draft import MIDLAYER_LINEARS, structure_problems
-from eaglequant.errors import OutputError
+from eaglequant.errors import InputError, OutputError
 from eaglequant.exclusions import predict_fates
 from eaglequant.inspect_draft import quantization_problems, read_scales
 from eaglequant.recipe import Recipe
@@ -89,7 +89,10 @@ def calibrate(plan: ExportPlan, request: ExportRequest, model: Eagle3Draft | Non
 
 def _attach_embeddings(model: Eagle3Draft, data: CalibrationData) -> None:
     if data.embed_tokens is None:
-        raise ValueError("the draft has no embed_tokens and the source gave none")
+        raise InputError(
+            f"{data.source}: the draft has no embed_tokens and this calibration source holds "
+            "none; re-run `eaglequant capture` with --embeddings"
+        )
     model.embed_tokens = nn.Embedding.from_pretrained(data.embed_tokens.float(), freeze=True)
 
 

@@ -469,3 +469,26 @@ def test_chat_messages_without_a_template(pair: dict[str, Path], tmp_path: Path)
         ["capture", "--target", str(pair["target"]), "--data", str(data), str(tmp_path / "capture")]
     )
     _assert_clean_failure(code, output, "need a tokenizer chat template")
+
+
+def test_draft_without_embeddings_needs_them_from_the_capture(
+    pair: dict[str, Path], tmp_path: Path
+) -> None:
+    from eaglequant.synthetic import draft_config, write_random_draft
+
+    draft = write_random_draft(
+        tmp_path / "no-embed",
+        draft_config(vocab=512, draft_vocab=256),
+        seed=2,
+        with_embeddings=False,
+    )
+    capture = tmp_path / "capture"
+    args = ["capture", "--target", str(pair["target"]), "--data", str(pair["data"]), str(capture)]
+    result = CliRunner().invoke(main, [*args, "--samples", "4", "--seq-len", "32"])
+    assert result.exit_code == 0, result.output
+    code, output = _run(
+        ["export", str(draft), str(tmp_path / "o"), "--calib-hidden-states", str(capture)]
+    )
+    _assert_clean_failure(code, output, "re-run `eaglequant capture` with --embeddings")
+    code, output = _run(["export", str(draft), str(tmp_path / "o"), "--calib", "none"])
+    _assert_clean_failure(code, output, "the draft has no embed_tokens")

@@ -183,3 +183,39 @@ def test_dry_run_writes_nothing(pair: dict[str, Path], tmp_path: Path) -> None:
     assert result.exit_code == 0, result.output
     assert "every check passed" in result.output
     assert not out.exists() and list(tmp_path.iterdir()) == []
+
+
+def test_draft_without_embeddings_calibrates_with_captured_target_embeddings(
+    pair: dict[str, Path], tmp_path: Path
+) -> None:
+    from eaglequant.synthetic import draft_config, write_random_draft
+
+    draft = write_random_draft(
+        tmp_path / "no-embed",
+        draft_config(vocab=512, draft_vocab=256),
+        seed=2,
+        with_embeddings=False,
+    )
+    capture = tmp_path / "capture"
+    result = CliRunner().invoke(
+        main,
+        [
+            "capture",
+            "--target",
+            str(pair["target"]),
+            "--data",
+            str(pair["data"]),
+            str(capture),
+            "--samples",
+            "6",
+            "--seq-len",
+            "32",
+            "--embeddings",
+        ],
+    )
+    assert result.exit_code == 0, result.output
+    out = tmp_path / "fp8"
+    _export([str(draft), str(out), "--calib-hidden-states", str(capture), "--calib-samples", "4"])
+    written = read_checkpoint(out)
+    assert "embed_tokens.weight" not in written.tensors
+    assert written.tensors["midlayer.mlp.down_proj.input_scale"].dtype == "F32"
