@@ -75,6 +75,13 @@ def pair(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     return {"target": root / "target", "data": data, "draft": draft, "root": root}
 
 
+@pytest.fixture
+def no_embed_draft(tmp_path: Path) -> Path:
+    """A draft for the ``pair`` target that relies on the target's embeddings."""
+    config = draft_config(vocab=VOCAB, draft_vocab=256)
+    return write_random_draft(tmp_path / "no-embed", config, seed=2, with_embeddings=False)
+
+
 def edit_config(folder: Path, **changes: object) -> None:
     path = folder / "config.json"
     config = json.loads(path.read_text())

@@ -186,16 +186,9 @@ def test_dry_run_writes_nothing(pair: dict[str, Path], tmp_path: Path) -> None:
 
 
 def test_draft_without_embeddings_calibrates_with_captured_target_embeddings(
-    pair: dict[str, Path], tmp_path: Path
+    pair: dict[str, Path], no_embed_draft: Path, tmp_path: Path
 ) -> None:
-    from eaglequant.synthetic import draft_config, write_random_draft
-
-    draft = write_random_draft(
-        tmp_path / "no-embed",
-        draft_config(vocab=512, draft_vocab=256),
-        seed=2,
-        with_embeddings=False,
-    )
+    draft = no_embed_draft
     capture = tmp_path / "capture"
     result = CliRunner().invoke(
         main,
