@@ -8,7 +8,6 @@ and renamed into place only when the read-back checks pass.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import platform
 import time
@@ -24,6 +23,7 @@ from eaglequant.draft import DraftDims, require_bf16_draft
 from eaglequant.errors import CheckFailed, InputError
 from eaglequant.exclusions import rewrite_exclude
 from eaglequant.output import atomic_output_dir, check_output_path
+from eaglequant.readback import sha256_file
 from eaglequant.recipe import Recipe
 
 MANIFEST_FILE = "eaglequant.json"
@@ -124,20 +124,31 @@ def export_draft(request: ExportRequest, progress: Progress = lambda _msg: None)
     timings: dict[str, float] = {}
     with atomic_output_dir(request.out, request.overwrite) as temp:
         stage = _Stages(timings, progress)
-        with stage("load"):
-            model = pipeline.load(plan, request)
-        with stage("calibrate"):
-            calib = pipeline.calibrate(plan, request, model)
-        with stage("quantize"):
-            quark = pipeline.quantize(plan, request, model, calib, temp)
-        with stage("measure"):
-            measurement = pipeline.measure_export(plan.ckpt, model, quark, request.recipe, calib)
-        with stage("write"):
-            config = output_config(plan.ckpt.config, quark.quantization_config, request.recipe)
-            files = pipeline.write(temp, plan.ckpt, quark.tensors, config, request.max_shard_size)
-        with stage("verify"):
-            pipeline.verify(temp, plan.ckpt, quark.tensors)
-        manifest = build_manifest(request, plan, calib, measurement, timings, temp, files)
+        writer = pipeline.start_writing(temp, plan.ckpt, request.recipe, request.max_shard_size)
+        try:
+            with stage("load"):
+                model = pipeline.load(plan, request)
+            with stage("calibrate"):
+                calib = pipeline.calibrate(plan, request, model)
+            with stage("quantize"):
+                quark = pipeline.quantize(plan, request, model, calib, temp)
+            with stage("measure"):
+                measurement = pipeline.measure_export(
+                    plan.ckpt, model, quark, request.recipe, calib
+                )
+            with stage("write"):
+                config = output_config(plan.ckpt.config, quark.quantization_config, request.recipe)
+                written = pipeline.finish_writing(
+                    writer, plan.ckpt, quark.tensors, config, request.max_shard_size
+                )
+            with stage("verify"):
+                digests = pipeline.verify(temp, plan.ckpt, written)
+        finally:
+            writer.cancel()
+        timings["background_copy"] = round(writer.background_s, 3)
+        manifest = build_manifest(
+            request, plan, calib, measurement, timings, temp, written.files, digests
+        )
         (temp / MANIFEST_FILE).write_text(json.dumps(manifest, indent=2) + "\n")
         (temp / MANIFEST_FILE).chmod(0o644)
     return ExportResult(request.out, plan, manifest=manifest)
@@ -191,6 +202,7 @@ def build_manifest(
     timings: dict[str, float],
     folder: Path,
     files: list[str],
+    digests: dict[str, str],
 ) -> dict[str, Any]:
     """Provenance: versions, recipe, calibration, per-layer numbers, file checksums."""
     return {
@@ -217,7 +229,10 @@ def build_manifest(
         "layers": [asdict(layer) for layer in measurement.layers],
         "top1_agreement_by_step": measurement.top1_agreement,
         "timings_s": timings,
-        "files": {name: _sha256(folder / name) for name in sorted([*files, CONFIG_FILE])},
+        "files": {
+            name: digests.get(name) or sha256_file(folder / name)
+            for name in sorted([*files, CONFIG_FILE])
+        },
     }
 
 
@@ -226,14 +241,6 @@ def _version(name: str) -> str | None:
         return metadata.version(name)
     except metadata.PackageNotFoundError:
         return None
-
-
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as handle:
-        while chunk := handle.read(1 << 24):
-            digest.update(chunk)
-    return digest.hexdigest()
 
 
 def fail_verification(folder: Path, problems: list[str]) -> None:

@@ -21,12 +21,16 @@ from eaglequant.draft import MIDLAYER_LINEARS, structure_problems
 from eaglequant.errors import InputError, OutputError
 from eaglequant.exclusions import predict_fates
 from eaglequant.inspect_draft import quantization_problems, read_scales
+from eaglequant.readback import readback
 from eaglequant.recipe import Recipe
 from eaglequant.writer import (
+    Layout,
+    LayoutWriter,
+    TensorBlob,
     blob_from_file,
     blob_from_tensor,
     copy_extra_files,
-    write_checkpoint_weights,
+    plan_layout,
     write_text,
 )
 
@@ -137,44 +141,100 @@ def measure_export(
     return measure(model, quark.tensors, recipe, calib.held_out, weight_of)
 
 
-def write(
-    folder: Path,
+def predicted_quantized(ckpt: Checkpoint, recipe: Recipe) -> list[TensorBlob]:
+    """The tensors Quark writes for each midlayer linear, by name, dtype and shape.
+
+    Known before Quark runs, so the output layout can be planned and the
+    pass-through tensors copied while Quark works; ``finish_writing`` checks
+    Quark's real output against it.
+    """
+    blobs = []
+    for name in MIDLAYER_LINEARS:
+        shape = ckpt.tensors[f"{name}.weight"].shape
+        per_channel = recipe.weight.granularity == "per_channel"
+        blobs.append(TensorBlob(f"{name}.weight", "F8_E4M3", shape))
+        blobs.append(TensorBlob(f"{name}.weight_scale", "F32", (shape[0],) if per_channel else ()))
+        if not recipe.activation.dynamic:
+            blobs.append(TensorBlob(f"{name}.input_scale", "F32", ()))
+    return blobs
+
+
+def passthrough_blobs(ckpt: Checkpoint) -> list[TensorBlob]:
+    replaced = {f"{name}.weight" for name in MIDLAYER_LINEARS}
+    return [blob_from_file(info) for name, info in ckpt.tensors.items() if name not in replaced]
+
+
+def start_writing(
+    folder: Path, ckpt: Checkpoint, recipe: Recipe, max_shard_size: int
+) -> LayoutWriter:
+    """Plan the output with Quark's tensors still pending and copy everything else now."""
+    blobs = passthrough_blobs(ckpt) + predicted_quantized(ckpt, recipe)
+    writer = LayoutWriter(folder, plan_layout(blobs, max_shard_size))
+    writer.start_background()
+    return writer
+
+
+@dataclass
+class Written:
+    """What was written: the layout, the bytes of Quark's tensors, and every file name."""
+
+    layout: Layout
+    quantized: dict[str, bytes]
+    files: list[str]
+
+
+def finish_writing(
+    writer: LayoutWriter,
     ckpt: Checkpoint,
     quantized: dict[str, torch.Tensor],
     config: dict[str, Any],
     max_shard_size: int,
-) -> list[str]:
-    """Quantized midlayer tensors from memory, every other tensor streamed from the input."""
-    replaced = {f"{name}.weight" for name in MIDLAYER_LINEARS}
-    blobs = [blob_from_file(info) for name, info in ckpt.tensors.items() if name not in replaced]
-    blobs += [blob_from_tensor(name, tensor) for name, tensor in quantized.items()]
-    files = write_checkpoint_weights(folder, blobs, max_shard_size)
+) -> Written:
+    """Drop Quark's tensors into their planned places (re-plan if Quark wrote other tensors)."""
+    blobs = {name: blob_from_tensor(name, tensor) for name, tensor in quantized.items()}
+    planned = {
+        p.blob.name: p.blob for f in writer.layout.files for p in f.placements if p.blob.pending
+    }
+    if {n: (b.dtype, b.shape) for n, b in planned.items()} != {
+        n: (b.dtype, b.shape) for n, b in blobs.items()
+    }:
+        writer.cancel()
+        for shard in writer.layout.files:
+            (writer.folder / shard.name).unlink(missing_ok=True)
+        layout = plan_layout(passthrough_blobs(ckpt) + list(blobs.values()), max_shard_size)
+        writer = LayoutWriter(writer.folder, layout)
+        writer.write_known()
+        writer.finish({})
+    else:
+        writer.finish({name: blob.data for name, blob in blobs.items()})  # type: ignore[misc]
+    folder = writer.folder
     write_text(folder / CONFIG_FILE, json.dumps(config, indent=2) + "\n")
-    files += copy_extra_files(ckpt.folder, folder, NOT_COPIED)
-    return files
+    files = writer.layout.file_names + copy_extra_files(ckpt.folder, folder, NOT_COPIED)
+    data = {name: blob.data for name, blob in blobs.items() if blob.data is not None}
+    return Written(writer.layout, data, files)
 
 
-def verify(folder: Path, source: Checkpoint, quantized: dict[str, torch.Tensor]) -> None:
-    """Re-open the written folder and run the inspect checks plus byte comparisons."""
+def verify(folder: Path, source: Checkpoint, written: Written) -> dict[str, str]:
+    """Re-open the written folder: the inspect checks, then every byte read back and hashed.
+
+    Returns the sha256 of every weight file (for the manifest).
+    """
     from eaglequant.quantize.export import fail_verification
 
-    written = read_checkpoint(folder)
-    fates = predict_fates(written.config)
-    problems = [str(p) for p in structure_problems(written)]
-    problems += [str(p) for p in quantization_problems(written, fates, read_scales(written), 32)]
+    reopened = read_checkpoint(folder)
+    fates = predict_fates(reopened.config)
+    problems = [str(p) for p in structure_problems(reopened)]
+    problems += [str(p) for p in quantization_problems(reopened, fates, read_scales(reopened), 32)]
     for fate in fates:
         expect_quantized = fate.vllm_name not in ("model.fc", "lm_head")
         if fate.quantized != expect_quantized:
             problems.append(f"vLLM would build {fate.vllm_name} as {fate.scheme}")
-    for name in source.tensors:
-        passed_through = name not in quantized and name in written.tensors
-        if passed_through and not written.tensors[name].same_bytes(source.tensors[name]):
-            problems.append(f"tensor '{name}' is not byte-identical to the input")
-    for name, tensor in quantized.items():
-        expected = blob_from_tensor(name, tensor).data
-        if name not in written.tensors or written.read_raw(name) != expected:
-            problems.append(f"tensor '{name}' differs from Quark's output")
-    if set(written.tensors) != set(source.tensors) | set(quantized):
+    digests, byte_problems = readback(folder, written.layout, written.quantized)
+    problems += byte_problems
+    if set(reopened.tensors) != set(source.tensors) - {
+        f"{n}.weight" for n in MIDLAYER_LINEARS
+    } | set(written.quantized):
         problems.append("the written tensor names differ from input + quantized tensors")
     if problems:
         fail_verification(folder, problems)
+    return digests

@@ -14,12 +14,17 @@ from safetensors import safe_open
 from eaglequant.checkpoint import read_checkpoint
 from eaglequant.errors import InputError, OutputError
 from eaglequant.output import atomic_output_dir, check_output_path
+from eaglequant.readback import readback, sha256_file
 from eaglequant.writer import (
+    LayoutWriter,
+    TensorBlob,
     blob_from_file,
     blob_from_tensor,
     parse_shard_size,
+    plan_layout,
     write_checkpoint_weights,
 )
+from tests.conftest import tree_digest
 
 
 def _blobs() -> list:
@@ -124,3 +129,43 @@ def test_overwrite_replaces_and_race_loser_fails_cleanly(tmp_path: Path) -> None
         (race / "theirs.txt").write_text("y")
     assert sorted(p.name for p in (tmp_path / "race").iterdir()) == ["theirs.txt"]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out", "race"]
+
+
+def test_layout_with_pending_tensors_equals_a_one_shot_write(tmp_path: Path) -> None:
+    blobs = _blobs()
+    pending = {blobs[0].name: blobs[0].data, blobs[3].name: blobs[3].data}
+    planned = [TensorBlob(b.name, b.dtype, b.shape) if b.name in pending else b for b in blobs]
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    writer = LayoutWriter(tmp_path / "a", plan_layout(planned, max_shard_size=1200))
+    writer.start_background()
+    writer.finish(pending)  # type: ignore[arg-type]
+    write_checkpoint_weights(tmp_path / "b", blobs, max_shard_size=1200)
+    assert tree_digest(tmp_path / "a") == tree_digest(tmp_path / "b")
+    with pytest.raises(ValueError, match="pending tensors planned as"):
+        LayoutWriter(tmp_path / "a", plan_layout(planned, 1200)).finish({"d": b"x"})
+
+
+def test_readback_hashes_files_and_finds_changed_bytes(sharded_draft: Path, tmp_path: Path) -> None:
+    src = read_checkpoint(sharded_draft)
+    blobs = [blob_from_file(t) for t in src.tensors.values()]
+    blobs.append(TensorBlob("extra", "F32", (4,)))
+    layout = plan_layout(blobs, max_shard_size=20_000)
+    writer = LayoutWriter(tmp_path, layout)
+    writer.write_known()
+    extra = bytes(range(16))
+    writer.finish({"extra": extra})
+    digests, problems = readback(tmp_path, layout, {"extra": extra})
+    assert problems == [] and len(digests) == len(layout.files) > 1
+    assert digests == {f.name: sha256_file(tmp_path / f.name) for f in layout.files}
+    shard, placed = layout.placement("fc.weight")
+    with (tmp_path / shard.name).open("r+b") as handle:
+        handle.seek(placed.start + 5)
+        byte = handle.read(1)
+        handle.seek(placed.start + 5)
+        handle.write(bytes([byte[0] ^ 1]))
+    _, problems = readback(tmp_path, layout, {"extra": bytes(16)})
+    assert sorted(problems) == [
+        "tensor 'extra' is not byte-identical to its quantized bytes",
+        "tensor 'fc.weight' is not byte-identical to its input",
+    ]
