@@ -21,7 +21,7 @@ import math
 import os
 import struct
 import threading
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -228,10 +228,18 @@ class LayoutWriter:
     ``finish(pending)`` waits for it, writes the pending tensors' bytes at their
     planned offsets, the index, sets modes and fsyncs. Errors of the background
     thread are raised from ``finish``; ``cancel()`` stops it (between chunks).
+    ``check_source(info)`` runs on each pass-through tensor right after its copy,
+    while its bytes are still in the page cache (the export checks for NaN/Inf).
     """
 
-    def __init__(self, folder: Path, layout: Layout) -> None:
+    def __init__(
+        self,
+        folder: Path,
+        layout: Layout,
+        check_source: Callable[[TensorInfo], None] | None = None,
+    ) -> None:
         self.folder, self.layout = folder, layout
+        self.check_source = check_source
         self._cancel = threading.Event()
         self._thread: threading.Thread | None = None
         self._error: BaseException | None = None
@@ -244,6 +252,11 @@ class LayoutWriter:
     def write_known(self) -> None:
         for shard in self.layout.files:
             _write_known(self.folder, shard, self._cancel)
+            if self.check_source is None:
+                continue
+            for placed in shard.placements:
+                if placed.blob.source is not None and not self._cancel.is_set():
+                    self.check_source(placed.blob.source)
 
     def _run(self) -> None:
         import time

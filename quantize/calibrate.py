@@ -35,7 +35,7 @@ CAPTURE_FORMAT = "eaglequant-capture-v1"
 
 @dataclass
 class CalibrationData:
-    """Token ids [N, T] and auxiliary hidden states [N, T, fc_in] (float32)."""
+    """Token ids [N, T] and auxiliary hidden states [N, T, fc_in] (as captured or computed)."""
 
     input_ids: torch.Tensor
     aux_hidden: torch.Tensor
@@ -226,9 +226,9 @@ def load_capture(folder: Path, dims: DraftDims) -> CalibrationData:
 
     with safe_open(str(path), framework="pt") as handle:
         ids = handle.get_tensor("input_ids").long()
-        aux = handle.get_tensor("aux_hidden_states").float()
+        aux = handle.get_tensor("aux_hidden_states")
         embed = (
-            handle.get_tensor("embed_tokens.weight").float()
+            handle.get_tensor("embed_tokens.weight")
             if "embed_tokens.weight" in handle.keys()  # noqa: SIM118 (safe_open has no __contains__)
             else None
         )

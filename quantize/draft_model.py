@@ -20,6 +20,7 @@ speak the same language. The forward runs the draft the way vLLM does:
 from __future__ import annotations
 
 import math
+import mmap
 from dataclasses import dataclass
 
 import torch
@@ -28,6 +29,16 @@ from torch import nn
 from transformers import LlamaConfig, PreTrainedModel
 
 from eaglequant.draft import DraftDims, dims_from_config
+
+SCORE_CHUNK = 256  # tokens per lm_head call when only the top-1 is kept
+MICRO_BATCH_TOKENS = 512  # tokens per unrolled forward in calibration and measurement
+
+
+class FileMappings(list[mmap.mmap]):
+    """The file mappings behind a model's mapped weights; a deep copy shares, not copies, them."""
+
+    def __deepcopy__(self, memo: dict[int, object]) -> FileMappings:
+        return self
 
 
 class RMSNorm(nn.Module):
@@ -44,8 +55,6 @@ class RMSNorm(nn.Module):
 
 
 class Attention(nn.Module):
-    inv_freq: torch.Tensor
-
     def __init__(self, dims: DraftDims) -> None:
         super().__init__()
         h, hd = dims.hidden, dims.head_dim
@@ -54,8 +63,7 @@ class Attention(nn.Module):
         self.k_proj = nn.Linear(2 * h, dims.kv_heads * hd, bias=False)
         self.v_proj = nn.Linear(2 * h, dims.kv_heads * hd, bias=False)
         self.o_proj = nn.Linear(dims.heads * hd, h, bias=False)
-        inv_freq = 1.0 / (dims.rope_theta ** (torch.arange(0, hd, 2).float() / hd))
-        self.register_buffer("inv_freq", inv_freq, persistent=False)
+        self.rope_theta = dims.rope_theta
 
     def project(
         self, x: torch.Tensor, positions: torch.Tensor
@@ -68,7 +76,9 @@ class Attention(nn.Module):
         return self._rope(q, positions), self._rope(k, positions), v
 
     def _rope(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        freqs = positions.float()[..., None] * self.inv_freq  # (b, t, hd/2)
+        hd = self.head_dim
+        inv_freq = 1.0 / (self.rope_theta ** (torch.arange(0, hd, 2).float() / hd))
+        freqs = positions.float()[..., None] * inv_freq  # (b, t, hd/2)
         cos = torch.cat([freqs.cos(), freqs.cos()], -1)[:, None].to(x.dtype)
         sin = torch.cat([freqs.sin(), freqs.sin()], -1)[:, None].to(x.dtype)
         half = x.shape[-1] // 2
@@ -110,7 +120,8 @@ class MidLayer(nn.Module):
 class StepOutput:
     """One speculative step over every base position."""
 
-    logits: torch.Tensor  # (b, t, draft_vocab)
+    logits: torch.Tensor | None  # (b, t, draft_vocab), float32; only with keep_logits
+    top1: torch.Tensor | None  # (b, t) draft ids; None for an unscored last step
     prenorm: torch.Tensor  # (b, t, hidden): what the next step takes as its hidden state
 
 
@@ -131,6 +142,7 @@ class Eagle3Draft(PreTrainedModel):
         dims = dims_from_config(config.to_dict())
         self.dims = dims
         self.unroll_steps = 1
+        self.file_mappings = FileMappings()  # filled by the loader
         self.midlayer = MidLayer(dims)
         self.fc = nn.Linear(dims.fc_in, dims.hidden, bias=False)
         self.norm = RMSNorm(dims.hidden, dims.rms_norm_eps)
@@ -140,9 +152,18 @@ class Eagle3Draft(PreTrainedModel):
         self.register_buffer("t2d", torch.ones(dims.vocab, dtype=torch.bool))
 
     def forward(self, aux_hidden: torch.Tensor, next_ids: torch.Tensor) -> torch.Tensor:
-        """Calibration forward: every step's logits, stacked (steps, b, t, draft_vocab)."""
-        outputs = self.unroll(aux_hidden, next_ids, self.unroll_steps)
-        return torch.stack([o.logits for o in outputs])
+        """Calibration forward: ``unroll_steps`` steps; returns the last step's pre-norm state.
+
+        Only what feeds the midlayer is computed: the last step is not scored.
+        Runs a few sequences at a time (:data:`MICRO_BATCH_TOKENS`): the
+        min/max a static scale needs does not depend on how rows are batched.
+        """
+        steps, prenorms = self.unroll_steps, []
+        for rows in micro_batches(aux_hidden.shape[0], aux_hidden.shape[1]):
+            inputs = aux_hidden[rows], next_ids[rows], steps
+            outputs = self.unroll(*inputs, keep_logits=False, score_last=False)
+            prenorms.append(outputs[-1].prenorm)
+        return torch.cat(prenorms)
 
     def draft_to_target(self, draft_ids: torch.Tensor) -> torch.Tensor:
         return draft_ids + self.d2t[draft_ids]
@@ -154,6 +175,8 @@ class Eagle3Draft(PreTrainedModel):
         steps: int,
         embed: nn.Module | None = None,
         forced_ids: torch.Tensor | None = None,
+        keep_logits: bool = True,
+        score_last: bool = True,
     ) -> list[StepOutput]:
         """Run ``steps`` speculative steps from every position, as vLLM drafts.
 
@@ -162,25 +185,34 @@ class Eagle3Draft(PreTrainedModel):
         Step k's outputs at base position i predict the token at i+k+2. Later
         steps take the draft's own predicted tokens, as vLLM does, unless
         ``forced_ids`` (b, t+steps-1: the tokens at positions 1..) are given
-        (training: the token a correct draft would have produced).
+        (training: the token a correct draft would have produced). Without
+        ``keep_logits`` only each step's top-1 is kept (computed a few hundred
+        tokens at a time: full-vocabulary logits are large); without
+        ``score_last`` the last step skips ``lm_head``.
+
+        ``fc``, ``lm_head`` and the embeddings compute in their own dtype (BF16
+        as loaded for export, as vLLM runs them); the midlayer in its own
+        (float32 for Quark). Results are float32.
         """
         embed = embed if embed is not None else self.embed_tokens
         assert embed is not None, "a draft without embed_tokens needs the target's embeddings"
         b, t, _ = aux_hidden.shape
         base = torch.arange(t, device=aux_hidden.device).expand(b, t)
-        hidden = self.fc(aux_hidden)
+        hidden = linear_in_own_dtype(self.fc, aux_hidden)
         tokens = next_ids
         keys: list[torch.Tensor] = []
         values: list[torch.Tensor] = []
         outputs = []
         for step in range(steps):
-            out = self._step(embed(tokens), hidden, base + step, keys, values)
+            out = self._step(embed(tokens).float(), hidden, base + step, keys, values)
+            if score_last or step < steps - 1:
+                out = self._score(out, keep_logits)
             outputs.append(out)
             hidden = out.prenorm
             if forced_ids is not None:
                 tokens = forced_ids[:, step + 1 : step + 1 + t]
-            else:
-                tokens = self.draft_to_target(out.logits.argmax(-1))
+            elif out.top1 is not None:
+                tokens = self.draft_to_target(out.top1)
         return outputs
 
     def _step(
@@ -201,8 +233,30 @@ class Eagle3Draft(PreTrainedModel):
         attn = layer.self_attn.attend(q, torch.cat(keys, 2), torch.cat(values, 2), mask)
         residual = residual + attn
         x = layer.mlp(layer.post_attention_layernorm(residual))
-        prenorm = residual + x
-        return StepOutput(self.lm_head(self.norm(prenorm)), prenorm)
+        return StepOutput(None, None, residual + x)
+
+    def _score(self, out: StepOutput, keep_logits: bool) -> StepOutput:
+        normed = self.norm(out.prenorm)
+        if keep_logits:
+            logits = linear_in_own_dtype(self.lm_head, normed)
+            return StepOutput(logits, logits.argmax(-1), out.prenorm)
+        rows = normed.reshape(-1, normed.shape[-1])
+        top1 = [
+            linear_in_own_dtype(self.lm_head, rows[i : i + SCORE_CHUNK]).argmax(-1)
+            for i in range(0, rows.shape[0], SCORE_CHUNK)
+        ]
+        return StepOutput(None, torch.cat(top1).reshape(normed.shape[:-1]), out.prenorm)
+
+
+def micro_batches(sequences: int, length: int) -> list[slice]:
+    """Row slices of at most :data:`MICRO_BATCH_TOKENS` tokens (at least one sequence)."""
+    per = max(1, MICRO_BATCH_TOKENS // max(length, 1))
+    return [slice(i, i + per) for i in range(0, sequences, per)]
+
+
+def linear_in_own_dtype(linear: nn.Linear, x: torch.Tensor) -> torch.Tensor:
+    """``linear(x)`` computed in the layer's weight dtype, returned as float32."""
+    return linear(x.to(linear.weight.dtype)).float()
 
 
 def _ttt_mask(blocks: int, t: int, device: torch.device) -> torch.Tensor:

@@ -146,6 +146,7 @@ def export_draft(request: ExportRequest, progress: Progress = lambda _msg: None)
         finally:
             writer.cancel()
         timings["background_copy"] = round(writer.background_s, 3)
+        timings.update({f"quantize.{name}": value for name, value in quark.timings.items()})
         manifest = build_manifest(
             request, plan, calib, measurement, timings, temp, written.files, digests
         )

@@ -1,41 +1,122 @@
-"""Load a checked BF16 draft checkpoint into the torch draft module (float32 math)."""
+"""Load a checked BF16 draft checkpoint into the torch draft module.
+
+The midlayer (what Quark quantizes) and the norms are float32, so Quark's
+scales and FP8 values come from float32 math. ``fc``, ``lm_head`` and
+``embed_tokens`` stay in the checkpoint's dtype: they are not quantized, vLLM
+runs them in BF16 too, and at full size (two 163840 x 7168 matrices) float32
+copies would double the memory. They are mapped from their files
+(copy-on-write), not read: an embedding lookup pages in only the rows it
+touches. The module is built on the meta device and the loaded tensors are
+assigned, so no weight is ever allocated twice.
+"""
 
 from __future__ import annotations
 
+import mmap
+
 import torch
-from eaglequant.quantize.draft_model import Eagle3Draft
+from eaglequant.quantize.draft_model import Eagle3Draft, FileMappings, MidLayer
 from transformers import LlamaConfig
 
 from eaglequant.checkpoint import Checkpoint
+from eaglequant.draft import dims_from_config
 from eaglequant.errors import InputError
+from eaglequant.safetensors_header import TensorInfo
+
+KEPT_IN_STORED_DTYPE = ("fc.", "lm_head.", "embed_tokens.")
+FINITE_CHECK_BYTES = 64 * 1024 * 1024
+FLOAT_DTYPES = {"BF16": torch.bfloat16, "F16": torch.float16, "F32": torch.float32}
 
 
-def load_draft_module(ckpt: Checkpoint, dtype: torch.dtype = torch.float32) -> Eagle3Draft:
+def load_draft_module(ckpt: Checkpoint, check_unquantized: bool = True) -> Eagle3Draft:
     """Build the module and fill every parameter and buffer from the checkpoint.
 
-    Weights are checked for NaN/Inf while loading; the error names the tensor.
+    Weights are checked for NaN/Inf while loading (the error names the tensor);
+    ``check_unquantized=False`` leaves that to the caller for fc, lm_head and
+    embed_tokens (the export checks them as it copies them).
     """
     has_embed = "embed_tokens.weight" in ckpt.tensors
-    model = Eagle3Draft(LlamaConfig(**ckpt.config), with_embeddings=has_embed)
-    state = {}
-    for name in model.state_dict():
-        if name not in ckpt.tensors:
-            if name in ("d2t", "t2d"):
-                continue
-            raise InputError(f"{ckpt.folder}: tensor '{name}' is missing; re-export the draft")
-        tensor = ckpt.load_tensor(name)
-        if tensor.is_floating_point():
-            _check_finite(ckpt, name, tensor)
-            tensor = tensor.to(dtype)
-        state[name] = tensor
-    model.load_state_dict(state, strict=False)
-    return model.to(dtype).eval()
+    with torch.device("meta"):
+        model = Eagle3Draft(LlamaConfig(**ckpt.config), with_embeddings=has_embed)
+    names = [name for name in model.state_dict() if name not in ("d2t", "t2d")]
+    mappings = FileMappings()
+    state = {name: _load(ckpt, name, check_unquantized, mappings) for name in names}
+    dims = model.dims
+    state["d2t"] = _load(ckpt, "d2t") if "d2t" in ckpt.tensors else torch.zeros(dims.draft_vocab)
+    state["t2d"] = _load(ckpt, "t2d") if "t2d" in ckpt.tensors else torch.ones(dims.vocab)
+    state["d2t"], state["t2d"] = state["d2t"].long(), state["t2d"].bool()
+    model.load_state_dict(state, assign=True)
+    model.file_mappings = mappings
+    return model.eval()
 
 
-def _check_finite(ckpt: Checkpoint, name: str, tensor: torch.Tensor) -> None:
-    if not bool(torch.isfinite(tensor).all()):
-        bad = int((~torch.isfinite(tensor)).sum())
+def release_file_pages(model: Eagle3Draft) -> None:
+    """Hand the pages of the mapped tensors back to the page cache until next touched.
+
+    They are unmodified copy-on-write file pages, so nothing is lost: the next
+    use faults them back in from the page cache (or the disk). Used while Quark
+    freezes and exports, which never touch fc, lm_head or embed_tokens.
+    """
+    for mapping in model.file_mappings:
+        mapping.madvise(mmap.MADV_DONTNEED)
+
+
+def load_midlayer(ckpt: Checkpoint) -> MidLayer:
+    """A fresh float32 midlayer from the checkpoint (the reference after Quark changed one)."""
+    with torch.device("meta"):
+        midlayer = MidLayer(dims_from_config(ckpt.config))
+    state = {name: _load(ckpt, f"midlayer.{name}") for name in midlayer.state_dict()}
+    midlayer.load_state_dict(state, assign=True)
+    return midlayer.eval()
+
+
+def _load(
+    ckpt: Checkpoint, name: str, check: bool = True, mappings: list[mmap.mmap] | None = None
+) -> torch.Tensor:
+    if name not in ckpt.tensors:
+        raise InputError(f"{ckpt.folder}: tensor '{name}' is missing; re-export the draft")
+    info = ckpt.tensors[name]
+    if info.dtype not in FLOAT_DTYPES:
+        return ckpt.load_tensor(name)
+    unquantized = name.startswith(KEPT_IN_STORED_DTYPE)
+    if check or not unquantized:
+        check_finite(info)
+    if unquantized:
+        tensor, mapping = map_tensor(info)
+        if mappings is not None:
+            mappings.append(mapping)
+        return tensor
+    return ckpt.load_tensor(name).float()
+
+
+def map_tensor(info: TensorInfo) -> tuple[torch.Tensor, mmap.mmap]:
+    """The tensor mapped from its file, copy-on-write: pages are read when first touched."""
+    with info.file.open("rb") as handle:
+        page_start = info.start - info.start % mmap.ALLOCATIONGRANULARITY
+        length = max(info.end - page_start, 1)
+        mapped = mmap.mmap(handle.fileno(), length, access=mmap.ACCESS_COPY, offset=page_start)
+    if not info.nbytes:
+        return torch.empty(info.shape, dtype=FLOAT_DTYPES[info.dtype]), mapped
+    flat = torch.frombuffer(
+        mapped, dtype=torch.uint8, count=info.nbytes, offset=info.start - page_start
+    )
+    return flat.view(FLOAT_DTYPES[info.dtype]).reshape(info.shape), mapped
+
+
+def check_finite(info: TensorInfo) -> None:
+    """Count NaN/Inf chunk by chunk, read straight from the file (nothing stays in memory)."""
+    if info.dtype not in FLOAT_DTYPES:
+        return
+    dtype = FLOAT_DTYPES[info.dtype]
+    step = FINITE_CHECK_BYTES - FINITE_CHECK_BYTES % 8
+    bad = 0
+    with info.file.open("rb", buffering=0) as handle:
+        for offset in range(0, info.nbytes, step):
+            handle.seek(info.start + offset)
+            chunk = bytearray(handle.read(min(step, info.nbytes - offset)))
+            bad += int((~torch.isfinite(torch.frombuffer(chunk, dtype=dtype))).sum())
+    if bad:
         raise InputError(
-            f"{ckpt.tensors[name].file}: tensor '{name}' holds {bad} NaN/Inf value(s); "
+            f"{info.file}: tensor '{info.name}' holds {bad} NaN/Inf value(s); "
             "the checkpoint is corrupt, re-export it from a healthy training run"
         )

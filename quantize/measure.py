@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
-from eaglequant.quantize.draft_model import Eagle3Draft
+from eaglequant.quantize.draft_model import Eagle3Draft, StepOutput, micro_batches
 from torch import nn
 from tqdm.auto import tqdm
 
@@ -35,9 +35,14 @@ def fp8_quantize(x: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
 
 
 class SimulatedFp8Linear(nn.Module):
-    """An nn.Linear replacement computing with the exported FP8 tensors."""
+    """An nn.Linear replacement computing with the exported FP8 tensors.
+
+    Holds the FP8 weight (one byte per value) and dequantizes it per call, so a
+    full-size midlayer is never held a second time in float32.
+    """
 
     weight: torch.Tensor
+    weight_scale: torch.Tensor
 
     def __init__(
         self,
@@ -47,12 +52,9 @@ class SimulatedFp8Linear(nn.Module):
         per_token: bool,
     ) -> None:
         super().__init__()
-        scale = (
-            weight_scale.float().reshape(-1, 1)
-            if weight_scale.numel() > 1
-            else weight_scale.float()
-        )
-        self.register_buffer("weight", weight.float() * scale)
+        scale = weight_scale.float()
+        self.register_buffer("weight", weight)
+        self.register_buffer("weight_scale", scale.reshape(-1, 1) if scale.numel() > 1 else scale)
         self.input_scale = input_scale.float() if input_scale is not None else None
         self.per_token = per_token
 
@@ -63,14 +65,19 @@ class SimulatedFp8Linear(nn.Module):
             scale = x.abs().amax(-1, keepdim=True).clamp_min(1e-12) / FP8_E4M3_MAX
         else:
             scale = x.abs().amax().clamp_min(1e-12) / FP8_E4M3_MAX
-        return F.linear(fp8_quantize(x, scale), self.weight)
+        weight = self.weight.float().mul_(self.weight_scale)  # one float32 copy at a time
+        return F.linear(fp8_quantize(x, scale), weight)
 
 
 def simulated_fp8_draft(
     bf16: Eagle3Draft, tensors: dict[str, torch.Tensor], recipe: Recipe
 ) -> Eagle3Draft:
-    """A copy of ``bf16`` whose midlayer linears compute with the FP8 tensors."""
-    model = copy.deepcopy(bf16)
+    """A copy of ``bf16`` whose midlayer linears compute with the FP8 tensors.
+
+    Every other parameter is shared with ``bf16``, not copied.
+    """
+    shared = {id(p): p for p in [*bf16.parameters(), *bf16.buffers()]}
+    model = copy.deepcopy(bf16, memo=shared)
     for name in MIDLAYER_LINEARS:
         parent, child = name.rsplit(".", 1)
         module = SimulatedFp8Linear(
@@ -120,7 +127,13 @@ def input_amax(
     try:
         with torch.no_grad():
             for batch in tqdm(batches, desc="calibration ranges", unit="batch", disable=None):
-                model.unroll(batch["aux_hidden"], batch["next_ids"], steps)
+                model.unroll(
+                    batch["aux_hidden"],
+                    batch["next_ids"],
+                    steps,
+                    keep_logits=False,
+                    score_last=False,
+                )
     finally:
         for handle in handles:
             handle.remove()
@@ -143,10 +156,9 @@ def measure(
     if bf16 is None or not held_out:
         return Measurement(layers)
     fp8 = simulated_fp8_draft(bf16, tensors, recipe)
-    sqnr = _sqnr(bf16, fp8, held_out, recipe.calibration.steps)
+    sqnr, agreement = _compare(bf16, fp8, held_out, recipe.calibration.steps)
     for stats in layers:
         stats.sqnr_db = sqnr[stats.name]
-    agreement = _top1_agreement(bf16, fp8, held_out, recipe.calibration.steps)
     tokens = sum(int(b["next_ids"].numel()) for b in held_out)
     return Measurement(layers, agreement, tokens)
 
@@ -167,10 +179,13 @@ def _layer_stats(
     )
 
 
-def _sqnr(
+def _compare(
     bf16: Eagle3Draft, fp8: Eagle3Draft, batches: list[dict[str, torch.Tensor]], steps: int
-) -> dict[str, float]:
-    """Per layer: SQNR of the FP8 layer's output against the exact layer on the same input."""
+) -> tuple[dict[str, float], list[float]]:
+    """One pass of each draft over ``batches``: per-layer SQNR and per-step top-1 agreement.
+
+    SQNR: each FP8 layer's output against the exact layer on the same input.
+    """
     signal: dict[str, float] = dict.fromkeys(MIDLAYER_LINEARS, 0.0)
     noise: dict[str, float] = dict.fromkeys(MIDLAYER_LINEARS, 0.0)
 
@@ -184,30 +199,28 @@ def _sqnr(
 
         return record
 
+    same, total = [0] * steps, 0
     handles = [fp8.get_submodule(n).register_forward_hook(hook(n)) for n in MIDLAYER_LINEARS]
     try:
         with torch.no_grad():
-            for batch in batches:
-                fp8.unroll(batch["aux_hidden"], batch["next_ids"], steps)
+            for batch in tqdm(batches, desc="measuring", unit="batch", disable=None):
+                aux, ids = batch["aux_hidden"], batch["next_ids"]
+                for rows in micro_batches(aux.shape[0], aux.shape[1]):
+                    ref = bf16.unroll(aux[rows], ids[rows], steps, keep_logits=False)
+                    got = fp8.unroll(aux[rows], ids[rows], steps, keep_logits=False)
+                    for k in range(steps):
+                        same[k] += int((_top1(ref[k]) == _top1(got[k])).sum())
+                total += int(ids.numel())
     finally:
         for handle in handles:
             handle.remove()
-    return {
+    sqnr = {
         n: 10 * math.log10(signal[n] / noise[n]) if noise[n] > 0 else math.inf
         for n in MIDLAYER_LINEARS
     }
+    return sqnr, [s / total for s in same]
 
 
-def _top1_agreement(
-    bf16: Eagle3Draft, fp8: Eagle3Draft, batches: list[dict[str, torch.Tensor]], steps: int
-) -> list[float]:
-    same = [0] * steps
-    total = 0
-    with torch.no_grad():
-        for batch in batches:
-            ref = bf16.unroll(batch["aux_hidden"], batch["next_ids"], steps)
-            got = fp8.unroll(batch["aux_hidden"], batch["next_ids"], steps)
-            for k in range(steps):
-                same[k] += int((ref[k].logits.argmax(-1) == got[k].logits.argmax(-1)).sum())
-            total += int(batch["next_ids"].numel())
-    return [s / total for s in same]
+def _top1(step: StepOutput) -> torch.Tensor:
+    assert step.top1 is not None
+    return step.top1

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import copy
+import gc
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -12,7 +12,7 @@ import torch
 from eaglequant.quantize import quark_backend
 from eaglequant.quantize.calibrate import CalibrationData, load_capture, run_target
 from eaglequant.quantize.draft_model import Eagle3Draft
-from eaglequant.quantize.load import load_draft_module
+from eaglequant.quantize.load import check_finite, load_draft_module, load_midlayer
 from eaglequant.quantize.measure import Measurement, measure
 from torch import nn
 
@@ -58,7 +58,8 @@ def load(plan: ExportPlan, request: ExportRequest) -> Eagle3Draft | None:
     torch.set_grad_enabled(False)
     if not request.recipe.needs_calibration and request.calibration.kind == "none":
         return None
-    return load_draft_module(plan.ckpt)
+    # fc, lm_head and embed_tokens are checked for NaN/Inf by the writer as it copies them.
+    return load_draft_module(plan.ckpt, check_unquantized=False)
 
 
 def calibrate(plan: ExportPlan, request: ExportRequest, model: Eagle3Draft | None) -> Calibration:
@@ -97,7 +98,7 @@ def _attach_embeddings(model: Eagle3Draft, data: CalibrationData) -> None:
             f"{data.source}: the draft has no embed_tokens and this calibration source holds "
             "none; re-run `eaglequant capture` with --embeddings"
         )
-    model.embed_tokens = nn.Embedding.from_pretrained(data.embed_tokens.float(), freeze=True)
+    model.embed_tokens = nn.Embedding.from_pretrained(data.embed_tokens, freeze=True)
 
 
 def quantize(
@@ -116,9 +117,14 @@ def quantize(
             if not recipe.needs_calibration:
                 return quark_backend.quantize_file_to_file(plan.ckpt, recipe, Path(scratch))
             assert model is not None
-            working = copy.deepcopy(model)
-            working.unroll_steps = recipe.calibration.steps
-            return quark_backend.quantize_static(working, recipe, calib.batches, Path(scratch))
+            model.unroll_steps = recipe.calibration.steps
+            result = quark_backend.quantize_static(model, recipe, calib.batches, Path(scratch))
+            # Quark replaced the midlayer's linears in place; measure against the original
+            # (freed first: two float32 midlayers at once would not fit at full size).
+            del model.midlayer
+            gc.collect()
+            model.midlayer = load_midlayer(plan.ckpt)
+            return result
         except SafetensorError as exc:  # Quark's own writing into the scratch folder
             raise OutputError(
                 f"{request.out}: I/O error while writing Quark's output in {scratch}: {exc}; "
@@ -136,7 +142,7 @@ def measure_export(
     def weight_of(name: str) -> torch.Tensor:
         if model is not None:
             return model.get_submodule(name).weight
-        return ckpt.load_tensor(f"{name}.weight").float()
+        return ckpt.load_tensor(f"{name}.weight")
 
     return measure(model, quark.tensors, recipe, calib.held_out, weight_of)
 
@@ -169,7 +175,7 @@ def start_writing(
 ) -> LayoutWriter:
     """Plan the output with Quark's tensors still pending and copy everything else now."""
     blobs = passthrough_blobs(ckpt) + predicted_quantized(ckpt, recipe)
-    writer = LayoutWriter(folder, plan_layout(blobs, max_shard_size))
+    writer = LayoutWriter(folder, plan_layout(blobs, max_shard_size), check_source=check_finite)
     writer.start_background()
     return writer
 

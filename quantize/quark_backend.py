@@ -19,26 +19,40 @@ import json
 import logging
 import os
 import tempfile
+import time
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
 from eaglequant.quantize.draft_model import Eagle3Draft
+from eaglequant.quantize.load import release_file_pages
 
 from eaglequant.checkpoint import Checkpoint, read_checkpoint
 from eaglequant.draft import MIDLAYER_LINEARS
 from eaglequant.recipe import FP8_E4M3_MAX, Recipe
 from eaglequant.writer import blob_from_file, write_checkpoint_weights, write_text
 
+UNQUANTIZED_MODULES = ("fc", "lm_head", "embed_tokens")
+
 
 @dataclass
 class QuarkResult:
-    """Quark's quantized midlayer tensors and its ``quantization_config``."""
+    """Quark's quantized midlayer tensors, its ``quantization_config`` and where time went."""
 
     tensors: dict[str, torch.Tensor]
     quantization_config: dict[str, Any]
+    timings: dict[str, float] = field(default_factory=dict)
+
+
+def import_quark() -> float:
+    """Import ``quark.torch`` (with :func:`quiet_quark` settings); return the seconds it took."""
+    quiet_quark()
+    started = time.perf_counter()
+    import quark.torch  # noqa: F401
+
+    return round(time.perf_counter() - started, 3)
 
 
 def quark_config(recipe: Recipe) -> Any:
@@ -93,9 +107,10 @@ def quantize_static(
     ``batches`` None means no calibration data: every static input scale is set
     from the recipe's ``fixed_input_amax`` instead.
     """
-    quiet_quark()
+    timings = {"import_quark": import_quark()}
     from quark.torch import ModelQuantizer, export_safetensors
 
+    started = time.perf_counter()
     quantizer = ModelQuantizer(quark_config(recipe))
     if batches is None:
         # Quark insists on a dataloader for static inputs: give it one all-zero batch,
@@ -104,9 +119,20 @@ def quantize_static(
         _set_fixed_input_scales(quantized, recipe.calibration.fixed_input_amax / FP8_E4M3_MAX)
     else:
         quantized = quantizer.quantize_model(model, list(batches))
+    timings["quark_calibration"] = round(time.perf_counter() - started, 3)
+    release_file_pages(model)
     frozen = quantizer.freeze(quantized)
-    export_safetensors(frozen, scratch)
-    return _collect(scratch)
+    # Quark's export writes the whole state dict; only the midlayer is wanted, so the
+    # unquantized gigabytes (fc, lm_head, embed_tokens) are detached while it runs.
+    detached = {name: getattr(frozen, name) for name in UNQUANTIZED_MODULES}
+    try:
+        for name in UNQUANTIZED_MODULES:
+            setattr(frozen, name, None)
+        export_safetensors(frozen, scratch)
+    finally:
+        for name, module in detached.items():
+            setattr(frozen, name, module)
+    return _collect(scratch, timings)
 
 
 def _zero_batch(model: Eagle3Draft) -> dict[str, torch.Tensor]:
@@ -126,9 +152,10 @@ def _set_fixed_input_scales(model: torch.nn.Module, scale: float) -> None:
 
 def quantize_file_to_file(ckpt: Checkpoint, recipe: Recipe, scratch: Path) -> QuarkResult:
     """Quark's ``direct_quantize_checkpoint`` on the midlayer linears alone."""
-    quiet_quark()
+    timings = {"import_quark": import_quark()}
     from quark.torch import ModelQuantizer
 
+    started = time.perf_counter()
     source, result = scratch / "midlayer-bf16", scratch / "quark-out"
     source.mkdir()
     blobs = [blob_from_file(ckpt.tensors[f"{name}.weight"]) for name in MIDLAYER_LINEARS]
@@ -137,15 +164,16 @@ def quantize_file_to_file(ckpt: Checkpoint, recipe: Recipe, scratch: Path) -> Qu
     ModelQuantizer(quark_config(recipe)).direct_quantize_checkpoint(
         str(source), str(result), device="cpu"
     )
-    return _collect(result)
+    timings["quark_file_to_file"] = round(time.perf_counter() - started, 3)
+    return _collect(result, timings)
 
 
-def _collect(folder: Path) -> QuarkResult:
+def _collect(folder: Path, timings: dict[str, float]) -> QuarkResult:
     """Read Quark's output folder: midlayer quantized tensors plus its quantization_config."""
     written = read_checkpoint(folder)
     wanted = [n for n in written.tensors if n.startswith(tuple(f"{m}." for m in MIDLAYER_LINEARS))]
     tensors = {name: written.load_tensor(name) for name in wanted}
-    return QuarkResult(tensors, written.config["quantization_config"])
+    return QuarkResult(tensors, written.config["quantization_config"], timings)
 
 
 def scratch_dir(parent: Path) -> tempfile.TemporaryDirectory[str]:

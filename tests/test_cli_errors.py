@@ -242,14 +242,24 @@ def test_captured_states_of_the_wrong_width(tiny_draft: Path, tmp_path: Path) ->
     _assert_clean_failure(code, output, "has shape [2, 8, 100], the draft's fc takes width 192")
 
 
-def test_nan_weight_is_named(tiny_draft: Path, tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    ("tensor", "recipe"),
+    [
+        ("midlayer.mlp.down_proj.weight", ["--calib", "none"]),
+        ("lm_head.weight", ["--calib", "none"]),  # checked by the writer while it copies
+        ("embed_tokens.weight", ["--recipe", "ptpc-fp8"]),  # file-to-file: no module at all
+    ],
+)
+def test_nan_weight_is_named(
+    tiny_draft: Path, tmp_path: Path, tensor: str, recipe: list[str]
+) -> None:
     from safetensors.torch import load_file, save_file
 
     tensors = load_file(str(tiny_draft / "model.safetensors"))
-    tensors["midlayer.mlp.down_proj.weight"][0, 0] = float("nan")
+    tensors[tensor][0, 1] = float("nan")
     save_file(tensors, str(tiny_draft / "model.safetensors"), metadata={"format": "pt"})
-    code, output = _run(["export", str(tiny_draft), str(tmp_path / "o"), "--calib", "none"])
-    _assert_clean_failure(code, output, "tensor 'midlayer.mlp.down_proj.weight' holds 1 NaN/Inf")
+    code, output = _run(["export", str(tiny_draft), str(tmp_path / "o"), *recipe])
+    _assert_clean_failure(code, output, f"tensor '{tensor}' holds 1 NaN/Inf")
     assert not (tmp_path / "o").exists() and list(tmp_path.iterdir()) == [tiny_draft]
 
 
