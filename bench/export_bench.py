@@ -294,10 +294,12 @@ def main() -> None:
     parser.add_argument("--shape", choices=sorted(SHAPES), default="small")
     parser.add_argument("--tokens", type=int, default=4096, help="calibration tokens")
     parser.add_argument("--skip-static", action="store_true", help="only the ptpc comparison")
+    parser.add_argument("--results", type=Path, help="JSON file (default bench/results-SHAPE.json)")
     args = parser.parse_args()
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
     results = run(args.shape, args.tokens, static=not args.skip_static)
-    (HERE / f"results-{args.shape}.json").write_text(json.dumps(results, indent=2) + "\n")
+    path = args.results or HERE / f"results-{args.shape}.json"
+    path.write_text(json.dumps(results, indent=2) + "\n")
     print_table(results)
 
 

@@ -41,6 +41,17 @@ class FileMappings(list[mmap.mmap]):
         return self
 
 
+class UpcastLinear(nn.Module):
+    """A linear layer stored in low precision (BF16) that computes in its input's dtype."""
+
+    def __init__(self, weight: torch.Tensor) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(weight, requires_grad=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.linear(x, self.weight.to(x.dtype))
+
+
 class RMSNorm(nn.Module):
     def __init__(self, size: int, eps: float) -> None:
         super().__init__()

@@ -136,6 +136,7 @@ def export_draft(request: ExportRequest, progress: Progress = lambda _msg: None)
                 measurement = pipeline.measure_export(
                     plan.ckpt, model, quark, request.recipe, calib
                 )
+                del model  # not needed to write: free it before the read-back
             with stage("write"):
                 config = output_config(plan.ckpt.config, quark.quantization_config, request.recipe)
                 written = pipeline.finish_writing(

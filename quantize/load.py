@@ -12,16 +12,17 @@ assigned, so no weight is ever allocated twice.
 
 from __future__ import annotations
 
+import math
 import mmap
 
 import torch
-from eaglequant.quantize.draft_model import Eagle3Draft, FileMappings, MidLayer
+from eaglequant.quantize.draft_model import Eagle3Draft, FileMappings, MidLayer, UpcastLinear
 from transformers import LlamaConfig
 
 from eaglequant.checkpoint import Checkpoint
-from eaglequant.draft import dims_from_config
+from eaglequant.draft import MIDLAYER_LINEARS, dims_from_config
 from eaglequant.errors import InputError
-from eaglequant.safetensors_header import TensorInfo
+from eaglequant.safetensors_header import DTYPE_SIZES, TensorInfo
 
 KEPT_IN_STORED_DTYPE = ("fc.", "lm_head.", "embed_tokens.")
 FINITE_CHECK_BYTES = 64 * 1024 * 1024
@@ -61,12 +62,21 @@ def release_file_pages(model: Eagle3Draft) -> None:
         mapping.madvise(mmap.MADV_DONTNEED)
 
 
-def load_midlayer(ckpt: Checkpoint) -> MidLayer:
-    """A fresh float32 midlayer from the checkpoint (the reference after Quark changed one)."""
+def load_reference_midlayer(ckpt: Checkpoint) -> MidLayer:
+    """The midlayer as stored (BF16 linears, float32 math): the reference after Quark's run.
+
+    Half the memory of a float32 copy, the same results: every BF16 weight is exact
+    in float32, and :class:`UpcastLinear` computes in float32.
+    """
     with torch.device("meta"):
         midlayer = MidLayer(dims_from_config(ckpt.config))
-    state = {name: _load(ckpt, f"midlayer.{name}") for name in midlayer.state_dict()}
-    midlayer.load_state_dict(state, assign=True)
+    for name in MIDLAYER_LINEARS:
+        parent, child = name.removeprefix("midlayer.").rsplit(".", 1)
+        setattr(
+            midlayer.get_submodule(parent), child, UpcastLinear(ckpt.load_tensor(f"{name}.weight"))
+        )
+    norms = {n: _load(ckpt, f"midlayer.{n}") for n in midlayer.state_dict() if "norm" in n}
+    midlayer.load_state_dict(norms, strict=False, assign=True)
     return midlayer.eval()
 
 
@@ -104,17 +114,26 @@ def map_tensor(info: TensorInfo) -> tuple[torch.Tensor, mmap.mmap]:
 
 
 def check_finite(info: TensorInfo) -> None:
-    """Count NaN/Inf chunk by chunk, read straight from the file (nothing stays in memory)."""
+    """Count NaN/Inf chunk by chunk, read straight from the file (nothing stays in memory).
+
+    ``abs().max()`` propagates NaN and Inf and runs ~7x faster than ``isfinite``
+    on BF16 here; the exact count is only taken for a chunk that fails it.
+    """
     if info.dtype not in FLOAT_DTYPES:
         return
     dtype = FLOAT_DTYPES[info.dtype]
     step = FINITE_CHECK_BYTES - FINITE_CHECK_BYTES % 8
-    bad = 0
+    bad, buffer = 0, bytearray(min(step, info.nbytes))
     with info.file.open("rb", buffering=0) as handle:
         for offset in range(0, info.nbytes, step):
+            size = min(step, info.nbytes - offset)
             handle.seek(info.start + offset)
-            chunk = bytearray(handle.read(min(step, info.nbytes - offset)))
-            bad += int((~torch.isfinite(torch.frombuffer(chunk, dtype=dtype))).sum())
+            if handle.readinto(memoryview(buffer)[:size]) != size:
+                raise InputError(f"{info.file}: ended early while reading '{info.name}'")
+            count = size // DTYPE_SIZES[info.dtype]
+            chunk = torch.frombuffer(buffer, dtype=dtype, count=count)
+            if not math.isfinite(float(chunk.abs().max())):
+                bad += int((~torch.isfinite(chunk)).sum())
     if bad:
         raise InputError(
             f"{info.file}: tensor '{info.name}' holds {bad} NaN/Inf value(s); "

@@ -193,7 +193,7 @@ def _compare(
         exact_weight = bf16.get_submodule(name).weight
 
         def record(_module: nn.Module, args: tuple[torch.Tensor, ...], out: torch.Tensor) -> None:
-            exact = F.linear(args[0], exact_weight)
+            exact = F.linear(args[0], exact_weight.to(args[0].dtype))
             signal[name] += float(exact.pow(2).sum())
             noise[name] += float((exact - out).pow(2).sum())
 

@@ -12,7 +12,7 @@ import torch
 from eaglequant.quantize import quark_backend
 from eaglequant.quantize.calibrate import CalibrationData, load_capture, run_target
 from eaglequant.quantize.draft_model import Eagle3Draft
-from eaglequant.quantize.load import check_finite, load_draft_module, load_midlayer
+from eaglequant.quantize.load import check_finite, load_draft_module, load_reference_midlayer
 from eaglequant.quantize.measure import Measurement, measure
 from torch import nn
 
@@ -120,10 +120,10 @@ def quantize(
             model.unroll_steps = recipe.calibration.steps
             result = quark_backend.quantize_static(model, recipe, calib.batches, Path(scratch))
             # Quark replaced the midlayer's linears in place; measure against the original
-            # (freed first: two float32 midlayers at once would not fit at full size).
+            # (freed first: two midlayers at once would not fit at full size).
             del model.midlayer
             gc.collect()
-            model.midlayer = load_midlayer(plan.ckpt)
+            model.midlayer = load_reference_midlayer(plan.ckpt)
             return result
         except SafetensorError as exc:  # Quark's own writing into the scratch folder
             raise OutputError(
@@ -198,26 +198,26 @@ def finish_writing(
 ) -> Written:
     """Drop Quark's tensors into their planned places (re-plan if Quark wrote other tensors)."""
     blobs = {name: blob_from_tensor(name, tensor) for name, tensor in quantized.items()}
-    planned = {
-        p.blob.name: p.blob for f in writer.layout.files for p in f.placements if p.blob.pending
-    }
-    if {n: (b.dtype, b.shape) for n, b in planned.items()} != {
-        n: (b.dtype, b.shape) for n, b in blobs.items()
-    }:
-        writer.cancel()
+    writer.wait()  # every pass-through copy and its NaN/Inf check, whichever way this goes
+    pending = [p.blob for f in writer.layout.files for p in f.placements if p.blob.pending]
+    if _signature(pending) == _signature(list(blobs.values())):
+        writer.finish({name: blob.data for name, blob in blobs.items()})  # type: ignore[misc]
+    else:
         for shard in writer.layout.files:
-            (writer.folder / shard.name).unlink(missing_ok=True)
+            (writer.folder / shard.name).unlink()
         layout = plan_layout(passthrough_blobs(ckpt) + list(blobs.values()), max_shard_size)
         writer = LayoutWriter(writer.folder, layout)
         writer.write_known()
         writer.finish({})
-    else:
-        writer.finish({name: blob.data for name, blob in blobs.items()})  # type: ignore[misc]
     folder = writer.folder
     write_text(folder / CONFIG_FILE, json.dumps(config, indent=2) + "\n")
     files = writer.layout.file_names + copy_extra_files(ckpt.folder, folder, NOT_COPIED)
     data = {name: blob.data for name, blob in blobs.items() if blob.data is not None}
     return Written(writer.layout, data, files)
+
+
+def _signature(blobs: list[TensorBlob]) -> dict[str, tuple[str, tuple[int, ...]]]:
+    return {blob.name: (blob.dtype, blob.shape) for blob in blobs}
 
 
 def verify(folder: Path, source: Checkpoint, written: Written) -> dict[str, str]:

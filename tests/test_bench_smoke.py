@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -13,7 +14,7 @@ from tests.conftest import REPO
 pytestmark = pytest.mark.slow
 
 
-def test_small_benchmark_runs_and_ptpc_matches_quark() -> None:
+def test_small_benchmark_runs_and_ptpc_matches_quark(tmp_path: Path) -> None:
     subprocess.run(
         [
             sys.executable,
@@ -22,11 +23,16 @@ def test_small_benchmark_runs_and_ptpc_matches_quark() -> None:
             "small",
             "--tokens",
             "512",
+            "--results",
+            str(tmp_path / "results.json"),
         ],
         check=True,
         cwd=REPO,
         capture_output=True,
     )
-    results = json.loads((REPO / "bench" / "results-small.json").read_text())
+    results = json.loads((tmp_path / "results.json").read_text())
     assert results["ptpc_equals_quark"] is True
     assert set(results["static_stages_s"]) >= {"load", "calibrate", "quantize", "write", "verify"}
+    assert results["static_calibration"]["tokens"] == 512
+    assert results["static_flop"]["calibration"] > 0
+    assert results["static_stages_s"]["quantize.quark_calibration"] > 0
