@@ -31,6 +31,7 @@ from transformers import LlamaConfig, PreTrainedModel
 from eaglequant.draft import DraftDims, dims_from_config
 
 SCORE_CHUNK = 256  # tokens per lm_head call when only the top-1 is kept
+UPCAST_ROWS = 2048  # weight rows converted at a time by upcast_linear
 MICRO_BATCH_TOKENS = 512  # tokens per unrolled forward in calibration and measurement
 
 
@@ -49,7 +50,24 @@ class UpcastLinear(nn.Module):
         self.weight = nn.Parameter(weight, requires_grad=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.linear(x, self.weight.to(x.dtype))
+        return upcast_linear(x, self.weight)
+
+
+def upcast_linear(
+    x: torch.Tensor, weight: torch.Tensor, row_scale: torch.Tensor | None = None
+) -> torch.Tensor:
+    """``F.linear(x, weight * row_scale)`` in ``x``'s dtype, upcasting a block of rows at a time.
+
+    A full-size weight is never held a second time at the higher precision.
+    """
+    outputs = []
+    for start in range(0, weight.shape[0], UPCAST_ROWS):
+        rows = slice(start, start + UPCAST_ROWS)
+        block = weight[rows].to(x.dtype, copy=True)
+        if row_scale is not None:
+            block.mul_(row_scale if row_scale.dim() == 0 else row_scale[rows])
+        outputs.append(F.linear(x, block))
+    return torch.cat(outputs, -1)
 
 
 class RMSNorm(nn.Module):

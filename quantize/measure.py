@@ -18,8 +18,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
-import torch.nn.functional as F
-from eaglequant.quantize.draft_model import Eagle3Draft, StepOutput, micro_batches
+from eaglequant.quantize.draft_model import (
+    Eagle3Draft,
+    StepOutput,
+    micro_batches,
+    upcast_linear,
+)
 from torch import nn
 from tqdm.auto import tqdm
 
@@ -65,8 +69,7 @@ class SimulatedFp8Linear(nn.Module):
             scale = x.abs().amax(-1, keepdim=True).clamp_min(1e-12) / FP8_E4M3_MAX
         else:
             scale = x.abs().amax().clamp_min(1e-12) / FP8_E4M3_MAX
-        weight = self.weight.float().mul_(self.weight_scale)  # one float32 copy at a time
-        return F.linear(fp8_quantize(x, scale), weight)
+        return upcast_linear(fp8_quantize(x, scale), self.weight, self.weight_scale)
 
 
 def simulated_fp8_draft(
@@ -193,7 +196,7 @@ def _compare(
         exact_weight = bf16.get_submodule(name).weight
 
         def record(_module: nn.Module, args: tuple[torch.Tensor, ...], out: torch.Tensor) -> None:
-            exact = F.linear(args[0], exact_weight.to(args[0].dtype))
+            exact = upcast_linear(args[0], exact_weight)
             signal[name] += float(exact.pow(2).sum())
             noise[name] += float((exact - out).pow(2).sum())
 
