@@ -119,13 +119,15 @@ def export_draft(request: ExportRequest, progress: Progress = lambda _msg: None)
     plan = plan_export(request)
     if request.dry_run:
         return ExportResult(request.out, plan, dry_run=True)
-    from eaglequant.quantize import pipeline
+    from eaglequant.quantize.layout import start_writing
 
     timings: dict[str, float] = {}
     with atomic_output_dir(request.out, request.overwrite) as temp:
         stage = _Stages(timings, progress)
-        writer = pipeline.start_writing(temp, plan.ckpt, request.recipe, request.max_shard_size)
+        writer = start_writing(temp, plan.ckpt, request.recipe, request.max_shard_size)
         try:
+            from eaglequant.quantize import pipeline  # torch and co., while the copy runs
+
             with stage("load"):
                 model = pipeline.load(plan, request)
             with stage("calibrate"):

@@ -12,7 +12,8 @@ import torch
 from eaglequant.quantize import quark_backend
 from eaglequant.quantize.calibrate import CalibrationData, load_capture, run_target
 from eaglequant.quantize.draft_model import Eagle3Draft
-from eaglequant.quantize.load import check_finite, load_draft_module, load_reference_midlayer
+from eaglequant.quantize.layout import passthrough_blobs
+from eaglequant.quantize.load import load_draft_module, load_reference_midlayer
 from eaglequant.quantize.measure import Measurement, measure
 from torch import nn
 
@@ -27,7 +28,6 @@ from eaglequant.writer import (
     Layout,
     LayoutWriter,
     TensorBlob,
-    blob_from_file,
     blob_from_tensor,
     copy_extra_files,
     plan_layout,
@@ -145,39 +145,6 @@ def measure_export(
         return ckpt.load_tensor(f"{name}.weight")
 
     return measure(model, quark.tensors, recipe, calib.held_out, weight_of)
-
-
-def predicted_quantized(ckpt: Checkpoint, recipe: Recipe) -> list[TensorBlob]:
-    """The tensors Quark writes for each midlayer linear, by name, dtype and shape.
-
-    Known before Quark runs, so the output layout can be planned and the
-    pass-through tensors copied while Quark works; ``finish_writing`` checks
-    Quark's real output against it.
-    """
-    blobs = []
-    for name in MIDLAYER_LINEARS:
-        shape = ckpt.tensors[f"{name}.weight"].shape
-        per_channel = recipe.weight.granularity == "per_channel"
-        blobs.append(TensorBlob(f"{name}.weight", "F8_E4M3", shape))
-        blobs.append(TensorBlob(f"{name}.weight_scale", "F32", (shape[0],) if per_channel else ()))
-        if not recipe.activation.dynamic:
-            blobs.append(TensorBlob(f"{name}.input_scale", "F32", ()))
-    return blobs
-
-
-def passthrough_blobs(ckpt: Checkpoint) -> list[TensorBlob]:
-    replaced = {f"{name}.weight" for name in MIDLAYER_LINEARS}
-    return [blob_from_file(info) for name, info in ckpt.tensors.items() if name not in replaced]
-
-
-def start_writing(
-    folder: Path, ckpt: Checkpoint, recipe: Recipe, max_shard_size: int
-) -> LayoutWriter:
-    """Plan the output with Quark's tensors still pending and copy everything else now."""
-    blobs = passthrough_blobs(ckpt) + predicted_quantized(ckpt, recipe)
-    writer = LayoutWriter(folder, plan_layout(blobs, max_shard_size), check_source=check_finite)
-    writer.start_background()
-    return writer
 
 
 @dataclass

@@ -21,6 +21,7 @@ import os
 import tempfile
 import time
 from collections.abc import Iterable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -151,21 +152,31 @@ def _set_fixed_input_scales(model: torch.nn.Module, scale: float) -> None:
 
 
 def quantize_file_to_file(ckpt: Checkpoint, recipe: Recipe, scratch: Path) -> QuarkResult:
-    """Quark's ``direct_quantize_checkpoint`` on the midlayer linears alone."""
-    timings = {"import_quark": import_quark()}
+    """Quark's ``direct_quantize_checkpoint`` on the midlayer linears alone.
+
+    The midlayer's input folder is written (by the kernel) while Quark is imported.
+    """
+    source, result = scratch / "midlayer-bf16", scratch / "quark-out"
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        staged = pool.submit(_stage_midlayer, ckpt, source)
+        timings = {"import_quark": import_quark()}
+        staged.result()
     from quark.torch import ModelQuantizer
 
     started = time.perf_counter()
-    source, result = scratch / "midlayer-bf16", scratch / "quark-out"
-    source.mkdir()
-    blobs = [blob_from_file(ckpt.tensors[f"{name}.weight"]) for name in MIDLAYER_LINEARS]
-    write_checkpoint_weights(source, blobs, 10**15)
-    write_text(source / "config.json", json.dumps(ckpt.config))
     ModelQuantizer(quark_config(recipe)).direct_quantize_checkpoint(
         str(source), str(result), device="cpu"
     )
     timings["quark_file_to_file"] = round(time.perf_counter() - started, 3)
     return _collect(result, timings)
+
+
+def _stage_midlayer(ckpt: Checkpoint, folder: Path) -> None:
+    """A model folder holding only the midlayer's linear weights (and the config)."""
+    folder.mkdir()
+    blobs = [blob_from_file(ckpt.tensors[f"{name}.weight"]) for name in MIDLAYER_LINEARS]
+    write_checkpoint_weights(folder, blobs, 10**15)
+    write_text(folder / "config.json", json.dumps(ckpt.config))
 
 
 def _collect(folder: Path, timings: dict[str, float]) -> QuarkResult:

@@ -179,14 +179,12 @@ def test_wrong_layout_prediction_is_replanned(
     pair: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """If Quark writes other tensors than predicted, the output is re-planned, not wrong."""
-    from eaglequant.quantize import pipeline
+    from eaglequant.quantize import layout
 
     _export([str(pair["draft"]), str(tmp_path / "planned"), "--recipe", "ptpc-fp8"])
     static = load_recipe("fp8-static")  # predicts per-tensor scales and input scales
-    original = pipeline.predicted_quantized
-    monkeypatch.setattr(
-        pipeline, "predicted_quantized", lambda ckpt, _recipe: original(ckpt, static)
-    )
+    original = layout.predicted_quantized
+    monkeypatch.setattr(layout, "predicted_quantized", lambda ckpt, _recipe: original(ckpt, static))
     _export([str(pair["draft"]), str(tmp_path / "replanned"), "--recipe", "ptpc-fp8"])
     planned, replanned = tree_digest(tmp_path / "planned"), tree_digest(tmp_path / "replanned")
     del planned["eaglequant.json"], replanned["eaglequant.json"]

