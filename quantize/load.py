@@ -16,7 +16,7 @@ import mmap
 
 import torch
 from eaglequant.quantize.draft_model import Eagle3Draft, FileMappings, MidLayer, UpcastLinear
-from eaglequant.quantize.finite import FLOAT_DTYPES, check_finite
+from eaglequant.quantize.finite import FLOAT_DTYPES, check_finite, require_finite
 from transformers import LlamaConfig
 
 from eaglequant.checkpoint import Checkpoint
@@ -86,15 +86,16 @@ def _load(
     info = ckpt.tensors[name]
     if info.dtype not in FLOAT_DTYPES:
         return ckpt.load_tensor(name)
-    unquantized = name.startswith(KEPT_IN_STORED_DTYPE)
-    if check or not unquantized:
-        check_finite(info)
-    if unquantized:
+    if name.startswith(KEPT_IN_STORED_DTYPE):
+        if check:
+            check_finite(info)  # from the file: the mapping's pages stay untouched
         tensor, mapping = map_tensor(info)
         if mappings is not None:
             mappings.append(mapping)
         return tensor
-    return ckpt.load_tensor(name).float()
+    tensor = ckpt.load_tensor(name)
+    require_finite(info, tensor)
+    return tensor.float()
 
 
 def map_tensor(info: TensorInfo) -> tuple[torch.Tensor, mmap.mmap]:
