@@ -36,6 +36,13 @@ def _export(args: list[str]) -> None:
     assert result.exit_code == 0, result.output
 
 
+def _capture(pair: dict[str, Path], out: Path, *args: str) -> None:
+    """``eaglequant capture`` from the session's tiny target on its data into ``out``."""
+    command = ["capture", "--target", str(pair["target"]), "--data", str(pair["data"]), str(out)]
+    result = CliRunner().invoke(main, [*command, *args], catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+
+
 def _calib_args(pair: dict[str, Path]) -> list[str]:
     return [
         "--calib-target",
@@ -87,25 +94,7 @@ def test_capture_then_export_scales_equal_independent_float32_amax(
     from eaglequant.quantize.measure import input_amax
 
     capture = tmp_path / "capture"
-    result = CliRunner().invoke(
-        main,
-        [
-            "capture",
-            "--target",
-            str(pair["target"]),
-            "--data",
-            str(pair["data"]),
-            str(capture),
-            "--draft",
-            str(pair["draft"]),
-            "--samples",
-            "8",
-            "--seq-len",
-            "48",
-        ],
-        catch_exceptions=False,
-    )
-    assert result.exit_code == 0, result.output
+    _capture(pair, capture, "--draft", str(pair["draft"]), "--samples", "8", "--seq-len", "48")
     assert json.loads((capture / "capture.json").read_text())["aux_layer_ids"] == [1, 2, 3]
     out = tmp_path / "fp8"
     _export(
@@ -206,23 +195,7 @@ def test_draft_without_embeddings_calibrates_with_captured_target_embeddings(
 ) -> None:
     draft = no_embed_draft
     capture = tmp_path / "capture"
-    result = CliRunner().invoke(
-        main,
-        [
-            "capture",
-            "--target",
-            str(pair["target"]),
-            "--data",
-            str(pair["data"]),
-            str(capture),
-            "--samples",
-            "6",
-            "--seq-len",
-            "32",
-            "--embeddings",
-        ],
-    )
-    assert result.exit_code == 0, result.output
+    _capture(pair, capture, "--samples", "6", "--seq-len", "32", "--embeddings")
     out = tmp_path / "fp8"
     _export([str(draft), str(out), "--calib-hidden-states", str(capture), "--calib-samples", "4"])
     written = read_checkpoint(out)
