@@ -5,10 +5,35 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
+from typing import Any
 
 import click
 
 PATH = click.Path(path_type=Path)
+
+
+def engine_options(func: Any) -> Any:
+    """``--tensor-parallel-size`` and repeatable ``--engine-arg KEY=VALUE`` (validate, tune)."""
+    func = click.option(
+        "--engine-arg",
+        "engine_args",
+        multiple=True,
+        metavar="KEY=VALUE",
+        help="Any other vllm EngineArgs field, e.g. max_num_seqs=8 (repeatable; JSON values).",
+    )(func)
+    return click.option(
+        "--tensor-parallel-size",
+        type=click.IntRange(min=1),
+        default=1,
+        show_default=True,
+        help="The target's tensor parallelism (the draft runs at 1).",
+    )(func)
+
+
+def parse_engine_args(engine_args: tuple[str, ...]) -> dict[str, Any]:
+    from eaglequant.validate.engine_config import parse_engine_arg
+
+    return dict(parse_engine_arg(text) for text in engine_args)
 
 
 @click.command()
@@ -33,7 +58,27 @@ PATH = click.Path(path_type=Path)
     show_default=True,
     help="Seconds per vLLM engine.",
 )
-@click.option("--max-model-len", type=click.IntRange(min=16), default=1024, show_default=True)
+@click.option(
+    "--max-model-len",
+    type=click.IntRange(min=16),
+    help="Default: 1024 on CPU, vLLM's own on GPU/ROCm.",
+)
+@engine_options
+@click.option(
+    "--lossless",
+    type=click.Choice(["near-tie", "strict"]),
+    default="near-tie",
+    show_default=True,
+    help="strict: outputs must equal the target's exactly; near-tie: a first divergence where "
+    "the target's top two tokens are within --tie-margin passes.",
+)
+@click.option(
+    "--tie-margin",
+    type=click.FloatRange(min=0),
+    default=0.1,
+    show_default=True,
+    help="Logprob gap (nats) under which the target's top two tokens count as tied.",
+)
 @click.option("--json", "json_path", type=PATH, help="Write the JSON report here.")
 @click.option("--markdown", "markdown_path", type=PATH, help="Write the Markdown report here.")
 def validate(
@@ -46,7 +91,11 @@ def validate(
     min_acceptance_ratio: float | None,
     scale_tolerance: float | None,
     engine_timeout: float,
-    max_model_len: int,
+    max_model_len: int | None,
+    tensor_parallel_size: int,
+    engine_args: tuple[str, ...],
+    lossless: str,
+    tie_margin: float,
     json_path: Path | None,
     markdown_path: Path | None,
 ) -> None:
@@ -58,6 +107,7 @@ def validate(
 
     def body() -> int:
         from eaglequant.recipe import ValidationSpec
+        from eaglequant.validate.engine_config import EngineOptions
         from eaglequant.validate.report import markdown_report, print_validation
         from eaglequant.validate.validate import ValidateRequest, read_prompts
         from eaglequant.validate.validate import validate as run
@@ -73,7 +123,13 @@ def validate(
             min_acceptance_ratio=min_acceptance_ratio or defaults.min_acceptance_ratio,
             scale_tolerance=scale_tolerance or defaults.scale_tolerance,
             engine_timeout_s=engine_timeout,
-            max_model_len=max_model_len,
+            engine=EngineOptions(
+                tensor_parallel_size=tensor_parallel_size,
+                engine_args=parse_engine_args(engine_args),
+                max_model_len=max_model_len,
+            ),
+            lossless=lossless,
+            tie_margin=tie_margin,
         )
         report = run(request, progress=lambda m: click.echo(f"[eaglequant] {m}", err=True))
         if json_path:
@@ -120,6 +176,7 @@ def _int_list(text: str, option: str) -> tuple[int, ...]:
     "--num-prompts", type=click.IntRange(min=1), help="Requests per level (default 2x concurrency)."
 )
 @click.option("--serve-arg", "serve_args", multiple=True, help="Passed to vllm serve (repeatable).")
+@engine_options
 @click.option("--max-model-len", type=click.IntRange(min=16), help="Default: ISL + OSL + max k.")
 @click.option("--out", type=PATH, default=Path("tune-results"), show_default=True)
 @click.option("--server-timeout", type=float, default=600.0, show_default=True)
@@ -133,6 +190,8 @@ def tune(
     prompts: Path | None,
     num_prompts: int | None,
     serve_args: tuple[str, ...],
+    tensor_parallel_size: int,
+    engine_args: tuple[str, ...],
     max_model_len: int | None,
     out: Path,
     server_timeout: float,
@@ -141,6 +200,7 @@ def tune(
     from eaglequant.cli import run_reporting_errors
 
     def body() -> None:
+        from eaglequant.validate.engine_config import EngineOptions
         from eaglequant.validate.tune import TuneRequest
         from eaglequant.validate.tune import tune as run
 
@@ -154,6 +214,10 @@ def tune(
             prompts=prompts,
             num_prompts=num_prompts,
             serve_args=tuple(a for arg in serve_args for a in arg.split()),
+            engine=EngineOptions(
+                tensor_parallel_size=tensor_parallel_size,
+                engine_args=parse_engine_args(engine_args),
+            ),
             max_model_len=max_model_len,
             out=out,
             server_timeout_s=server_timeout,

@@ -4,6 +4,11 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -91,3 +96,56 @@ def edit_config(folder: Path, **changes: object) -> None:
         else:
             config[key] = value
     path.write_text(json.dumps(config))
+
+
+@pytest.fixture(scope="session")
+def toy_fp8(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The committed toy draft exported to static FP8, calibrated on the toy target (once)."""
+    from click.testing import CliRunner
+
+    from eaglequant.cli import main
+
+    out = tmp_path_factory.mktemp("toy-export") / "fp8"
+    args = ["export", str(TOY / "draft"), str(out), "--calib-target", str(TOY / "target")]
+    result = CliRunner().invoke(
+        main, [*args, "--calib-data", str(TOY / "calibration.jsonl")], catch_exceptions=False
+    )
+    assert result.exit_code == 0, result.output
+    return out
+
+
+LOG_TAIL = 3000
+
+
+def run_child(args: list[str], timeout: float = 600, **kwargs: object) -> str:
+    """Run a child that may load vLLM kernels; a crash or signal fails the test with its log."""
+    done = subprocess.run(
+        args, capture_output=True, text=True, timeout=timeout, check=False, **kwargs
+    )
+    if done.returncode != 0:
+        cause = f"exit code {done.returncode}"
+        if done.returncode < 0:
+            cause = f"killed by {signal.Signals(-done.returncode).name}"
+        pytest.fail(
+            f"child {args[:3]} {cause}; log tail:\n{(done.stdout + done.stderr)[-LOG_TAIL:]}"
+        )
+    return done.stdout
+
+
+def vllm_libraries_mapped() -> list[str]:
+    maps = Path(f"/proc/{os.getpid()}/maps")
+    if not maps.exists():
+        return []
+    lines = maps.read_text().splitlines()
+    return sorted({line.rsplit("/", 1)[-1] for line in lines if "/vllm/_" in line})
+
+
+@pytest.fixture(scope="session", autouse=True)
+def no_vllm_kernels_in_the_test_process() -> Iterator[None]:
+    """vLLM kernel libraries load only in children: one ISA's crash must not kill the suite."""
+    yield
+    loaded = vllm_libraries_mapped()
+    assert not loaded, f"the pytest process loaded vLLM kernel libraries {loaded}; use run_child"
+
+
+PYTHON = sys.executable

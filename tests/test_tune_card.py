@@ -20,14 +20,19 @@ PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 def test_max_model_len_headroom_is_checked_before_serving(tmp_path: Path) -> None:
     request = TuneRequest(
-        TOY / "target", TOY / "draft", ks=(4, 6, 8), isl=1024, osl=1024, max_model_len=2048
+        target=TOY / "target",
+        draft=TOY / "draft",
+        ks=(4, 6, 8),
+        isl=1024,
+        osl=1024,
+        max_model_len=2048,
     )
     with pytest.raises(
         InputError, match=r"--max-model-len 2048 is too small .* set --max-model-len 2056"
     ):
         check_request(request)
     passthrough = TuneRequest(
-        TOY / "target", TOY / "draft", ks=(6,), serve_args=("--max-model-len", "2304")
+        target=TOY / "target", draft=TOY / "draft", ks=(6,), serve_args=("--max-model-len", "2304")
     )
     assert check_request(passthrough) == 2304
     result = CliRunner().invoke(
@@ -43,6 +48,17 @@ def test_max_model_len_headroom_is_checked_before_serving(tmp_path: Path) -> Non
         ],
     )
     assert result.exit_code == 2 and "is too small" in result.output
+
+
+def test_unknown_engine_arg_is_refused_before_any_server_starts() -> None:
+    args = ["tune", "--target", str(TOY / "target"), "--draft", str(TOY / "draft")]
+    result = CliRunner().invoke(main, [*args, "--engine-arg", "gpu_memory_util=0.9"])
+    assert result.exit_code == 2
+    assert result.output.splitlines()[-1] == (
+        "error: engine argument 'gpu_memory_util' is not a vLLM EngineArgs field; "
+        "did you mean 'gpu_memory_utilization'?"
+    )
+    assert not _servers_running()
 
 
 def _servers_running() -> list[str]:
@@ -86,6 +102,10 @@ def tune_out(tmp_path_factory: pytest.TempPathFactory) -> Path:
             "8",
             "--serve-arg",
             "--enforce-eager",
+            "--tensor-parallel-size",
+            "1",
+            "--engine-arg",
+            "max_num_seqs=8",
             "--out",
             str(out),
         ],
@@ -108,6 +128,11 @@ def test_tune_runs_servers_and_writes_results(tune_out: Path) -> None:
             assert row["speedup"] > 0
     assert set(summary["recommended_k"]) == {"1", "4"}
     assert '"method": "eagle3"' in summary["serve_command"]
+    assert (
+        "--tensor-parallel-size 1 --max-model-len 91 --max-num-seqs 8 --enforce-eager"
+        in (summary["serve_command"])
+    )
+    assert summary["tensor_parallel_size"] == 1 and summary["engine_args"] == {"max_num_seqs": 8}
     for name in ("throughput.png", "speedup.png", "acceptance.png"):
         assert (tune_out / name).read_bytes()[:8] == PNG_MAGIC
     assert not _servers_running()

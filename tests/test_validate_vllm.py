@@ -31,34 +31,22 @@ MAX_TOKENS = 32
 
 
 @pytest.fixture(scope="module")
-def good_fp8(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    out = tmp_path_factory.mktemp("export") / "fp8"
-    result = CliRunner().invoke(
-        main,
-        [
-            "export",
-            str(TOY / "draft"),
-            str(out),
-            "--calib-target",
-            str(TOY / "target"),
-            "--calib-data",
-            str(TOY / "calibration.jsonl"),
-        ],
-        catch_exceptions=False,
-    )
-    assert result.exit_code == 0, result.output
-    return out
+def good_fp8(toy_fp8: Path) -> Path:
+    return toy_fp8
 
 
-def _request(draft: Path) -> ValidateRequest:
-    return ValidateRequest(
-        target=TOY / "target",
-        draft=draft,
-        baseline=TOY / "draft",
-        prompts=read_prompts(TOY / "prompts.jsonl")[:PROMPTS],
-        max_tokens=MAX_TOKENS,
-        engine_timeout_s=300,
-    )
+def _request(draft: Path, **changes: Any) -> ValidateRequest:
+    """The toy pair's request; CPU outputs are exactly reproducible, so lossless is strict."""
+    settings: dict[str, Any] = {
+        "target": TOY / "target",
+        "draft": draft,
+        "baseline": TOY / "draft",
+        "prompts": read_prompts(TOY / "prompts.jsonl")[:PROMPTS],
+        "max_tokens": MAX_TOKENS,
+        "engine_timeout_s": 300,
+        "lossless": "strict",
+    }
+    return ValidateRequest(**(settings | changes))
 
 
 @pytest.fixture(scope="module")
@@ -86,7 +74,10 @@ def test_good_fp8_draft_passes(good_fp8: Path, shared_engines: dict, tmp_path: P
     bf16 = report.engines["bf16"]["acceptance"]["mean_length"]
     fp8 = report.engines["fp8"]["acceptance"]["mean_length"]
     assert bf16 > 1.8 and fp8 >= 0.98 * bf16
-    assert report.plugin_active and report.backend == "cpu"
+    if report.backend == "cpu":
+        assert report.plugin_active
+    for engine in report.engines.values():
+        assert engine["engine_config"]["llm"]["tensor_parallel_size"] == 1
     report_path = tmp_path / "validation.json"
     report_path.write_text(json.dumps(report.to_json()))
     card = CliRunner().invoke(
@@ -157,9 +148,7 @@ def test_random_weight_draft_has_acceptance_near_one(tmp_path: Path) -> None:
 
 
 def test_engine_timeout_is_a_failed_check_with_log(good_fp8: Path, shared_engines: dict) -> None:
-    request = _request(good_fp8)
-    request = ValidateRequest(**{**request.__dict__, "engine_timeout_s": 3})
-    report = validate(request, reuse=shared_engines)
+    report = validate(_request(good_fp8, engine_timeout_s=3), reuse=shared_engines)
     engines = next(c for c in report.checks if c.name == "engines")
     assert not engines.passed and "timed out" in engines.detail
     assert report.engines["fp8"]["timed_out"]
@@ -171,6 +160,32 @@ def test_engine_crash_is_a_failed_check_with_log_tail(
     monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "100000")  # more KV cache than the machine has
     report = validate(_request(good_fp8), reuse=shared_engines)
     engines = next(c for c in report.checks if c.name == "engines")
-    assert not engines.passed and "['fp8'] failed" in engines.detail
+    assert not engines.passed and "['fp8'] failed or timed out (fp8: exit code" in engines.detail
     assert report.engines["fp8"]["returncode"] != 0 and not report.engines["fp8"]["timed_out"]
     assert report.engines["fp8"]["log_tail"].strip()
+
+
+def test_cli_passes_parallelism_and_engine_args_to_every_engine(
+    good_fp8: Path, tmp_path: Path
+) -> None:
+    report_path = tmp_path / "report.json"
+    args = ["validate", "--target", str(TOY / "target"), "--draft", str(good_fp8)]
+    args += ["--baseline", str(TOY / "draft"), "--prompts", str(TOY / "prompts.jsonl")]
+    args += ["--max-tokens", "16", "--tensor-parallel-size", "1", "--lossless", "strict"]
+    args += ["--engine-arg", "max_num_seqs=8", "--json", str(report_path)]
+    result = CliRunner().invoke(main, args)
+    assert result.exit_code == 0, result.output
+    report = json.loads(report_path.read_text())
+    for role in ("target", "bf16", "fp8"):
+        llm = report["engines"][role]["engine_config"]["llm"]
+        assert llm["tensor_parallel_size"] == 1 and llm["max_num_seqs"] == 8, (role, llm)
+        if report["backend"] == "cpu":
+            assert llm["enforce_eager"] is True and llm["max_model_len"] == 1024
+    spec = {"model": str(good_fp8), "method": "eagle3", "num_speculative_tokens": 3}
+    spec_json = json.dumps(spec | {"draft_tensor_parallel_size": 1})
+    cpu_only = "--enforce-eager --max-model-len 1024 " if report["backend"] == "cpu" else ""
+    assert report["serve_command"] == (
+        f"vllm serve {TOY / 'target'} {cpu_only}--speculative-config '{spec_json}' "
+        "--tensor-parallel-size 1 --max-num-seqs 8"
+    )
+    assert f"equivalent serve line: {report['serve_command']}" in result.output.replace("\n", "")

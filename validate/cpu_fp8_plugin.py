@@ -18,9 +18,10 @@ ROCm it does nothing.
 
 from __future__ import annotations
 
-import contextlib
 import os
 from typing import Any
+
+from eaglequant.recipe import FP8_E4M3_MAX
 
 ACTIVE_ENV = "EAGLEQUANT_CPU_FP8_PLUGIN_ACTIVE"
 STUB_OPS = (
@@ -28,8 +29,7 @@ STUB_OPS = (
     "dynamic_scaled_fp8_quant",
     "dynamic_per_token_scaled_fp8_quant",
 )
-FP8_MAX = 448.0
-MIN_SCALE = 1.0 / (FP8_MAX * 512.0)
+MIN_SCALE = 1.0 / (FP8_E4M3_MAX * 512.0)
 
 
 def register() -> None:
@@ -49,11 +49,17 @@ def register() -> None:
 
 
 def fp8_ops_are_stubs() -> bool:
-    """True when the compiled FP8 quant ops exist but take no arguments (or are missing)."""
-    import torch
+    """True when the FP8 quant ops of the kernel library vLLM loaded take no arguments (or lack).
 
-    with contextlib.suppress(ImportError):
-        import vllm._C  # noqa: F401
+    vLLM's CPU platform loads exactly one of ``_C_AVX2``, ``_C_AVX512`` or ``_C``
+    (by the CPU's ISA) and each registers the ``_C`` op namespace: loading a
+    second one aborts the process, and ``_C`` is SIGILL on a CPU without
+    AVX-512 BF16. So this asks vLLM to load its kernels and only reads the ops.
+    """
+    import torch
+    from vllm.platforms import current_platform
+
+    current_platform.import_kernels()
     namespace = torch.ops._C
     for name in STUB_OPS:
         try:
@@ -84,13 +90,13 @@ def torch_scaled_fp8_quant(
             amax = x.abs().amax(dim=1, keepdim=True)
             if scale_ub is not None:
                 amax = amax.clamp(max=scale_ub.float())
-            scale = (amax / FP8_MAX).clamp(min=MIN_SCALE)
+            scale = (amax / FP8_E4M3_MAX).clamp(min=MIN_SCALE)
         else:
-            scale = (x.abs().amax() / FP8_MAX).clamp(min=MIN_SCALE).reshape(1)
+            scale = (x.abs().amax() / FP8_E4M3_MAX).clamp(min=MIN_SCALE).reshape(1)
         broadcast = scale
     else:
         broadcast = _broadcast_scale(scale.float(), x.shape, group_shape)
-    quantized = (x / broadcast).clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn)
+    quantized = (x / broadcast).clamp(-FP8_E4M3_MAX, FP8_E4M3_MAX).to(torch.float8_e4m3fn)
     if num_token_padding and num_token_padding > quantized.shape[0]:
         pad = quantized.new_zeros((num_token_padding - quantized.shape[0], quantized.shape[1]))
         quantized = torch.cat([quantized, pad])

@@ -2,11 +2,16 @@
 
 Run as ``python -m eaglequant.validate.engine_run SPEC OUT``.
 
-SPEC is a JSON file: target, optional draft and k, prompts, max_tokens,
-max_model_len. The process starts an offline ``vllm.LLM`` (greedy,
-``enforce_eager``), generates, and writes OUT with the token ids, the
-spec-decode counters from ``LLM.get_metrics()``, how vLLM built each draft
-layer (collected on the worker through ``collective_rpc``), and timings.
+SPEC is a JSON file: ``llm`` (the ``vllm.LLM`` keyword arguments from
+``engine_config.llm_kwargs``), prompts, max_tokens and the number of top
+logprobs to record (None for none). The process applies the platform's
+defaults (CPU only: eager mode, KV cache space, thread binding), starts an
+offline ``vllm.LLM`` (greedy), generates, and writes OUT with the token ids
+(and top logprobs), the spec-decode counters from ``LLM.get_metrics()``, how
+vLLM built each draft layer (asked of the workers through a worker
+extension), which vLLM kernel library the process loaded, the exact engine
+configuration, and timings. vLLM loads its own kernels: nothing here imports a
+compiled extension.
 """
 
 from __future__ import annotations
@@ -15,6 +20,7 @@ import json
 import os
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
 SPEC_METRICS = {
@@ -74,60 +80,100 @@ def _metrics(llm: Any) -> dict[str, Any]:
     return found
 
 
-def run(spec: dict[str, Any]) -> dict[str, Any]:
-    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
-    started = time.perf_counter()
-    from vllm import LLM, SamplingParams
+class DraftInspector:
+    """Worker extension (``worker_extension_cls``): what the tool asks every worker by name.
 
-    speculative = None
-    if spec.get("draft"):
-        speculative = {
-            "model": spec["draft"],
-            "method": "eagle3",
-            "num_speculative_tokens": spec["k"],
-        }
+    Methods are called with ``collective_rpc("eaglequant_…")``, so no callable is
+    pickled to worker processes (tensor parallelism, a separate engine core).
+    """
+
+    def eaglequant_draft_layers(self) -> list[dict[str, Any]]:
+        return draft_layers(self)
+
+    def eaglequant_plugin_active(self) -> bool:
+        from eaglequant.validate.cpu_fp8_plugin import ACTIVE_ENV
+
+        return os.environ.get(ACTIVE_ENV) == "1"
+
+
+def run(spec: dict[str, Any]) -> dict[str, Any]:
+    started = time.perf_counter()
+    from eaglequant.validate.engine_config import (
+        platform_defaults,
+        platform_env,
+        serve_line,
+        usable_cores,
+        worker_count,
+    )
+    from vllm import LLM, SamplingParams
+    from vllm.platforms import current_platform
+
+    on_cpu = current_platform.is_cpu()
+    kwargs = platform_defaults(spec["llm"], on_cpu)
+    os.environ.update(platform_env(os.environ, on_cpu, worker_count(kwargs), usable_cores()))
+    env = {k: v for k, v in os.environ.items() if k.startswith(ENV_PREFIXES)}
     llm = LLM(
-        model=spec["target"],
-        speculative_config=speculative,
-        enforce_eager=True,
-        max_model_len=spec["max_model_len"],
-        seed=0,
+        **kwargs,
         disable_log_stats=False,
-        trust_remote_code=bool(spec.get("trust_remote_code", False)),
+        worker_extension_cls="eaglequant.validate.engine_run.DraftInspector",
     )
     loaded = time.perf_counter()
-    params = SamplingParams(temperature=0.0, max_tokens=spec["max_tokens"], ignore_eos=True)
+    params = SamplingParams(
+        temperature=0.0,
+        max_tokens=spec["max_tokens"],
+        ignore_eos=True,
+        logprobs=spec.get("logprobs"),
+    )
     outputs = llm.generate(spec["prompts"], params, use_tqdm=False)
     generated = time.perf_counter()
-    layers = llm.llm_engine.collective_rpc(draft_layers)[0] if speculative else []
-    from eaglequant.validate.cpu_fp8_plugin import ACTIVE_ENV
-
+    speculative = kwargs.get("speculative_config") is not None
     return {
         "token_ids": [list(o.outputs[0].token_ids) for o in outputs],
+        "top_logprobs": [_top_logprobs(o.outputs[0].logprobs) for o in outputs],
         "texts": [o.outputs[0].text for o in outputs],
         "metrics": _metrics(llm),
-        "draft_layers": layers,
-        "platform": _platform(),
-        "plugin_active": os.environ.get(ACTIVE_ENV) == "1" or _plugin_active_in_worker(llm),
+        "draft_layers": llm.collective_rpc("eaglequant_draft_layers")[0] if speculative else [],
+        "platform": str(current_platform.device_type or "unknown"),
+        "kernels": loaded_kernel_libraries(),
+        "plugin_active": bool(llm.collective_rpc("eaglequant_plugin_active")[0]),
+        "engine_config": {
+            "llm": kwargs,
+            "env": env,
+            "vllm": _vllm_version(),
+            "serve_line": serve_line(kwargs),
+        },
         "load_s": round(loaded - started, 2),
         "generate_s": round(generated - loaded, 2),
     }
 
 
-def plugin_state(_worker: Any) -> bool:
-    from eaglequant.validate.cpu_fp8_plugin import ACTIVE_ENV
-
-    return os.environ.get(ACTIVE_ENV) == "1"
+ENV_PREFIXES = ("VLLM_", "CUDA_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES")
 
 
-def _plugin_active_in_worker(llm: Any) -> bool:
-    return bool(llm.llm_engine.collective_rpc(plugin_state)[0])
+def _top_logprobs(per_position: Any) -> list[list[list[float]]] | None:
+    """Per generated position: ``[[token, logprob], …]`` by rank (None when not requested)."""
+    if per_position is None:
+        return None
+    return [
+        [[int(t), float(lp.logprob)] for t, lp in sorted(pos.items(), key=lambda i: i[1].rank)]
+        for pos in per_position
+    ]
 
 
-def _platform() -> str:
-    from vllm.platforms import current_platform
+def loaded_kernel_libraries() -> list[str]:
+    """vLLM's compiled extension files this process has mapped (which CPU ISA build, e.g.)."""
+    try:
+        maps = Path("/proc/self/maps").read_text(encoding="utf-8")
+    except OSError:
+        return []
+    names = {line.rsplit("/", 1)[-1] for line in maps.splitlines() if "/vllm/_" in line}
+    return sorted(n for n in names if n.endswith(".so"))
 
-    return str(current_platform.device_type or "unknown")
+
+def _vllm_version() -> str:
+    import vllm
+
+    return str(getattr(vllm, "__version__", "unknown"))
 
 
 def main() -> None:

@@ -44,6 +44,8 @@ def print_validation(report: ValidationReport) -> None:
     console.print(
         "[green]all checks passed[/green]" if report.passed else "[red]validation FAILED[/red]"
     )
+    if report.serve_command:
+        console.print(f"equivalent serve line: {report.serve_command}", soft_wrap=True)
 
 
 def markdown_report(report: ValidationReport) -> str:
@@ -52,10 +54,11 @@ def markdown_report(report: ValidationReport) -> str:
         "",
         f"Target `{report.target}`, FP8 draft `{report.draft}`, BF16 baseline `{report.baseline}`; "
         f"`num_speculative_tokens={report.k}`, {report.prompts} prompts x {report.max_tokens} "
-        f"tokens, greedy, `enforce_eager`; backend {report.backend}"
+        f"tokens, greedy{_mode(report)}; backend {report.backend}"
         + (", CPU FP8 plugin active" if report.plugin_active else "")
         + ".",
         "",
+        *([f"Equivalent serve line: `{report.serve_command}`", ""] if report.serve_command else []),
         "| draft | mean acceptance length | acceptance by position | engine |",
         "|---|---|---|---|",
     ]
@@ -66,3 +69,8 @@ def markdown_report(report: ValidationReport) -> str:
         lines.append(f"| {check.name} | {'PASS' if check.passed else 'FAIL'} | {detail} |")
     lines += ["", f"**{'All checks passed' if report.passed else 'Validation FAILED'}.**", ""]
     return "\n".join(lines)
+
+
+def _mode(report: ValidationReport) -> str:
+    llm = report.engines.get("fp8", {}).get("engine_config", {}).get("llm", {})
+    return ", `enforce_eager`" if llm.get("enforce_eager") else ""

@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shlex
 import signal
 import socket
 import subprocess
@@ -27,6 +28,16 @@ from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
+
+from eaglequant.validate.engine_config import (
+    EngineOptions,
+    check_engine_args,
+    platform_env,
+    probe_vllm,
+    serve_flags,
+    speculative_config,
+    usable_cores,
+)
 
 from eaglequant.checkpoint import read_config
 from eaglequant.errors import CheckFailed, InputError
@@ -41,7 +52,7 @@ BENCH_SCRIPT = (
 )
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class TuneRequest:
     target: Path
     draft: Path
@@ -52,6 +63,7 @@ class TuneRequest:
     prompts: Path | None = None
     num_prompts: int | None = None
     serve_args: tuple[str, ...] = ()
+    engine: EngineOptions = field(default_factory=EngineOptions)
     max_model_len: int | None = None
     out: Path = Path("tune-results")
     server_timeout_s: float = 600.0
@@ -91,6 +103,7 @@ def check_request(request: TuneRequest) -> int:
         raise InputError(f"{request.draft}: not an EAGLE-3 draft (architectures {architectures})")
     if request.prompts is not None and not request.prompts.is_file():
         raise InputError(f"{request.prompts}: no such prompts file")
+    check_engine_args(request.engine.engine_args, probe_vllm(sys.executable).engine_args)
     needed = request.isl + request.osl + max(request.ks)
     max_len = _max_model_len(request)
     if max_len is not None and max_len < needed:
@@ -120,28 +133,25 @@ def serve_command(request: TuneRequest, k: int, port: int, max_len: int) -> list
         "--port",
         str(port),
     ]
+    return cmd + engine_flags(request, k, max_len)
+
+
+def engine_flags(request: TuneRequest, k: int, max_len: int) -> list[str]:
+    """Everything after the model and address: parallelism, engine and serve arguments, spec."""
+    flags = ["--tensor-parallel-size", str(request.engine.tensor_parallel_size)]
     if _max_model_len(request) is None:
-        cmd += ["--max-model-len", str(max_len)]
-    cmd += list(request.serve_args)
+        flags += ["--max-model-len", str(max_len)]
+    flags += serve_flags(request.engine.engine_args) + list(request.serve_args)
     if k:
-        cmd += ["--speculative-config", json.dumps(speculative_config(request.draft, k))]
-    return cmd
-
-
-def speculative_config(draft: Path | str, k: int) -> dict[str, Any]:
-    return {
-        "model": str(draft),
-        "method": "eagle3",
-        "num_speculative_tokens": k,
-        "draft_tensor_parallel_size": 1,
-    }
+        flags += ["--speculative-config", json.dumps(speculative_config(str(request.draft), k))]
+    return flags
 
 
 @contextlib.contextmanager
-def running_server(cmd: list[str], port: int, log_path: Path, timeout: float) -> Iterator[None]:
+def running_server(
+    cmd: list[str], port: int, log_path: Path, timeout: float, env: dict[str, str]
+) -> Iterator[None]:
     """Start a server in its own process group; stop the whole group on exit, whatever happens."""
-    env = dict(os.environ)
-    env.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
     with log_path.open("wb") as log:
         process = subprocess.Popen(
             cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True
@@ -275,6 +285,9 @@ def to_result(k: int, concurrency: int, raw: dict[str, Any]) -> TuneResult:
 def tune(request: TuneRequest, progress: Any = lambda _m: None) -> dict[str, Any]:
     """Run the sweep and write results.json, results.md and the plots into ``request.out``."""
     max_len = check_request(request)
+    on_cpu = probe_vllm(sys.executable).device_type == "cpu"
+    workers = request.engine.tensor_parallel_size
+    env = dict(os.environ) | platform_env(os.environ, on_cpu, workers, usable_cores())
     request.out.mkdir(parents=True, exist_ok=True)
     results: list[TuneResult] = []
     with tempfile.TemporaryDirectory(prefix="eaglequant-tune-") as scratch:
@@ -284,7 +297,7 @@ def tune(request: TuneRequest, progress: Any = lambda _m: None) -> dict[str, Any
             log_path = request.out / f"serve-{'baseline' if k == 0 else f'k{k}'}.log"
             progress(f"vllm serve {label} on port {port} ...")
             cmd = serve_command(request, k, port, max_len)
-            with running_server(cmd, port, log_path, request.server_timeout_s):
+            with running_server(cmd, port, log_path, request.server_timeout_s, env):
                 for concurrency in request.concurrencies:
                     name = f"k{k}-c{concurrency}.json"
                     raw = run_bench(
@@ -318,10 +331,8 @@ def summarize(request: TuneRequest, results: list[TuneResult], max_len: int) -> 
         )
         rows.append(row)
     overall = max(set(best.values()), key=list(best.values()).count) if best else request.ks[0]
-    serve_line = " ".join(
-        ["vllm serve", str(request.target), *request.serve_args]
-        + ([] if _max_model_len(request) else ["--max-model-len", str(max_len)])
-        + ["--speculative-config", f"'{json.dumps(speculative_config(request.draft, overall))}'"]
+    serve_line = shlex.join(
+        ["vllm", "serve", str(request.target), *engine_flags(request, overall, max_len)]
     )
     return {
         "target": str(request.target),
@@ -332,6 +343,8 @@ def summarize(request: TuneRequest, results: list[TuneResult], max_len: int) -> 
         "osl": request.osl,
         "prompts": str(request.prompts) if request.prompts else None,
         "max_model_len": max_len,
+        "tensor_parallel_size": request.engine.tensor_parallel_size,
+        "engine_args": dict(request.engine.engine_args),
         "results": rows,
         "recommended_k": {str(c): k for c, k in best.items()},
         "recommended_overall_k": overall,

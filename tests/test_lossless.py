@@ -1,0 +1,87 @@
+"""Check 1's near-tie rule on recorded outputs: identical, tie flip, wide-margin flip, strict."""
+
+from __future__ import annotations
+
+import pytest
+from eaglequant.validate.lossless import first_difference, lossless_check
+
+TARGET = [[5, 6, 7, 8], [1, 2, 3, 4]]
+# top-2 logprobs of the target run per prompt and position: [[token, logprob], [token, logprob]]
+TOP = [
+    [
+        [[5, -0.1], [9, -3.0]],
+        [[6, -0.70], [11, -0.72]],
+        [[7, -0.2], [3, -2.0]],
+        [[8, -0.1], [0, -4]],
+    ],
+    [[[1, -0.1], [2, -5.0]], [[2, -0.3], [12, -1.9]], [[3, -0.4], [1, -1.5]], [[4, -0.2], [0, -3]]],
+]
+
+
+def _check(bf16: list[list[int]], fp8: list[list[int]], mode: str = "near-tie", top=TOP):
+    return lossless_check(TARGET, top, {"bf16": bf16, "fp8": fp8}, mode=mode, tie_margin=0.1)
+
+
+def test_identical_outputs_pass_with_no_divergence() -> None:
+    check = _check(TARGET, TARGET)
+    assert check.passed and check.numbers["divergences"] == []
+    assert check.detail == "greedy outputs of target + each draft equal the target alone"
+
+
+def test_divergence_at_a_near_tie_passes_and_is_reported() -> None:
+    flipped = [[5, 11, 0, 0], TARGET[1]]  # position 1: the target's second token, gap 0.02
+    check = _check(TARGET, flipped)
+    assert check.passed
+    [divergence] = check.numbers["divergences"]
+    assert divergence == {
+        "draft": "fp8",
+        "prompt": 0,
+        "position": 1,
+        "target_token": 6,
+        "draft_token": 11,
+        "margin": pytest.approx(0.02),
+        "verdict": "tie",
+    }
+    assert check.detail == (
+        "equal to the target alone except 1 near-tie flip(s): "
+        "fp8 prompt 0 at token 1 (6 -> 11, margin 0.02, tie)"
+    )
+
+
+def test_divergence_at_a_wide_margin_fails() -> None:
+    flipped = [TARGET[0], [1, 12, 3, 4]]  # position 1 of prompt 1: gap 1.6 nats
+    check = _check(flipped, TARGET)
+    assert not check.passed
+    assert check.detail == (
+        "1 run(s) diverge from the target alone (near-tie): "
+        "bf16 prompt 1 at token 1 (2 -> 12, margin 1.6, fail)"
+    )
+
+
+def test_divergence_to_a_token_outside_the_top_two_fails_even_at_a_tie() -> None:
+    check = _check(TARGET, [[5, 99, 0, 0], TARGET[1]])
+    assert not check.passed and check.numbers["divergences"][0]["verdict"] == "fail"
+
+
+def test_strict_mode_fails_a_near_tie_flip() -> None:
+    check = _check(TARGET, [[5, 11, 0, 0], TARGET[1]], mode="strict")
+    assert not check.passed
+    assert check.numbers["divergences"][0]["margin"] == pytest.approx(0.02)
+
+
+def test_without_logprobs_a_divergence_cannot_be_a_tie() -> None:
+    check = _check(TARGET, [[5, 11, 0, 0], TARGET[1]], top=None)
+    assert not check.passed and "no logprobs" in check.detail
+
+
+def test_a_missing_prompt_output_fails() -> None:
+    check = _check(TARGET, TARGET[:1])
+    assert not check.passed and check.detail.endswith("fp8: a different number of outputs")
+
+
+@pytest.mark.parametrize(
+    ("a", "b", "expected"),
+    [([1, 2], [1, 2], None), ([1, 2], [1, 3], 1), ([1, 2], [1], 1), ([], [], None)],
+)
+def test_first_difference(a: list[int], b: list[int], expected: int | None) -> None:
+    assert first_difference(a, b) == expected

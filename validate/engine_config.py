@@ -1,0 +1,206 @@
+"""How the tool configures vLLM: parallelism, the user's engine arguments, platform defaults.
+
+One home for what validate, tune (and capture) hand to vLLM, so the three run
+the engine the same way and report exactly how it ran:
+
+- ``EngineOptions``: the target's ``tensor_parallel_size`` and any other
+  ``vllm.EngineArgs`` field the user passes (``--engine-arg KEY=VALUE``),
+  checked against vLLM's own ``EngineArgs`` before any engine starts;
+- ``speculative_config``: the EAGLE-3 dict (the draft at TP 1, as the
+  reference serve line runs it);
+- ``platform_defaults``: what only the CPU platform needs (``enforce_eager``,
+  ``VLLM_CPU_KVCACHE_SPACE``, a short ``max_model_len``, one core range per
+  worker in ``VLLM_CPU_OMP_THREADS_BIND``); on GPU/ROCm vLLM's own defaults
+  (graph capture included) stay unless the user asks otherwise;
+- ``serve_line``: the equivalent ``vllm serve`` command for a report.
+
+Nothing here imports vLLM: ``probe_vllm`` asks a child process for the
+platform, the version and the ``EngineArgs`` fields.
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+import os
+import shlex
+import subprocess
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from eaglequant.errors import InputError
+
+DRAFT_TENSOR_PARALLEL_SIZE = 1
+CPU_KVCACHE_SPACE_GIB = "1"
+CPU_MAX_MODEL_LEN = 1024
+# Set by the tool itself from its own options or inputs; the message names what to use instead.
+RESERVED_ARGS = {
+    "model": "the target folder",
+    "tokenizer": "the target folder",
+    "speculative_config": "the draft and k",
+    "tensor_parallel_size": "the tensor parallel size option",
+    "max_model_len": "the max model length option",
+    "worker_extension_cls": "nothing: the tool inspects the draft through it",
+}
+
+
+@dataclass(frozen=True, kw_only=True)
+class EngineOptions:
+    """The target's parallelism and extra ``EngineArgs`` fields, as the user gave them."""
+
+    tensor_parallel_size: int = 1
+    engine_args: Mapping[str, Any] = field(default_factory=dict)
+    max_model_len: int | None = None
+
+
+def parse_engine_arg(text: str) -> tuple[str, Any]:
+    """``KEY=VALUE`` -> (``key``, value); the value is JSON where it parses, else a string."""
+    key, sep, raw = text.partition("=")
+    key = key.strip().replace("-", "_")
+    if not sep or not key:
+        raise InputError(f"engine argument {text!r}: write it as KEY=VALUE, e.g. max_num_seqs=8")
+    try:
+        value = json.loads(raw)
+    except json.JSONDecodeError:
+        value = raw
+    return key, value
+
+
+def check_engine_args(args: Mapping[str, Any], known: set[str]) -> None:
+    """Refuse keys vLLM's ``EngineArgs`` (``known``) lacks, or that the tool sets itself."""
+    for key in args:
+        if key in RESERVED_ARGS:
+            raise InputError(
+                f"engine argument {key!r} is set by eaglequant; use {RESERVED_ARGS[key]} instead"
+            )
+    unknown = sorted(set(args) - known)
+    if unknown:
+        close = difflib.get_close_matches(unknown[0], known, n=1)
+        hint = f"did you mean {close[0]!r}?" if close else "see vLLM's EngineArgs for valid keys"
+        raise InputError(f"engine argument {unknown[0]!r} is not a vLLM EngineArgs field; {hint}")
+
+
+@dataclass(frozen=True)
+class VllmInstall:
+    """What a child process learns of the installed vLLM without starting an engine."""
+
+    device_type: str
+    version: str
+    engine_args: frozenset[str]
+
+
+PROBE = """
+import dataclasses, json
+from vllm import __version__
+from vllm.engine.arg_utils import EngineArgs
+from vllm.platforms import current_platform
+fields = [f.name for f in dataclasses.fields(EngineArgs)]
+print(json.dumps([current_platform.device_type, __version__, fields]))
+"""
+
+
+def probe_vllm(python: str) -> VllmInstall:
+    """vLLM's platform, version and ``EngineArgs`` fields, asked of a child process.
+
+    A child, so this process never loads vLLM (nor, through it, a kernel library).
+    """
+    env = dict(os.environ, VLLM_LOGGING_LEVEL="ERROR")
+    done = subprocess.run(
+        [python, "-c", PROBE], capture_output=True, text=True, timeout=600, env=env, check=False
+    )
+    lines = done.stdout.strip().splitlines()
+    if done.returncode != 0 or not lines:
+        tail = done.stderr.strip().splitlines()[-1:] or [f"exit code {done.returncode}"]
+        raise InputError(f"vLLM cannot be imported here ({tail[0]}); install eaglequant[vllm]")
+    device_type, version, fields = json.loads(lines[-1])
+    return VllmInstall(str(device_type), str(version), frozenset(fields))
+
+
+def speculative_config(draft: str, k: int) -> dict[str, Any]:
+    """The EAGLE-3 speculative config every vLLM run of the tool uses."""
+    return {
+        "model": draft,
+        "method": "eagle3",
+        "num_speculative_tokens": k,
+        "draft_tensor_parallel_size": DRAFT_TENSOR_PARALLEL_SIZE,
+    }
+
+
+def llm_kwargs(options: EngineOptions, target: str, speculative: dict[str, Any] | None) -> dict:
+    """Keyword arguments for ``vllm.LLM``, before platform defaults."""
+    kwargs: dict[str, Any] = {
+        "model": target,
+        "speculative_config": speculative,
+        "tensor_parallel_size": options.tensor_parallel_size,
+        "seed": 0,
+    }
+    if options.max_model_len is not None:
+        kwargs["max_model_len"] = options.max_model_len
+    return kwargs | dict(options.engine_args)
+
+
+def platform_defaults(kwargs: dict[str, Any], on_cpu: bool) -> dict[str, Any]:
+    """``vllm.LLM`` arguments with the CPU platform's defaults; unchanged elsewhere."""
+    if not on_cpu:
+        return dict(kwargs)
+    return {"enforce_eager": True, "max_model_len": CPU_MAX_MODEL_LEN} | kwargs
+
+
+def platform_env(
+    env: Mapping[str, str], on_cpu: bool, workers: int, cores: list[int]
+) -> dict[str, str]:
+    """Environment variables to add for the CPU platform (none elsewhere, none the user set)."""
+    if not on_cpu:
+        return {}
+    added = {"VLLM_CPU_KVCACHE_SPACE": CPU_KVCACHE_SPACE_GIB}
+    if workers > 1 and "VLLM_CPU_OMP_THREADS_BIND" not in env:
+        added["VLLM_CPU_OMP_THREADS_BIND"] = cpu_thread_binding(cores, workers)
+    return {k: v for k, v in added.items() if k not in env}
+
+
+def worker_count(kwargs: Mapping[str, Any]) -> int:
+    """Worker processes vLLM starts for these arguments (tensor x pipeline parallel)."""
+    return int(kwargs.get("tensor_parallel_size") or 1) * int(
+        kwargs.get("pipeline_parallel_size") or 1
+    )
+
+
+def cpu_thread_binding(cores: list[int], workers: int) -> str:
+    """``VLLM_CPU_OMP_THREADS_BIND``: the usable cores split into one range per worker."""
+    if len(cores) < workers:
+        raise InputError(
+            f"{workers} CPU workers need at least {workers} cores, this process may use "
+            f"{len(cores)}; lower the parallelism or set VLLM_CPU_OMP_THREADS_BIND yourself"
+        )
+    per = len(cores) // workers
+    groups = [cores[i * per : (i + 1) * per] for i in range(workers)]
+    return "|".join(",".join(str(c) for c in group) for group in groups)
+
+
+def usable_cores() -> list[int]:
+    return sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
+
+
+def serve_flags(engine_args: Mapping[str, Any]) -> list[str]:
+    """Engine arguments as ``vllm serve`` flags (``--max-num-seqs 8``, ``--no-enforce-eager``)."""
+    flags: list[str] = []
+    for key, value in engine_args.items():
+        flag = "--" + key.replace("_", "-")
+        if value is True:
+            flags.append(flag)
+        elif value is False:
+            flags.append("--no-" + key.replace("_", "-"))
+        elif isinstance(value, dict | list):
+            flags += [flag, json.dumps(value)]
+        else:
+            flags += [flag, str(value)]
+    return flags
+
+
+def serve_line(kwargs: Mapping[str, Any]) -> str:
+    """The ``vllm serve`` command equivalent to one engine run's ``vllm.LLM`` arguments."""
+    rest = {k: v for k, v in kwargs.items() if k not in ("model", "seed") and v is not None}
+    if not rest.get("trust_remote_code"):
+        rest.pop("trust_remote_code", None)
+    return shlex.join(["vllm", "serve", str(kwargs["model"]), *serve_flags(rest)])

@@ -1,0 +1,127 @@
+"""Check 1, lossless: speculative decoding must not change the target's greedy output.
+
+vLLM verifies every drafted token against the target, so target + draft must
+generate what the target alone generates. On CPU vLLM's greedy outputs are
+exactly reproducible, and they are compared exactly. On GPU/ROCm vLLM's
+kernels are not batch-invariant: a speculative run scores tokens in other
+batch shapes than the target alone, so where the target's two best tokens are
+nearly tied the argmax may flip, and the two runs diverge from there on,
+legitimately. The ``near-tie`` mode (the default) therefore takes the target
+run's top-2 logprobs at the first position where a speculative run differs
+and passes that divergence only when the run chose the target's second token
+and the two logprobs are within ``tie_margin`` nats (default 0.1: about two
+BF16 rounding steps of a logit of magnitude 16-32, the size of the
+batch-shape noise). Any other divergence fails. ``strict`` requires equality.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from eaglequant.validate.check import Check
+
+MODES = ("near-tie", "strict")
+DEFAULT_MODE = "near-tie"
+DEFAULT_TIE_MARGIN = 0.1
+TOP_LOGPROBS = 2
+
+TopLogprobs = Sequence[Sequence[Sequence[float]]]  # position -> rank -> (token, logprob)
+
+
+@dataclass(frozen=True)
+class Divergence:
+    """Where one speculative run first left the target's own greedy output, and the verdict."""
+
+    draft: str
+    prompt: int
+    position: int
+    target_token: int | None
+    draft_token: int | None
+    margin: float | None
+    verdict: str  # "tie" (allowed) or "fail"
+
+
+def first_difference(reference: Sequence[int], got: Sequence[int]) -> int | None:
+    """The first position where the two token lists differ (length included), or None."""
+    for position, (a, b) in enumerate(zip(reference, got, strict=False)):
+        if a != b:
+            return position
+    return None if len(reference) == len(got) else min(len(reference), len(got))
+
+
+def judge(
+    draft: str,
+    prompt: int,
+    reference: Sequence[int],
+    got: Sequence[int],
+    top: TopLogprobs | None,
+    mode: str,
+    tie_margin: float,
+) -> Divergence | None:
+    """The divergence of one prompt's run from the target alone, or None when equal."""
+    position = first_difference(reference, got)
+    if position is None:
+        return None
+    target_token = reference[position] if position < len(reference) else None
+    draft_token = got[position] if position < len(got) else None
+    ranked = top[position] if top is not None and position < len(top) else None
+    margin = None
+    if ranked is not None and len(ranked) >= 2:
+        margin = float(ranked[0][1]) - float(ranked[1][1])
+    tie = (
+        mode == "near-tie"
+        and margin is not None
+        and margin <= tie_margin
+        and draft_token is not None
+        and int(ranked[1][0]) == draft_token  # type: ignore[index]
+    )
+    verdict = "tie" if tie else "fail"
+    return Divergence(draft, prompt, position, target_token, draft_token, margin, verdict)
+
+
+def lossless_check(
+    reference: Sequence[Sequence[int]],
+    top: Sequence[TopLogprobs | None] | None,
+    runs: dict[str, Sequence[Sequence[int]]],
+    mode: str = DEFAULT_MODE,
+    tie_margin: float = DEFAULT_TIE_MARGIN,
+) -> Check:
+    """Check 1 over every prompt of every speculative run (``runs``: draft -> token ids)."""
+    divergences: list[Divergence] = []
+    for draft, outputs in runs.items():
+        if len(outputs) != len(reference):
+            divergences.append(Divergence(draft, -1, -1, None, None, None, "fail"))
+            continue
+        for prompt, (want, got) in enumerate(zip(reference, outputs, strict=True)):
+            found = judge(draft, prompt, want, got, top[prompt] if top else None, mode, tie_margin)
+            if found is not None:
+                divergences.append(found)
+    failed = [d for d in divergences if d.verdict == "fail"]
+    numbers: dict[str, Any] = {
+        "mode": mode,
+        "tie_margin": tie_margin,
+        "divergences": [asdict(d) for d in divergences],
+    }
+    return Check("1 lossless", not failed, _detail(divergences, failed, mode), numbers)
+
+
+def _detail(divergences: list[Divergence], failed: list[Divergence], mode: str) -> str:
+    if not divergences:
+        return "greedy outputs of target + each draft equal the target alone"
+    shown = failed or divergences
+    listed = ", ".join(_describe(d) for d in shown[:4]) + (" ..." if len(shown) > 4 else "")
+    if failed:
+        return f"{len(failed)} run(s) diverge from the target alone ({mode}): {listed}"
+    return f"equal to the target alone except {len(divergences)} near-tie flip(s): {listed}"
+
+
+def _describe(d: Divergence) -> str:
+    if d.prompt < 0:
+        return f"{d.draft}: a different number of outputs"
+    margin = "no logprobs" if d.margin is None else f"margin {d.margin:.3g}"
+    return (
+        f"{d.draft} prompt {d.prompt} at token {d.position} "
+        f"({d.target_token} -> {d.draft_token}, {margin}, {d.verdict})"
+    )
