@@ -24,7 +24,6 @@ from typing import Any
 import torch
 from tqdm.auto import tqdm
 
-from eaglequant.checkpoint import read_config
 from eaglequant.draft import DraftDims
 from eaglequant.errors import InputError
 
@@ -67,41 +66,6 @@ class CalibrationData:
             }
             for i in range(0, len(self.input_ids), batch_size)
         ]
-
-
-def default_aux_layers(num_layers: int) -> tuple[int, ...]:
-    """vLLM's default auxiliary layers for a target of ``num_layers`` layers."""
-    return (2, num_layers // 2, num_layers - 3)
-
-
-def check_target_fits(target_dir: Path, dims: DraftDims) -> tuple[int, ...]:
-    """Read the target's config only; InputError when it cannot feed this draft."""
-    if not target_dir.is_dir():
-        raise InputError(f"{target_dir}: no such target folder; pass the target model's folder")
-    config = read_config(target_dir)
-    config = config.get("text_config", config)
-    where = target_dir / "config.json"
-    hidden, vocab = config.get("hidden_size"), config.get("vocab_size")
-    layers = config.get("num_hidden_layers")
-    if hidden != dims.target_hidden:
-        raise InputError(
-            f"{where}: hidden_size {hidden} does not fit the draft (target_hidden_size "
-            f"{dims.target_hidden}); pass the target this draft was trained for"
-        )
-    if vocab != dims.vocab:
-        raise InputError(
-            f"{where}: vocab_size {vocab} differs from the draft's vocab_size {dims.vocab}; "
-            "pass the target this draft was trained for"
-        )
-    if not isinstance(layers, int) or layers < 1:
-        raise InputError(f"{where}: num_hidden_layers missing or invalid")
-    ids = dims.aux_layer_ids or default_aux_layers(layers)
-    if len(ids) != dims.num_aux or any(not 0 <= i < layers for i in ids):
-        raise InputError(
-            f"{where}: auxiliary layers {list(ids)} do not fit a {layers}-layer target feeding "
-            f"{dims.num_aux} states to fc; set eagle_aux_hidden_state_layer_ids in the draft config"
-        )
-    return tuple(ids)
 
 
 def read_texts(path: Path, tokenizer: Any) -> list[str]:
@@ -191,7 +155,8 @@ def run_target(
 
 def save_capture(folder: Path, data: CalibrationData, info: dict[str, Any]) -> None:
     """Write a capture folder (inside an atomic output folder)."""
-    from eaglequant.writer import blob_from_tensor, write_safetensors, write_text
+    from eaglequant.io.layout import blob_from_tensor
+    from eaglequant.io.writer import write_safetensors, write_text
 
     tensors = {"input_ids": data.input_ids, "aux_hidden_states": data.aux_hidden.bfloat16()}
     if data.embed_tokens is not None:
@@ -205,7 +170,7 @@ def save_capture(folder: Path, data: CalibrationData, info: dict[str, Any]) -> N
 
 def load_capture(folder: Path, dims: DraftDims) -> CalibrationData:
     """Read a capture folder and check it fits the draft."""
-    from eaglequant.safetensors_header import read_header
+    from eaglequant.io.safetensors_header import read_header
 
     path = folder / CAPTURE_TENSORS if folder.is_dir() else folder
     if not path.is_file():

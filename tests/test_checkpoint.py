@@ -11,10 +11,10 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from eaglequant.checkpoint import INDEX_FILE, read_checkpoint
 from eaglequant.draft import require_bf16_draft, structure_problems
 from eaglequant.errors import InputError
-from eaglequant.safetensors_header import read_header
+from eaglequant.io.checkpoint import INDEX_FILE, read_checkpoint
+from eaglequant.io.safetensors_header import read_header
 from tests.conftest import edit_config
 
 

@@ -112,7 +112,7 @@ def test_inspect_reads_headers_without_torch(tiny_draft: Path) -> None:
 
 
 def test_card_carries_the_source_license(tmp_path: Path) -> None:
-    from eaglequant.card import source_license
+    from eaglequant.render.card import source_license
 
     (tmp_path / "README.md").write_text("---\nlicense: apache-2.0\ntags: [x]\n---\n# Draft\n")
     assert source_license(tmp_path) == "apache-2.0"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+
 from eaglequant.validate.cpu_fp8_plugin import MIN_SCALE, torch_scaled_fp8_quant
 
 FP8 = torch.float8_e4m3fn
@@ -57,8 +58,9 @@ def test_padding_and_output_buffer() -> None:
 
 def test_plugin_detects_the_cpu_wheels_stub_ops() -> None:
     pytest.importorskip("vllm")
-    from eaglequant.validate.cpu_fp8_plugin import fp8_ops_are_stubs
     from vllm.platforms import current_platform
+
+    from eaglequant.validate.cpu_fp8_plugin import fp8_ops_are_stubs
 
     if not current_platform.is_cpu():
         pytest.skip("stub detection is only meaningful on the CPU build")

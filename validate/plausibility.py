@@ -14,8 +14,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from eaglequant.checkpoint import read_checkpoint
 from eaglequant.draft import MIDLAYER_LINEARS, dims_from_config
+from eaglequant.io.checkpoint import read_checkpoint
 from eaglequant.recipe import FP8_E4M3_MAX
 
 if TYPE_CHECKING:
@@ -26,9 +26,10 @@ def plausibility_problems(
     request: ValidateRequest, generated: list[list[int]] | None
 ) -> tuple[list[str], dict[str, Any]]:
     import torch
-    from eaglequant.quantize.calibrate import check_target_fits
-    from eaglequant.quantize.load import load_draft_module
-    from eaglequant.quantize.measure import input_amax
+
+    from eaglequant.draft import check_target_fits
+    from eaglequant.model.load import load_draft_module
+    from eaglequant.model.ranges import input_amax
 
     fp8 = read_checkpoint(request.draft)
     baseline = read_checkpoint(request.baseline)

@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
+from eaglequant.render.terminal import console
 from eaglequant.validate.validate import ValidationReport, acceptance
-
-from eaglequant.report import console
 
 
 def _acceptance_rows(report: ValidationReport) -> list[tuple[str, str, str, str]]:

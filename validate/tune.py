@@ -28,8 +28,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from eaglequant.checkpoint import read_config
 from eaglequant.errors import CheckFailed, InputError
+from eaglequant.io.checkpoint import read_config
 
 BENCH_SCRIPT = (
     "import sys\n"

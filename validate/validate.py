@@ -30,9 +30,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from eaglequant.checkpoint import read_checkpoint, read_config
 from eaglequant.draft import dims_from_config, structure_problems
 from eaglequant.errors import InputError
+from eaglequant.io.checkpoint import read_checkpoint, read_config
 
 LOG_TAIL_CHARS = 4000
 BAD_EXCLUSION_SIGNATURE = "Attempted to load weight"

@@ -17,24 +17,12 @@ from typing import Any
 
 import yaml
 
-from eaglequant.checkpoint import read_config
 from eaglequant.errors import InputError
 from eaglequant.exclusions import predict_fates
+from eaglequant.io.checkpoint import read_config
+from eaglequant.manifest import read_json_object, read_manifest
 
-MANIFEST = "eaglequant.json"
 PLOTS = ("throughput.png", "speedup.png", "acceptance.png")
-
-
-def _read_json(path: Path, what: str) -> dict[str, Any]:
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise InputError(
-            f"{path}: cannot read the {what} ({exc}); pass the file eaglequant wrote"
-        ) from exc
-    if not isinstance(data, dict):
-        raise InputError(f"{path}: the {what} must be a JSON object")
-    return data
 
 
 def write_card(
@@ -47,14 +35,9 @@ def write_card(
     config = read_config(folder)
     if "quantization_config" not in config:
         raise InputError(f"{folder}: no quantization_config; run the card on an exported FP8 draft")
-    manifest_path = folder / MANIFEST
-    if not manifest_path.is_file():
-        raise InputError(
-            f"{manifest_path}: missing; the card is built from eaglequant export's manifest"
-        )
-    manifest = _read_json(manifest_path, "export manifest")
-    report = _read_json(validation, "validation report") if validation else None
-    tuning = _read_json(tune_dir / "results.json", "tuning results") if tune_dir else None
+    manifest = read_manifest(folder)
+    report = read_json_object(validation, "validation report") if validation else None
+    tuning = read_json_object(tune_dir / "results.json", "tuning results") if tune_dir else None
     license_id = license_id or source_license(Path(manifest.get("source", "")))
     text = render(folder, base_model, config, manifest, report, tuning, license_id)
     if tune_dir:

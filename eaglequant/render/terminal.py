@@ -7,7 +7,7 @@ import sys
 from rich.console import Console
 from rich.table import Table
 
-from eaglequant.inspect_draft import InspectReport
+from eaglequant.checks import InspectReport
 
 console = Console(highlight=False, width=None if sys.stdout.isatty() else 160)
 
