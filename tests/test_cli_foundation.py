@@ -111,6 +111,30 @@ def test_inspect_reads_headers_without_torch(tiny_draft: Path) -> None:
     subprocess.run([sys.executable, "-c", code], check=True, capture_output=True)
 
 
+def test_planning_with_a_calibration_target_imports_no_torch(
+    pair: dict[str, Path], tmp_path: Path
+) -> None:
+    """The background copy starts right after planning: torch must not be imported before it."""
+    args = [
+        "export",
+        str(pair["draft"]),
+        str(tmp_path / "o"),
+        "--calib-target",
+        str(pair["target"]),
+        "--calib-data",
+        str(pair["data"]),
+        "--dry-run",
+    ]
+    code = (
+        "import sys; from eaglequant.cli import main\n"
+        f"try:\n    main({args!r})\nexcept SystemExit as e:\n"
+        "    assert e.code == 0, e.code\n"
+        "assert 'torch' not in sys.modules\n"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr[-2000:]
+
+
 def test_card_carries_the_source_license(tmp_path: Path) -> None:
     from eaglequant.render.card import source_license
 

@@ -204,3 +204,19 @@ def test_draft_without_embeddings_calibrates_with_captured_target_embeddings(
     written = read_checkpoint(out)
     assert "embed_tokens.weight" not in written.tensors
     assert written.tensors["midlayer.mlp.down_proj.input_scale"].dtype == "F32"
+
+
+def test_calib_none_exports_a_draft_without_embeddings(
+    no_embed_draft: Path, tmp_path: Path
+) -> None:
+    """``--calib none`` calibrates nothing, so it needs no target embeddings either."""
+    out = tmp_path / "fp8"
+    _export([str(no_embed_draft), str(out), "--calib", "none"])
+    written = read_checkpoint(out)
+    assert "embed_tokens.weight" not in written.tensors
+    for name in MIDLAYER_LINEARS:
+        assert float(written.load_tensor(f"{name}.input_scale")) == pytest.approx(16.0 / 448.0)
+    manifest = json.loads((out / "eaglequant.json").read_text())
+    assert manifest["calibration"]["calibrated"] is False
+    assert manifest["top1_agreement_by_step"] == []
+    assert manifest["calibration"]["held_out_tokens"] == 0

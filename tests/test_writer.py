@@ -170,3 +170,26 @@ def test_readback_hashes_files_and_finds_changed_bytes(sharded_draft: Path, tmp_
         "tensor 'extra' is not byte-identical to its quantized bytes",
         "tensor 'fc.weight' is not byte-identical to its input",
     ]
+
+
+def test_replanned_artifact_reports_the_layout_it_wrote(tiny_draft: Path, tmp_path: Path) -> None:
+    """Quark wrote other tensors than predicted: the artifact re-plans with its one writer."""
+    from eaglequant.draft import MIDLAYER_LINEARS
+    from eaglequant.quantize.artifact import Artifact
+    from eaglequant.recipe import load_recipe
+
+    source, folder = read_checkpoint(tiny_draft), tmp_path / "out"
+    folder.mkdir()
+    artifact = Artifact.start(folder, source, load_recipe("fp8-static"), 10**9)
+    quantized = {}  # per-channel scales and no input scales: not the static prediction
+    for name in MIDLAYER_LINEARS:
+        shape = source.tensors[f"{name}.weight"].shape
+        quantized[f"{name}.weight"] = torch.zeros(shape, dtype=torch.float8_e4m3fn)
+        quantized[f"{name}.weight_scale"] = torch.ones(shape[0])
+    artifact.finish(quantized, source.config)
+    artifact.cancel()
+    written = {p.blob.name for f in artifact.layout.files for p in f.placements}
+    replaced = {f"{name}.weight" for name in MIDLAYER_LINEARS}
+    assert written == set(source.tensors) - replaced | set(quantized)
+    _digests, problems = readback(folder, artifact.layout, artifact.quantized)
+    assert problems == []
