@@ -115,16 +115,8 @@ def test_planning_with_a_calibration_target_imports_no_torch(
     pair: dict[str, Path], tmp_path: Path
 ) -> None:
     """The background copy starts right after planning: torch must not be imported before it."""
-    args = [
-        "export",
-        str(pair["draft"]),
-        str(tmp_path / "o"),
-        "--calib-target",
-        str(pair["target"]),
-        "--calib-data",
-        str(pair["data"]),
-        "--dry-run",
-    ]
+    args = ["export", str(pair["draft"]), str(tmp_path / "o"), "--dry-run"]
+    args += ["--calib-target", str(pair["target"]), "--calib-data", str(pair["data"])]
     code = (
         "import sys; from eaglequant.cli import main\n"
         f"try:\n    main({args!r})\nexcept SystemExit as e:\n"
