@@ -30,6 +30,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from eaglequant.manifest import read_manifest
+
 HERE = Path(__file__).resolve().parent
 SHAPES = {
     # hidden, heads, kv_heads, head_dim, intermediate, vocab, draft_vocab
@@ -44,7 +46,7 @@ HELD_OUT = 8  # the default recipe's held-out sequences, on top of the calibrati
 
 def prepare(shape: str, cache: Path, tokens: int) -> tuple[Path, Path]:
     """The synthetic draft and a capture folder, generated once per shape."""
-    from eaglequant.synthetic import draft_config, write_random_draft
+    from eaglequant.devtools.synthetic import draft_config, write_random_draft
 
     draft, capture = cache / shape / "draft", cache / shape / f"capture-{tokens}"
     if not (draft / "config.json").exists():
@@ -60,10 +62,10 @@ def prepare(shape: str, cache: Path, tokens: int) -> tuple[Path, Path]:
 
 def write_capture(draft: Path, capture: Path, tokens: int) -> None:
     import torch
-    from eaglequant.quantize.calibrate import CalibrationData, save_capture
 
-    from eaglequant.checkpoint import read_checkpoint
     from eaglequant.draft import dims_from_config
+    from eaglequant.io.checkpoint import read_checkpoint
+    from eaglequant.quantize.calibrate import CalibrationData, save_capture
 
     dims = dims_from_config(read_checkpoint(draft).config)
     seq = 256
@@ -146,7 +148,7 @@ def quark_import() -> dict[str, float]:
 
 
 def same_quantized_tensors(mine: Path, theirs: Path) -> bool:
-    from eaglequant.checkpoint import read_checkpoint
+    from eaglequant.io.checkpoint import read_checkpoint
 
     a, b = read_checkpoint(mine), read_checkpoint(theirs)
     return set(a.tensors) == set(b.tensors) and all(
@@ -191,7 +193,7 @@ def run(shape: str, tokens: int, static: bool = True) -> dict[str, Any]:
         command = [*EQ, "export", str(draft), str(ptpc), "--recipe", "ptpc-fp8"]
         results["ptpc_export"] = timed(command, draft)
         results["quark_f2f"] = quark_f2f(draft, quark)
-        results["ptpc_stages_s"] = json.loads((ptpc / "eaglequant.json").read_text())["timings_s"]
+        results["ptpc_stages_s"] = read_manifest(ptpc)["timings_s"]
         results["ptpc_equals_quark"] = same_quantized_tensors(ptpc, quark)
         results["output_bytes"] = out_bytes = folder_bytes(ptpc)
         shutil.rmtree(quark)
@@ -204,13 +206,13 @@ def run(shape: str, tokens: int, static: bool = True) -> dict[str, Any]:
 
 def static_export(draft: Path, capture: Path, tokens: int, out: Path) -> dict[str, Any]:
     """The default recipe calibrated on ``tokens`` captured tokens, with its FLOP counts."""
-    from eaglequant.checkpoint import read_checkpoint
     from eaglequant.draft import dims_from_config
+    from eaglequant.io.checkpoint import read_checkpoint
 
     samples = max(1, tokens // 256)
     command = [*EQ, "export", str(draft), str(out), "--calib-hidden-states", str(capture)]
     result = timed([*command, "--calib-samples", str(samples)], draft, capture)
-    manifest = json.loads((out / "eaglequant.json").read_text())
+    manifest = read_manifest(out)
     shutil.rmtree(out)
     dims = dims_from_config(read_checkpoint(draft).config)
     calib = manifest["calibration"]

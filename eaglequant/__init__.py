@@ -1,9 +1,12 @@
 """eaglequant: BF16 EAGLE-3 draft -> static FP8 E4M3 draft for vLLM, with proof.
 
-The core package holds what every command needs and imports nothing heavy:
-errors, checkpoint reading and checking, exclusion rewriting, output writing.
-The export pipeline lives in ``eaglequant.quantize`` (folder ``quantize/``) and
-the vLLM validation in ``eaglequant.validate`` (folder ``validate/``).
+The core package is torch-free and imports nothing heavy: errors, recipes,
+exclusion rewriting, draft rules and checks, the manifest, and checkpoint I/O
+(``eaglequant.io``); the command line (``eaglequant.cli``) and rendering
+(``eaglequant.render``) sit on top of it. ``eaglequant.model`` holds the torch
+draft module and ``eaglequant.devtools`` the toy pair and synthetic drafts. The
+export pipeline lives in ``eaglequant.quantize`` (folder ``quantize/``) and the
+vLLM validation in ``eaglequant.validate`` (folder ``validate/``).
 """
 
 __version__ = "0.1.0"

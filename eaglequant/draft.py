@@ -1,4 +1,4 @@
-"""What an EAGLE-3 Llama draft checkpoint must contain, and checks against it.
+"""What an EAGLE-3 Llama draft checkpoint must contain, checks against it, and its target's fit.
 
 A draft is one decoder layer (``midlayer.*``) whose attention takes the token
 embedding and the fused target hidden state side by side (2*hidden inputs),
@@ -10,11 +10,12 @@ vocabulary maps. Shapes follow from ``config.json``.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
-from eaglequant.checkpoint import Checkpoint
 from eaglequant.errors import InputError
-from eaglequant.safetensors_header import FLOAT_DTYPES
+from eaglequant.io.checkpoint import Checkpoint, read_config
+from eaglequant.io.safetensors_header import FLOAT_DTYPES
 
 EAGLE3_ARCHITECTURES = ("LlamaForCausalLMEagle3", "Eagle3LlamaForCausalLM")
 ATTENTION_PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj")
@@ -247,3 +248,38 @@ def require_bf16_draft(ckpt: Checkpoint) -> DraftDims:
             f"use `eaglequant inspect {ckpt.folder}` or `eaglequant fix-config` on it instead"
         )
     return dims_from_config(ckpt.config, str(ckpt.folder / "config.json"))
+
+
+def default_aux_layers(num_layers: int) -> tuple[int, ...]:
+    """vLLM's default auxiliary layers for a target of ``num_layers`` layers."""
+    return (2, num_layers // 2, num_layers - 3)
+
+
+def check_target_fits(target_dir: Path, dims: DraftDims) -> tuple[int, ...]:
+    """Read the target's config only; InputError when it cannot feed this draft."""
+    if not target_dir.is_dir():
+        raise InputError(f"{target_dir}: no such target folder; pass the target model's folder")
+    config = read_config(target_dir)
+    config = config.get("text_config", config)
+    where = target_dir / "config.json"
+    hidden, vocab = config.get("hidden_size"), config.get("vocab_size")
+    layers = config.get("num_hidden_layers")
+    if hidden != dims.target_hidden:
+        raise InputError(
+            f"{where}: hidden_size {hidden} does not fit the draft (target_hidden_size "
+            f"{dims.target_hidden}); pass the target this draft was trained for"
+        )
+    if vocab != dims.vocab:
+        raise InputError(
+            f"{where}: vocab_size {vocab} differs from the draft's vocab_size {dims.vocab}; "
+            "pass the target this draft was trained for"
+        )
+    if not isinstance(layers, int) or layers < 1:
+        raise InputError(f"{where}: num_hidden_layers missing or invalid")
+    ids = dims.aux_layer_ids or default_aux_layers(layers)
+    if len(ids) != dims.num_aux or any(not 0 <= i < layers for i in ids):
+        raise InputError(
+            f"{where}: auxiliary layers {list(ids)} do not fit a {layers}-layer target feeding "
+            f"{dims.num_aux} states to fc; set eagle_aux_hidden_state_layer_ids in the draft config"
+        )
+    return tuple(ids)

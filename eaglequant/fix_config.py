@@ -14,11 +14,11 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from eaglequant.checkpoint import CONFIG_FILE, read_checkpoint
 from eaglequant.errors import InputError
 from eaglequant.exclusions import rewrite_exclude
-from eaglequant.output import atomic_output_dir, check_output_path
-from eaglequant.writer import FILE_MODE
+from eaglequant.io.checkpoint import CONFIG_FILE, read_checkpoint
+from eaglequant.io.output import atomic_output_dir, check_output_path
+from eaglequant.io.writer import FILE_MODE
 
 
 @dataclass(frozen=True)

@@ -24,9 +24,9 @@ from typing import Any
 import torch
 from tqdm.auto import tqdm
 
-from eaglequant.checkpoint import read_config
 from eaglequant.draft import DraftDims
 from eaglequant.errors import InputError
+from eaglequant.io.records import jsonl_records, read_utf8
 
 CAPTURE_TENSORS = "hidden_states.safetensors"
 CAPTURE_INFO = "capture.json"
@@ -69,51 +69,11 @@ class CalibrationData:
         ]
 
 
-def default_aux_layers(num_layers: int) -> tuple[int, ...]:
-    """vLLM's default auxiliary layers for a target of ``num_layers`` layers."""
-    return (2, num_layers // 2, num_layers - 3)
-
-
-def check_target_fits(target_dir: Path, dims: DraftDims) -> tuple[int, ...]:
-    """Read the target's config only; InputError when it cannot feed this draft."""
-    if not target_dir.is_dir():
-        raise InputError(f"{target_dir}: no such target folder; pass the target model's folder")
-    config = read_config(target_dir)
-    config = config.get("text_config", config)
-    where = target_dir / "config.json"
-    hidden, vocab = config.get("hidden_size"), config.get("vocab_size")
-    layers = config.get("num_hidden_layers")
-    if hidden != dims.target_hidden:
-        raise InputError(
-            f"{where}: hidden_size {hidden} does not fit the draft (target_hidden_size "
-            f"{dims.target_hidden}); pass the target this draft was trained for"
-        )
-    if vocab != dims.vocab:
-        raise InputError(
-            f"{where}: vocab_size {vocab} differs from the draft's vocab_size {dims.vocab}; "
-            "pass the target this draft was trained for"
-        )
-    if not isinstance(layers, int) or layers < 1:
-        raise InputError(f"{where}: num_hidden_layers missing or invalid")
-    ids = dims.aux_layer_ids or default_aux_layers(layers)
-    if len(ids) != dims.num_aux or any(not 0 <= i < layers for i in ids):
-        raise InputError(
-            f"{where}: auxiliary layers {list(ids)} do not fit a {layers}-layer target feeding "
-            f"{dims.num_aux} states to fc; set eagle_aux_hidden_state_layer_ids in the draft config"
-        )
-    return tuple(ids)
-
-
 def read_texts(path: Path, tokenizer: Any) -> list[str]:
     """Texts from ``.jsonl`` (``text`` or chat ``messages``) or ``.txt``; InputError if none."""
-    if not path.is_file():
-        raise InputError(f"{path}: no such calibration data file")
-    try:
-        raw = path.read_bytes().decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise InputError(f"{path}: not UTF-8 text (byte {exc.start}); convert it to UTF-8") from exc
+    raw = read_utf8(path, "calibration data")
     if path.suffix == ".jsonl":
-        texts = [_record_text(path, n, line, tokenizer) for n, line in _lines(raw)]
+        texts = [_record_text(path, n, record, tokenizer) for n, record in jsonl_records(path, raw)]
     else:
         texts = [raw]
     texts = [t for t in texts if t.strip()]
@@ -124,18 +84,10 @@ def read_texts(path: Path, tokenizer: Any) -> list[str]:
     return texts
 
 
-def _lines(raw: str) -> list[tuple[int, str]]:
-    return [(n, line) for n, line in enumerate(raw.splitlines(), 1) if line.strip()]
-
-
-def _record_text(path: Path, number: int, line: str, tokenizer: Any) -> str:
-    try:
-        record = json.loads(line)
-    except json.JSONDecodeError as exc:
-        raise InputError(f"{path}:{number}: not a JSON object ({exc.msg}); fix the line") from exc
-    if isinstance(record, dict) and isinstance(record.get("text"), str):
+def _record_text(path: Path, number: int, record: dict[str, Any], tokenizer: Any) -> str:
+    if isinstance(record.get("text"), str):
         return str(record["text"])
-    if isinstance(record, dict) and isinstance(record.get("messages"), list):
+    if isinstance(record.get("messages"), list):
         if getattr(tokenizer, "chat_template", None) is None:
             raise InputError(
                 f"{path}:{number}: chat 'messages' need a tokenizer chat template, and the "
@@ -191,7 +143,8 @@ def run_target(
 
 def save_capture(folder: Path, data: CalibrationData, info: dict[str, Any]) -> None:
     """Write a capture folder (inside an atomic output folder)."""
-    from eaglequant.writer import blob_from_tensor, write_safetensors, write_text
+    from eaglequant.io.layout import blob_from_tensor
+    from eaglequant.io.writer import write_safetensors, write_text
 
     tensors = {"input_ids": data.input_ids, "aux_hidden_states": data.aux_hidden.bfloat16()}
     if data.embed_tokens is not None:
@@ -205,7 +158,7 @@ def save_capture(folder: Path, data: CalibrationData, info: dict[str, Any]) -> N
 
 def load_capture(folder: Path, dims: DraftDims) -> CalibrationData:
     """Read a capture folder and check it fits the draft."""
-    from eaglequant.safetensors_header import read_header
+    from eaglequant.io.safetensors_header import read_header
 
     path = folder / CAPTURE_TENSORS if folder.is_dir() else folder
     if not path.is_file():

@@ -1,56 +1,35 @@
 """``eaglequant export``: the orchestrator, one checklist from BF16 draft to FP8 folder.
 
-check (no heavy imports) -> load -> calibrate -> quantize with Quark -> measure
--> config with regex exclusions -> shard + index -> verify by reading back ->
+check (no heavy imports) -> start the output folder (pass-through copy in the
+background) -> load -> calibrate -> quantize with Quark -> measure -> write
+(config with regex exclusions, shards, index) -> verify by reading back ->
 manifest. Everything is written into a temporary sibling of the output folder
-and renamed into place only when the read-back checks pass.
+and renamed into place only when the read-back checks pass. A failure of the
+background copy (a NaN in ``lm_head``) is reported at the next stage boundary.
 """
 
 from __future__ import annotations
 
-import json
-import platform
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
-from importlib import metadata
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
-from eaglequant import __version__
-from eaglequant.checkpoint import CONFIG_FILE, Checkpoint, read_checkpoint
-from eaglequant.draft import DraftDims, require_bf16_draft
-from eaglequant.errors import CheckFailed, InputError
+from eaglequant.draft import DraftDims, check_target_fits, require_bf16_draft
+from eaglequant.errors import InputError
 from eaglequant.exclusions import rewrite_exclude
-from eaglequant.output import atomic_output_dir, check_output_path
-from eaglequant.readback import sha256_file
+from eaglequant.io.checkpoint import Checkpoint, read_checkpoint
+from eaglequant.io.output import atomic_output_dir, check_output_path
+from eaglequant.manifest import build_manifest
+from eaglequant.quantize.artifact import Artifact
+from eaglequant.quantize.sources import CalibrationSource
 from eaglequant.recipe import Recipe
 
-MANIFEST_FILE = "eaglequant.json"
 Progress = Callable[[str], None]
 
 
-@dataclass(frozen=True)
-class CalibrationSource:
-    """Where calibration inputs come from: a target + data, a capture folder, or none."""
-
-    kind: Literal["target", "capture", "none"]
-    target: Path | None = None
-    data: Path | None = None
-    capture: Path | None = None
-    samples: int | None = None
-    seq_len: int | None = None
-    trust_remote_code: bool = False
-
-    def describe(self) -> str:
-        if self.kind == "target":
-            return f"target {self.target} on {self.data}"
-        if self.kind == "capture":
-            return f"captured hidden states {self.capture}"
-        return "none (fixed input range from the recipe; scales NOT calibrated)"
-
-
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class ExportRequest:
     src: Path
     out: Path
@@ -68,6 +47,7 @@ class ExportPlan:
     ckpt: Checkpoint
     dims: DraftDims
     aux_layer_ids: tuple[int, ...] | None
+    module_needed: bool
     steps: list[str]
 
 
@@ -87,8 +67,6 @@ def plan_export(request: ExportRequest) -> ExportPlan:
     calib, recipe = request.calibration, request.recipe
     aux_ids = dims.aux_layer_ids
     if calib.kind == "target":
-        from eaglequant.quantize.calibrate import check_target_fits
-
         assert calib.target is not None and calib.data is not None
         aux_ids = check_target_fits(calib.target, dims)
         if not calib.data.is_file():
@@ -97,12 +75,6 @@ def plan_export(request: ExportRequest) -> ExportPlan:
         assert calib.capture is not None
         if not calib.capture.exists():
             raise InputError(f"{calib.capture}: no such capture folder; run `eaglequant capture`")
-    no_embeddings = "embed_tokens.weight" not in ckpt.tensors
-    if no_embeddings and calib.kind == "none" and recipe.needs_calibration:
-        raise InputError(
-            f"{request.src}: the draft has no embed_tokens, so calibration needs the target's "
-            "embeddings: pass --calib-target/--calib-data or a capture made with --embeddings"
-        )
     flow = "quantize_model (static)" if recipe.needs_calibration else "direct_quantize_checkpoint"
     steps = [
         f"load {request.src} ({len(ckpt.tensors)} tensors, {ckpt.total_bytes} bytes)",
@@ -111,7 +83,8 @@ def plan_export(request: ExportRequest) -> ExportPlan:
         f"write {request.out} with exclude {rewrite_exclude(list(recipe.exclude))}",
         "verify the written folder by reading it back",
     ]
-    return ExportPlan(ckpt, dims, aux_ids, steps)
+    module_needed = recipe.needs_calibration or calib.kind != "none"
+    return ExportPlan(ckpt, dims, aux_ids, module_needed, steps)
 
 
 def export_draft(request: ExportRequest, progress: Progress = lambda _msg: None) -> ExportResult:
@@ -119,50 +92,65 @@ def export_draft(request: ExportRequest, progress: Progress = lambda _msg: None)
     plan = plan_export(request)
     if request.dry_run:
         return ExportResult(request.out, plan, dry_run=True)
-    from eaglequant.quantize.layout import start_writing
-
+    recipe = request.recipe
     timings: dict[str, float] = {}
     with atomic_output_dir(request.out, request.overwrite) as temp:
-        stage = _Stages(timings, progress)
-        writer = start_writing(temp, plan.ckpt, request.recipe, request.max_shard_size)
+        artifact = Artifact.start(temp, plan.ckpt, recipe, request.max_shard_size)
+        stage = _Stages(timings, progress, before_each=artifact.raise_if_failed)
         try:
             from eaglequant.quantize import pipeline  # torch and co., while the copy runs
 
             with stage("load"):
-                model = pipeline.load(plan, request)
+                model = pipeline.load(plan.ckpt, module_needed=plan.module_needed)
             with stage("calibrate"):
-                calib = pipeline.calibrate(plan, request, model)
+                calib = pipeline.calibrate(
+                    model, request.calibration, recipe.calibration, plan.dims, plan.aux_layer_ids
+                )
             with stage("quantize"):
-                quark = pipeline.quantize(plan, request, model, calib, temp)
+                quark = pipeline.quantize(
+                    plan.ckpt,
+                    model,
+                    recipe,
+                    calib.batches,
+                    scratch_parent=temp.parent,
+                    out=request.out,
+                )
             with stage("measure"):
                 measurement = pipeline.measure_export(
-                    plan.ckpt, model, quark, request.recipe, calib
+                    plan.ckpt, model, quark.tensors, recipe, calib.held_out
                 )
                 del model  # not needed to write: free it before the read-back
             with stage("write"):
-                config = output_config(plan.ckpt.config, quark.quantization_config, request.recipe)
-                written = pipeline.finish_writing(
-                    writer, plan.ckpt, quark.tensors, config, request.max_shard_size
+                artifact.finish(
+                    quark.tensors,
+                    output_config(plan.ckpt.config, quark.quantization_config, recipe),
                 )
             with stage("verify"):
-                digests = pipeline.verify(temp, plan.ckpt, written)
+                files = artifact.verify()
         finally:
-            writer.cancel()
-        timings["background_copy"] = round(writer.background_s, 3)
+            artifact.cancel()
+        timings["background_copy"] = round(artifact.writer.background_s, 3)
         timings.update({f"quantize.{name}": value for name, value in quark.timings.items()})
         manifest = build_manifest(
-            request, plan, calib, measurement, timings, temp, written.files, digests
+            source=request.src,
+            recipe=recipe.to_dict(),
+            calibration=_calibration_record(request, plan, calib, measurement),
+            layers=[asdict(layer) for layer in measurement.layers],
+            top1_agreement=measurement.top1_agreement,
+            timings=timings,
+            files=files,
         )
-        (temp / MANIFEST_FILE).write_text(json.dumps(manifest, indent=2) + "\n")
-        (temp / MANIFEST_FILE).chmod(0o644)
+        artifact.write_manifest(manifest)
     return ExportResult(request.out, plan, manifest=manifest)
 
 
 class _Stages:
-    """Times each stage and reports it through ``progress``."""
+    """Times each stage, reports it through ``progress``, runs ``before_each`` first."""
 
-    def __init__(self, timings: dict[str, float], progress: Progress) -> None:
-        self.timings, self.progress = timings, progress
+    def __init__(
+        self, timings: dict[str, float], progress: Progress, before_each: Callable[[], None]
+    ) -> None:
+        self.timings, self.progress, self.before_each = timings, progress, before_each
 
     def __call__(self, name: str) -> _Stage:
         return _Stage(self, name)
@@ -173,6 +161,7 @@ class _Stage:
         self.owner, self.name = owner, name
 
     def __enter__(self) -> None:
+        self.owner.before_each()
         self.owner.progress(f"{self.name} ...")
         self.started = time.perf_counter()
 
@@ -198,57 +187,18 @@ def output_config(
     return config
 
 
-def build_manifest(
-    request: ExportRequest,
-    plan: ExportPlan,
-    calib: Any,
-    measurement: Any,
-    timings: dict[str, float],
-    folder: Path,
-    files: list[str],
-    digests: dict[str, str],
+def _calibration_record(
+    request: ExportRequest, plan: ExportPlan, calib: Any, measurement: Any
 ) -> dict[str, Any]:
-    """Provenance: versions, recipe, calibration, per-layer numbers, file checksums."""
+    """The manifest's ``calibration``: where inputs came from and how many were used."""
+    source, recipe = request.calibration, request.recipe
     return {
-        "tool": "eaglequant",
-        "version": __version__,
-        "libraries": {
-            name: _version(name)
-            for name in ("amd-quark", "torch", "transformers", "safetensors", "huggingface_hub")
-        },
-        "python": platform.python_version(),
-        "source": str(request.src),
-        "recipe": request.recipe.to_dict(),
-        "calibration": {
-            "source": request.calibration.describe(),
-            "kind": request.calibration.kind,
-            "calibrated": request.calibration.kind != "none"
-            or not request.recipe.needs_calibration,
-            "sequences": calib.sequences,
-            "tokens": calib.tokens,
-            "held_out_tokens": measurement.held_out_tokens,
-            "speculative_steps": request.recipe.calibration.steps,
-            "aux_layer_ids": list(plan.aux_layer_ids) if plan.aux_layer_ids else None,
-        },
-        "layers": [asdict(layer) for layer in measurement.layers],
-        "top1_agreement_by_step": measurement.top1_agreement,
-        "timings_s": timings,
-        "files": {
-            name: digests.get(name) or sha256_file(folder / name)
-            for name in sorted([*files, CONFIG_FILE])
-        },
+        "source": source.describe(),
+        "kind": source.kind,
+        "calibrated": source.kind != "none" or not recipe.needs_calibration,
+        "sequences": calib.sequences,
+        "tokens": calib.tokens,
+        "held_out_tokens": measurement.held_out_tokens,
+        "speculative_steps": recipe.calibration.steps,
+        "aux_layer_ids": list(plan.aux_layer_ids) if plan.aux_layer_ids else None,
     }
-
-
-def _version(name: str) -> str | None:
-    try:
-        return metadata.version(name)
-    except metadata.PackageNotFoundError:
-        return None
-
-
-def fail_verification(folder: Path, problems: list[str]) -> None:
-    raise CheckFailed(
-        f"{folder}: the written output would be misread by vLLM: {problems[0]}"
-        + (f" (and {len(problems) - 1} more)" if len(problems) > 1 else "")
-    )

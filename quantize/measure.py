@@ -18,16 +18,16 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
-from eaglequant.quantize.draft_model import (
+from torch import nn
+from tqdm.auto import tqdm
+
+from eaglequant.draft import MIDLAYER_LINEARS
+from eaglequant.model.eagle3 import (
     Eagle3Draft,
     StepOutput,
     micro_batches,
     upcast_linear,
 )
-from torch import nn
-from tqdm.auto import tqdm
-
-from eaglequant.draft import MIDLAYER_LINEARS
 from eaglequant.recipe import FP8_E4M3_MAX, Recipe
 
 FP8 = torch.float8_e4m3fn
@@ -114,35 +114,6 @@ class Measurement:
     held_out_tokens: int = 0
 
 
-def input_amax(
-    model: Eagle3Draft, batches: list[dict[str, torch.Tensor]], steps: int
-) -> dict[str, float]:
-    """Largest |input| each midlayer linear sees over ``steps`` unrolled steps."""
-    amax: dict[str, float] = {}
-
-    def hook(name: str):  # type: ignore[no-untyped-def]
-        def record(_module: nn.Module, args: tuple[torch.Tensor, ...]) -> None:
-            amax[name] = max(amax.get(name, 0.0), float(args[0].abs().max()))
-
-        return record
-
-    handles = [model.get_submodule(n).register_forward_pre_hook(hook(n)) for n in MIDLAYER_LINEARS]
-    try:
-        with torch.no_grad():
-            for batch in tqdm(batches, desc="calibration ranges", unit="batch", disable=None):
-                model.unroll(
-                    batch["aux_hidden"],
-                    batch["next_ids"],
-                    steps,
-                    keep_logits=False,
-                    score_last=False,
-                )
-    finally:
-        for handle in handles:
-            handle.remove()
-    return amax
-
-
 def measure(
     bf16: Eagle3Draft | None,
     tensors: dict[str, torch.Tensor],
@@ -193,7 +164,7 @@ def _compare(
     noise: dict[str, float] = dict.fromkeys(MIDLAYER_LINEARS, 0.0)
 
     def hook(name: str):  # type: ignore[no-untyped-def]
-        exact_weight = bf16.get_submodule(name).weight
+        exact_weight = bf16.linear_weight(name)
 
         def record(_module: nn.Module, args: tuple[torch.Tensor, ...], out: torch.Tensor) -> None:
             exact = upcast_linear(args[0], exact_weight)

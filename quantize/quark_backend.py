@@ -15,25 +15,27 @@ passed through from the input byte for byte by the writer.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
 import tempfile
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
-from eaglequant.quantize.draft_model import Eagle3Draft
-from eaglequant.quantize.load import release_file_pages
 
-from eaglequant.checkpoint import Checkpoint, read_checkpoint
 from eaglequant.draft import MIDLAYER_LINEARS
+from eaglequant.io.checkpoint import Checkpoint, read_checkpoint
+from eaglequant.io.layout import blob_from_file
+from eaglequant.io.writer import write_checkpoint_weights, write_text
+from eaglequant.model.eagle3 import Eagle3Draft
+from eaglequant.model.load import release_file_pages
 from eaglequant.recipe import FP8_E4M3_MAX, Recipe
-from eaglequant.writer import blob_from_file, write_checkpoint_weights, write_text
 
 UNQUANTIZED_MODULES = ("fc", "lm_head", "embed_tokens")
 
@@ -116,7 +118,8 @@ def quantize_static(
     if batches is None:
         # Quark insists on a dataloader for static inputs: give it one all-zero batch,
         # then set every input scale from the recipe's assumed range.
-        quantized = quantizer.quantize_model(model, [_zero_batch(model)])
+        with _embeddings_for_zero_batch(model):
+            quantized = quantizer.quantize_model(model, [_zero_batch(model)])
         _set_fixed_input_scales(quantized, recipe.calibration.fixed_input_amax / FP8_E4M3_MAX)
     else:
         quantized = quantizer.quantize_model(model, list(batches))
@@ -142,6 +145,24 @@ def _zero_batch(model: Eagle3Draft) -> dict[str, torch.Tensor]:
         "aux_hidden": torch.zeros(1, 2, dims.fc_in),
         "next_ids": torch.zeros(1, 2, dtype=torch.long),
     }
+
+
+@contextlib.contextmanager
+def _embeddings_for_zero_batch(model: Eagle3Draft) -> Iterator[None]:
+    """A draft without embed_tokens gets all-zero stand-ins (one shared row) for the zero batch.
+
+    Its inputs only feed observers whose input scales are then set from the recipe.
+    """
+    if model.embed_tokens is not None:
+        yield
+        return
+    dims = model.dims
+    zeros = torch.zeros(1, dims.hidden, dtype=torch.bfloat16).expand(dims.vocab, dims.hidden)
+    model.embed_tokens = torch.nn.Embedding.from_pretrained(zeros, freeze=True)
+    try:
+        yield
+    finally:
+        model.embed_tokens = None
 
 
 def _set_fixed_input_scales(model: torch.nn.Module, scale: float) -> None:

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from eaglequant.synthetic import draft_config, write_random_draft
+from eaglequant.devtools.synthetic import draft_config, write_random_draft
 
 REPO = Path(__file__).resolve().parent.parent
 TOY = REPO / "examples" / "toy"

@@ -111,8 +111,24 @@ def test_inspect_reads_headers_without_torch(tiny_draft: Path) -> None:
     subprocess.run([sys.executable, "-c", code], check=True, capture_output=True)
 
 
+def test_planning_with_a_calibration_target_imports_no_torch(
+    pair: dict[str, Path], tmp_path: Path
+) -> None:
+    """The background copy starts right after planning: torch must not be imported before it."""
+    args = ["export", str(pair["draft"]), str(tmp_path / "o"), "--dry-run"]
+    args += ["--calib-target", str(pair["target"]), "--calib-data", str(pair["data"])]
+    code = (
+        "import sys; from eaglequant.cli import main\n"
+        f"try:\n    main({args!r})\nexcept SystemExit as e:\n"
+        "    assert e.code == 0, e.code\n"
+        "assert 'torch' not in sys.modules\n"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr[-2000:]
+
+
 def test_card_carries_the_source_license(tmp_path: Path) -> None:
-    from eaglequant.card import source_license
+    from eaglequant.render.card import source_license
 
     (tmp_path / "README.md").write_text("---\nlicense: apache-2.0\ntags: [x]\n---\n# Draft\n")
     assert source_license(tmp_path) == "apache-2.0"

@@ -18,9 +18,10 @@ from pathlib import Path
 
 import pytest
 import torch
-from eaglequant.validate.engine_config import EngineOptions, llm_kwargs, speculative_config
-from eaglequant.validate.validate import acceptance, read_prompts
 
+from eaglequant.serving import speculative_config
+from eaglequant.validate.engine_config import EngineOptions, llm_kwargs
+from eaglequant.validate.validate import acceptance, read_prompts
 from tests.conftest import PYTHON, TOY, run_child
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]

@@ -7,6 +7,10 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
+
+from eaglequant.cli import main
+from eaglequant.errors import InputError
+from eaglequant.serving import speculative_config
 from eaglequant.validate.engine_config import (
     EngineOptions,
     check_engine_args,
@@ -16,11 +20,7 @@ from eaglequant.validate.engine_config import (
     platform_defaults,
     platform_env,
     serve_line,
-    speculative_config,
 )
-
-from eaglequant.cli import main
-from eaglequant.errors import InputError
 from tests.conftest import TOY, edit_config, tree_digest
 
 KNOWN = {"max_num_seqs", "gpu_memory_utilization", "enforce_eager", "kv_cache_dtype"}

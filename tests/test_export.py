@@ -10,10 +10,10 @@ import torch
 from click.testing import CliRunner
 from safetensors import safe_open
 
-from eaglequant.checkpoint import read_checkpoint
 from eaglequant.cli import main
 from eaglequant.draft import MIDLAYER_LINEARS, dims_from_config
 from eaglequant.exclusions import predict_fates
+from eaglequant.io.checkpoint import read_checkpoint
 from eaglequant.recipe import load_recipe
 from tests.conftest import tree_digest
 
@@ -89,9 +89,9 @@ def test_static_export_round_trip(pair: dict[str, Path], tmp_path: Path) -> None
 def test_capture_then_export_scales_equal_independent_float32_amax(
     pair: dict[str, Path], tmp_path: Path
 ) -> None:
+    from eaglequant.model.load import load_draft_module
+    from eaglequant.model.ranges import input_amax
     from eaglequant.quantize.calibrate import load_capture
-    from eaglequant.quantize.load import load_draft_module
-    from eaglequant.quantize.measure import input_amax
 
     capture = tmp_path / "capture"
     _capture(pair, capture, "--draft", str(pair["draft"]), "--samples", "8", "--seq-len", "48")
@@ -143,8 +143,9 @@ def test_calib_none_uses_recipe_range(pair: dict[str, Path], tmp_path: Path) -> 
 
 
 def test_ptpc_equals_quarks_own_file_to_file_flow(pair: dict[str, Path], tmp_path: Path) -> None:
-    from eaglequant.quantize.quark_backend import quark_config
     from quark.torch import ModelQuantizer
+
+    from eaglequant.quantize.quark_backend import quark_config
 
     out = tmp_path / "ptpc"
     _export([str(pair["draft"]), str(out), "--recipe", "ptpc-fp8"])
@@ -168,12 +169,14 @@ def test_wrong_layout_prediction_is_replanned(
     pair: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """If Quark writes other tensors than predicted, the output is re-planned, not wrong."""
-    from eaglequant.quantize import layout
+    from eaglequant.quantize import artifact
 
     _export([str(pair["draft"]), str(tmp_path / "planned"), "--recipe", "ptpc-fp8"])
     static = load_recipe("fp8-static")  # predicts per-tensor scales and input scales
-    original = layout.predicted_quantized
-    monkeypatch.setattr(layout, "predicted_quantized", lambda ckpt, _recipe: original(ckpt, static))
+    original = artifact.predicted_quantized
+    monkeypatch.setattr(
+        artifact, "predicted_quantized", lambda ckpt, _recipe: original(ckpt, static)
+    )
     _export([str(pair["draft"]), str(tmp_path / "replanned"), "--recipe", "ptpc-fp8"])
     planned, replanned = tree_digest(tmp_path / "planned"), tree_digest(tmp_path / "replanned")
     del planned["eaglequant.json"], replanned["eaglequant.json"]
@@ -201,3 +204,19 @@ def test_draft_without_embeddings_calibrates_with_captured_target_embeddings(
     written = read_checkpoint(out)
     assert "embed_tokens.weight" not in written.tensors
     assert written.tensors["midlayer.mlp.down_proj.input_scale"].dtype == "F32"
+
+
+def test_calib_none_exports_a_draft_without_embeddings(
+    no_embed_draft: Path, tmp_path: Path
+) -> None:
+    """``--calib none`` calibrates nothing, so it needs no target embeddings either."""
+    out = tmp_path / "fp8"
+    _export([str(no_embed_draft), str(out), "--calib", "none"])
+    written = read_checkpoint(out)
+    assert "embed_tokens.weight" not in written.tensors
+    for name in MIDLAYER_LINEARS:
+        assert float(written.load_tensor(f"{name}.input_scale")) == pytest.approx(16.0 / 448.0)
+    manifest = json.loads((out / "eaglequant.json").read_text())
+    assert manifest["calibration"]["calibrated"] is False
+    assert manifest["top1_agreement_by_step"] == []
+    assert manifest["calibration"]["held_out_tokens"] == 0

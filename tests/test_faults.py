@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from eaglequant.checkpoint import read_checkpoint
-from eaglequant.output import TEMP_MARK
+from eaglequant.io.checkpoint import read_checkpoint
+from eaglequant.io.output import TEMP_MARK
 from tests.conftest import tree_digest
 
 pytestmark = pytest.mark.slow
@@ -107,10 +107,11 @@ def test_two_exports_to_one_output_one_wins_cleanly(tiny_draft: Path, tmp_path: 
 def test_own_writer_hitting_the_size_limit_leaves_nothing(tiny_draft: Path, tmp_path: Path) -> None:
     script = (
         "import sys, pathlib\n"
-        "from eaglequant.checkpoint import read_checkpoint\n"
+        "from eaglequant.io.checkpoint import read_checkpoint\n"
         "from eaglequant.errors import OutputError\n"
-        "from eaglequant.output import atomic_output_dir\n"
-        "from eaglequant.writer import blob_from_file, write_checkpoint_weights\n"
+        "from eaglequant.io.output import atomic_output_dir\n"
+        "from eaglequant.io.layout import blob_from_file\n"
+        "from eaglequant.io.writer import write_checkpoint_weights\n"
         "src, out = read_checkpoint(sys.argv[1]), pathlib.Path(sys.argv[2])\n"
         "try:\n"
         "    blobs = [blob_from_file(t) for t in src.tensors.values()]\n"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+
 from eaglequant.validate.lossless import first_difference, lossless_check
 
 TARGET = [[5, 6, 7, 8], [1, 2, 3, 4]]

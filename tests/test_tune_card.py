@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 import yaml
 from click.testing import CliRunner
-from eaglequant.validate.tune import TuneRequest, check_request
 
 from eaglequant.cli import main
 from eaglequant.errors import InputError
+from eaglequant.validate.tune import TuneRequest, check_request
 from tests.conftest import TOY
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"

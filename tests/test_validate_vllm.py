@@ -13,6 +13,9 @@ from typing import Any
 
 import pytest
 from click.testing import CliRunner
+from safetensors.torch import load_file, save_file
+
+from eaglequant.cli import main
 from eaglequant.validate.validate import (
     ValidateRequest,
     acceptance,
@@ -20,9 +23,6 @@ from eaglequant.validate.validate import (
     run_engine,
     validate,
 )
-from safetensors.torch import load_file, save_file
-
-from eaglequant.cli import main
 from tests.conftest import TOY
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
@@ -136,8 +136,8 @@ def test_corrupted_scales_fail_plausibility(
 
 
 def test_random_weight_draft_has_acceptance_near_one(tmp_path: Path) -> None:
-    from eaglequant.checkpoint import read_checkpoint
-    from eaglequant.synthetic import write_random_draft
+    from eaglequant.devtools.synthetic import write_random_draft
+    from eaglequant.io.checkpoint import read_checkpoint
 
     config = read_checkpoint(TOY / "draft").config
     random_draft = write_random_draft(tmp_path / "random", config, seed=3)

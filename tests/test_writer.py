@@ -11,19 +11,13 @@ import pytest
 import torch
 from safetensors import safe_open
 
-from eaglequant.checkpoint import read_checkpoint
+from eaglequant.cli.options import int_list, shard_size
 from eaglequant.errors import InputError, OutputError
-from eaglequant.output import atomic_output_dir, check_output_path
-from eaglequant.readback import readback, sha256_file
-from eaglequant.writer import (
-    LayoutWriter,
-    TensorBlob,
-    blob_from_file,
-    blob_from_tensor,
-    parse_shard_size,
-    plan_layout,
-    write_checkpoint_weights,
-)
+from eaglequant.io.checkpoint import read_checkpoint
+from eaglequant.io.layout import TensorBlob, blob_from_file, blob_from_tensor, plan_layout
+from eaglequant.io.output import atomic_output_dir, check_output_path
+from eaglequant.io.readback import readback, sha256_file
+from eaglequant.io.writer import LayoutWriter, write_checkpoint_weights
 from tests.conftest import tree_digest
 
 
@@ -77,13 +71,20 @@ def test_file_backed_blobs_are_byte_identical(sharded_draft: Path, tmp_path: Pat
     ("text", "expected"), [("5GB", 5 * 10**9), ("500MB", 5 * 10**8), ("123", 123)]
 )
 def test_parse_shard_size(text: str, expected: int) -> None:
-    assert parse_shard_size(text) == expected
+    assert shard_size(text) == expected
 
 
 @pytest.mark.parametrize("text", ["five", "5XB", "0", "-3MB"])
 def test_unparsable_shard_size(text: str) -> None:
     with pytest.raises(InputError, match="--max-shard-size"):
-        parse_shard_size(text)
+        shard_size(text)
+
+
+@pytest.mark.parametrize(("text", "pattern"), [("1,x", "comma-separated"), ("0,2", "at least 1")])
+def test_int_list_names_its_option(text: str, pattern: str) -> None:
+    assert int_list("4,6,8", "--k", minimum=1, example="4,6,8") == (4, 6, 8)
+    with pytest.raises(InputError, match=f"--k '{text}': .*{pattern}"):
+        int_list(text, "--k", minimum=1, example="4,6,8")
 
 
 def test_atomic_output_appears_only_on_success(tmp_path: Path) -> None:
@@ -169,3 +170,26 @@ def test_readback_hashes_files_and_finds_changed_bytes(sharded_draft: Path, tmp_
         "tensor 'extra' is not byte-identical to its quantized bytes",
         "tensor 'fc.weight' is not byte-identical to its input",
     ]
+
+
+def test_replanned_artifact_reports_the_layout_it_wrote(tiny_draft: Path, tmp_path: Path) -> None:
+    """Quark wrote other tensors than predicted: the artifact re-plans with its one writer."""
+    from eaglequant.draft import MIDLAYER_LINEARS
+    from eaglequant.quantize.artifact import Artifact
+    from eaglequant.recipe import load_recipe
+
+    source, folder = read_checkpoint(tiny_draft), tmp_path / "out"
+    folder.mkdir()
+    artifact = Artifact.start(folder, source, load_recipe("fp8-static"), 10**9)
+    quantized = {}  # per-channel scales and no input scales: not the static prediction
+    for name in MIDLAYER_LINEARS:
+        shape = source.tensors[f"{name}.weight"].shape
+        quantized[f"{name}.weight"] = torch.zeros(shape, dtype=torch.float8_e4m3fn)
+        quantized[f"{name}.weight_scale"] = torch.ones(shape[0])
+    artifact.finish(quantized, source.config)
+    artifact.cancel()
+    written = {p.blob.name for f in artifact.layout.files for p in f.placements}
+    replaced = {f"{name}.weight" for name in MIDLAYER_LINEARS}
+    assert written == set(source.tensors) - replaced | set(quantized)
+    _digests, problems = readback(folder, artifact.layout, artifact.quantized)
+    assert problems == []

@@ -6,8 +6,6 @@ the engine the same way and report exactly how it ran:
 - ``EngineOptions``: the target's ``tensor_parallel_size`` and any other
   ``vllm.EngineArgs`` field the user passes (``--engine-arg KEY=VALUE``),
   checked against vLLM's own ``EngineArgs`` before any engine starts;
-- ``speculative_config``: the EAGLE-3 dict (the draft at TP 1, as the
-  reference serve line runs it);
 - ``platform_defaults``: what only the CPU platform needs (``enforce_eager``,
   ``VLLM_CPU_KVCACHE_SPACE``, a short ``max_model_len``, one core range per
   worker in ``VLLM_CPU_OMP_THREADS_BIND``); on GPU/ROCm vLLM's own defaults
@@ -31,7 +29,6 @@ from typing import Any
 
 from eaglequant.errors import InputError
 
-DRAFT_TENSOR_PARALLEL_SIZE = 1
 CPU_KVCACHE_SPACE_GIB = "1"
 CPU_MAX_MODEL_LEN = 1024
 # Set by the tool itself from its own options or inputs; the message names what to use instead.
@@ -115,16 +112,6 @@ def probe_vllm(python: str) -> VllmInstall:
         raise InputError(f"vLLM cannot be imported here ({tail[0]}); install eaglequant[vllm]")
     device_type, version, fields = json.loads(lines[-1])
     return VllmInstall(str(device_type), str(version), frozenset(fields))
-
-
-def speculative_config(draft: str, k: int) -> dict[str, Any]:
-    """The EAGLE-3 speculative config every vLLM run of the tool uses."""
-    return {
-        "model": draft,
-        "method": "eagle3",
-        "num_speculative_tokens": k,
-        "draft_tensor_parallel_size": DRAFT_TENSOR_PARALLEL_SIZE,
-    }
 
 
 def llm_kwargs(options: EngineOptions, target: str, speculative: dict[str, Any] | None) -> dict:

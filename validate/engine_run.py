@@ -98,6 +98,9 @@ class DraftInspector:
 
 def run(spec: dict[str, Any]) -> dict[str, Any]:
     started = time.perf_counter()
+    from vllm import LLM, SamplingParams
+    from vllm.platforms import current_platform
+
     from eaglequant.validate.engine_config import (
         platform_defaults,
         platform_env,
@@ -105,8 +108,6 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
         usable_cores,
         worker_count,
     )
-    from vllm import LLM, SamplingParams
-    from vllm.platforms import current_platform
 
     on_cpu = current_platform.is_cpu()
     kwargs = platform_defaults(spec["llm"], on_cpu)

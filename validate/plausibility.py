@@ -12,60 +12,84 @@ point, so a scale 1000x too large leaves acceptance unchanged, and a missing
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
 
-from eaglequant.checkpoint import read_checkpoint
 from eaglequant.draft import MIDLAYER_LINEARS, dims_from_config
+from eaglequant.io.checkpoint import read_checkpoint
 from eaglequant.recipe import FP8_E4M3_MAX
-
-if TYPE_CHECKING:
-    from eaglequant.validate.validate import ValidateRequest
+from eaglequant.validate.check import Check
 
 
-def plausibility_problems(
-    request: ValidateRequest, generated: list[list[int]] | None
-) -> tuple[list[str], dict[str, Any]]:
+@dataclass(frozen=True, kw_only=True)
+class PlausibilityInputs:
+    """What check 6 reads: the pair, the drafts, the validation sequences and the tolerance."""
+
+    target: Path
+    draft: Path
+    baseline: Path
+    prompts: list[str]
+    generated: list[list[int]] | None
+    k: int
+    tolerance: float
+
+
+def scale_plausibility(inputs: PlausibilityInputs) -> Check:
+    """Check 6: the FP8 artifact's scales against ranges the BF16 draft really produces."""
+    problems, numbers = plausibility_problems(inputs)
+    detail = (
+        f"every scale within {inputs.tolerance}x of the measured range"
+        if not problems
+        else "; ".join(problems)
+    )
+    return Check("6 scale plausibility", not problems, detail, numbers)
+
+
+def plausibility_problems(inputs: PlausibilityInputs) -> tuple[list[str], dict[str, Any]]:
     import torch
-    from eaglequant.quantize.calibrate import check_target_fits
-    from eaglequant.quantize.load import load_draft_module
-    from eaglequant.quantize.measure import input_amax
 
-    fp8 = read_checkpoint(request.draft)
-    baseline = read_checkpoint(request.baseline)
+    from eaglequant.draft import check_target_fits
+    from eaglequant.model.load import load_draft_module
+    from eaglequant.model.ranges import input_amax
+
+    fp8 = read_checkpoint(inputs.draft)
+    baseline = read_checkpoint(inputs.baseline)
     dims = dims_from_config(baseline.config)
-    aux_ids = check_target_fits(request.target, dims)
+    aux_ids = check_target_fits(inputs.target, dims)
     model = load_draft_module(baseline)
-    batches, embed = _validation_batches(request, generated, aux_ids)
+    batches, embed = _validation_batches(inputs, aux_ids)
     if model.embed_tokens is None:
         model.embed_tokens = torch.nn.Embedding.from_pretrained(embed, freeze=True)
-    measured = input_amax(model, batches, request.k)
+    measured = input_amax(model, batches, inputs.k)
     static_inputs = _static_inputs(fp8.config)
     problems: list[str] = []
     numbers: dict[str, Any] = {}
     for name in MIDLAYER_LINEARS:
-        weight_amax = model.get_submodule(name).weight.detach().abs()
+        weight_amax = model.linear_weight(name).detach().abs()
         row = {"input_amax": measured[name]}
-        problems += _check_weight_scale(fp8, name, weight_amax, request.scale_tolerance, row)
+        problems += _check_weight_scale(fp8, name, weight_amax, inputs.tolerance, row)
         if static_inputs:
-            problems += _check_input_scale(fp8, name, measured[name], request.scale_tolerance, row)
+            problems += _check_input_scale(fp8, name, measured[name], inputs.tolerance, row)
         numbers[name] = row
-    return problems, {"layers": numbers, "tolerance": request.scale_tolerance}
+    return problems, {"layers": numbers, "tolerance": inputs.tolerance}
 
 
 def _validation_batches(
-    request: ValidateRequest, generated: list[list[int]] | None, aux_ids: tuple[int, ...]
+    inputs: PlausibilityInputs, aux_ids: tuple[int, ...]
 ) -> tuple[list[dict[str, Any]], Any]:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    tokenizer = AutoTokenizer.from_pretrained(request.target)
+    tokenizer = AutoTokenizer.from_pretrained(inputs.target)
     target = AutoModelForCausalLM.from_pretrained(
-        request.target, dtype=torch.float32, use_safetensors=True
+        inputs.target, dtype=torch.float32, use_safetensors=True
     ).eval()
     batches = []
     with torch.no_grad():
-        for i, prompt in enumerate(request.prompts):
-            ids = tokenizer(prompt)["input_ids"] + (generated[i] if generated else [])
+        for i, prompt in enumerate(inputs.prompts):
+            continuation = inputs.generated[i] if inputs.generated else []
+            ids = tokenizer(prompt)["input_ids"] + continuation
             row = torch.tensor([ids])
             states = target(input_ids=row, output_hidden_states=True).hidden_states
             aux = torch.cat([states[j] for j in aux_ids], dim=-1)

@@ -29,18 +29,17 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from eaglequant.errors import CheckFailed, InputError
+from eaglequant.io.checkpoint import read_config
+from eaglequant.serving import speculative_config
 from eaglequant.validate.engine_config import (
     EngineOptions,
     check_engine_args,
     platform_env,
     probe_vllm,
     serve_flags,
-    speculative_config,
     usable_cores,
 )
-
-from eaglequant.checkpoint import read_config
-from eaglequant.errors import CheckFailed, InputError
 
 BENCH_SCRIPT = (
     "import sys\n"
@@ -95,7 +94,7 @@ def _max_model_len(request: TuneRequest) -> int | None:
 def check_request(request: TuneRequest) -> int:
     """Fail before any server starts; return the max-model-len to serve with."""
     if not request.target.is_dir():
-        raise InputError(f"{request.target}: no such target folder; pass --target DIR")
+        raise InputError(f"{request.target}: no such target folder; pass the target model's folder")
     read_config(request.target)
     draft_config = read_config(request.draft)
     if "eagle" not in " ".join(draft_config.get("architectures") or []).lower():

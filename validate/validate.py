@@ -35,13 +35,19 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from eaglequant.draft import check_target_fits, dims_from_config, structure_problems
+from eaglequant.errors import InputError
+from eaglequant.io.checkpoint import read_checkpoint, read_config
+from eaglequant.io.records import jsonl_records, read_utf8
+from eaglequant.manifest import MANIFEST_FILE, read_json_object
+from eaglequant.recipe import ValidationSpec, load_recipe
+from eaglequant.serving import speculative_config
 from eaglequant.validate.check import Check
 from eaglequant.validate.engine_config import (
     EngineOptions,
     check_engine_args,
     llm_kwargs,
     probe_vllm,
-    speculative_config,
 )
 from eaglequant.validate.lossless import (
     DEFAULT_MODE,
@@ -49,10 +55,6 @@ from eaglequant.validate.lossless import (
     TOP_LOGPROBS,
     lossless_check,
 )
-
-from eaglequant.checkpoint import read_checkpoint, read_config
-from eaglequant.draft import dims_from_config, structure_problems
-from eaglequant.errors import InputError
 
 LOG_TAIL_CHARS = 4000
 BAD_EXCLUSION_SIGNATURE = "Attempted to load weight"
@@ -98,61 +100,55 @@ class ValidationReport:
         return data
 
 
-def read_prompts(path: Path | None, default: Path | None = None) -> list[str]:
+def read_prompts(path: Path) -> list[str]:
     """Prompts from a .jsonl (``text`` or ``prompt`` fields) or .txt (one per line)."""
-    source = path or default
-    if source is None or not source.is_file():
-        raise InputError(f"{source}: no such prompts file; pass --prompts FILE")
-    try:
-        raw = source.read_text(encoding="utf-8")
-    except UnicodeDecodeError as exc:
-        raise InputError(f"{source}: not UTF-8 text; convert it") from exc
-    if source.suffix == ".jsonl":
+    raw = read_utf8(path, "prompts")
+    if path.suffix == ".jsonl":
         prompts = []
-        for number, line in enumerate(raw.splitlines(), 1):
-            if not line.strip():
-                continue
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise InputError(f"{source}:{number}: not JSON ({exc.msg})") from exc
-            text = record.get("text", record.get("prompt")) if isinstance(record, dict) else None
+        for number, record in jsonl_records(path, raw):
+            text = record.get("text", record.get("prompt"))
             if not isinstance(text, str):
-                raise InputError(f"{source}:{number}: needs a 'text' or 'prompt' string")
+                raise InputError(f"{path}:{number}: needs a 'text' or 'prompt' string")
             prompts.append(text)
     else:
         prompts = [line for line in raw.splitlines() if line.strip()]
     if not prompts:
-        raise InputError(f"{source}: holds no prompts")
+        raise InputError(f"{path}: holds no prompts")
     return prompts
+
+
+def validation_spec(draft: Path, recipe: str | None) -> ValidationSpec:
+    """Thresholds: the named recipe's, else the exported-with recipe's (manifest), else default."""
+    if recipe is not None:
+        return load_recipe(recipe).validation
+    manifest = draft / MANIFEST_FILE
+    if not manifest.is_file():
+        return load_recipe().validation
+    block = read_json_object(manifest, "export manifest").get("recipe", {}).get("validation")
+    try:
+        return ValidationSpec(**block)
+    except TypeError as exc:
+        raise InputError(
+            f"{manifest}: recipe.validation is not a validation block ({block!r}); "
+            "re-export the draft or name the recipe to validate with"
+        ) from exc
 
 
 def check_inputs(request: ValidateRequest) -> None:
     """Everything that can be checked before any engine starts."""
     if not request.target.is_dir():
-        raise InputError(f"{request.target}: no such target folder; pass --target DIR")
-    target_config = read_config(request.target)
-    target_config = target_config.get("text_config", target_config)
-    for role, folder in (("--draft", request.draft), ("--baseline", request.baseline)):
+        raise InputError(f"{request.target}: no such target folder; pass the target model's folder")
+    for folder in (request.draft, request.baseline):
         ckpt = read_checkpoint(folder)
         problems = structure_problems(ckpt)
         if problems:
-            raise InputError(f"{role}: {problems[0]}")
-        dims = dims_from_config(ckpt.config, str(folder / "config.json"))
-        if dims.target_hidden != target_config.get("hidden_size"):
-            raise InputError(
-                f"{folder}: built for target hidden size {dims.target_hidden}, but "
-                f"{request.target} has hidden_size {target_config.get('hidden_size')}; "
-                "pass the target this draft was trained for"
-            )
-        if dims.vocab != target_config.get("vocab_size"):
-            raise InputError(
-                f"{folder}: vocab_size {dims.vocab} differs from the target's "
-                f"{target_config.get('vocab_size')}; pass the target this draft was trained for"
-            )
+            raise InputError(str(problems[0]))
+        check_target_fits(
+            request.target, dims_from_config(ckpt.config, str(folder / "config.json"))
+        )
     if "quantization_config" not in read_config(request.draft):
         raise InputError(
-            f"{request.draft}: has no quantization_config; pass the FP8 draft as --draft"
+            f"{request.draft}: has no quantization_config; pass the FP8 draft to validate"
         )
     check_engine_args(request.engine.engine_args, probe_vllm(sys.executable).engine_args)
 
@@ -378,14 +374,17 @@ def _per_position(engines: dict[str, dict[str, Any]]) -> Check:
 
 
 def scale_plausibility(request: ValidateRequest, target_engine: dict[str, Any]) -> Check:
-    """Check 6: the FP8 artifact's scales against ranges the BF16 draft really produces."""
-    from eaglequant.validate.plausibility import plausibility_problems
+    """Check 6 on the validation sequences: each prompt and the target's own continuation."""
+    from eaglequant.validate.plausibility import PlausibilityInputs
+    from eaglequant.validate.plausibility import scale_plausibility as check
 
-    generated = target_engine.get("result", {}).get("token_ids")
-    problems, numbers = plausibility_problems(request, generated)
-    detail = (
-        f"every scale within {request.scale_tolerance}x of the measured range"
-        if not problems
-        else "; ".join(problems)
+    inputs = PlausibilityInputs(
+        target=request.target,
+        draft=request.draft,
+        baseline=request.baseline,
+        prompts=request.prompts,
+        generated=target_engine.get("result", {}).get("token_ids"),
+        k=request.k,
+        tolerance=request.scale_tolerance,
     )
-    return Check("6 scale plausibility", not problems, detail, numbers)
+    return check(inputs)

@@ -17,24 +17,12 @@ from typing import Any
 
 import yaml
 
-from eaglequant.checkpoint import read_config
 from eaglequant.errors import InputError
 from eaglequant.exclusions import predict_fates
-
-MANIFEST = "eaglequant.json"
-PLOTS = ("throughput.png", "speedup.png", "acceptance.png")
-
-
-def _read_json(path: Path, what: str) -> dict[str, Any]:
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise InputError(
-            f"{path}: cannot read the {what} ({exc}); pass the file eaglequant wrote"
-        ) from exc
-    if not isinstance(data, dict):
-        raise InputError(f"{path}: the {what} must be a JSON object")
-    return data
+from eaglequant.io.checkpoint import read_config
+from eaglequant.manifest import read_json_object, read_manifest
+from eaglequant.render.reports import PLOTS, tune_markdown, validation_markdown
+from eaglequant.serving import speculative_config
 
 
 def write_card(
@@ -47,14 +35,9 @@ def write_card(
     config = read_config(folder)
     if "quantization_config" not in config:
         raise InputError(f"{folder}: no quantization_config; run the card on an exported FP8 draft")
-    manifest_path = folder / MANIFEST
-    if not manifest_path.is_file():
-        raise InputError(
-            f"{manifest_path}: missing; the card is built from eaglequant export's manifest"
-        )
-    manifest = _read_json(manifest_path, "export manifest")
-    report = _read_json(validation, "validation report") if validation else None
-    tuning = _read_json(tune_dir / "results.json", "tuning results") if tune_dir else None
+    manifest = read_manifest(folder)
+    report = read_json_object(validation, "validation report") if validation else None
+    tuning = read_json_object(tune_dir / "results.json", "tuning results") if tune_dir else None
     license_id = license_id or source_license(Path(manifest.get("source", "")))
     text = render(folder, base_model, config, manifest, report, tuning, license_id)
     if tune_dir:
@@ -110,12 +93,7 @@ def render(
 ) -> str:
     qcfg = config["quantization_config"]
     k = (tuning or {}).get("recommended_overall_k") or (report or {}).get("k") or 6
-    speculative = {
-        "model": folder.name,
-        "method": "eagle3",
-        "num_speculative_tokens": k,
-        "draft_tensor_parallel_size": 1,
-    }
+    speculative = speculative_config(folder.name, k)
     parts = [
         "---\n" + yaml.safe_dump(front_matter(base_model, license_id), sort_keys=False) + "---\n",
         f"# {folder.name}\n",
@@ -132,11 +110,9 @@ def render(
         _calibration_section(manifest),
     ]
     if report:
-        parts.append(_validation_section(report))
+        parts.append(validation_markdown(report))
     if tuning:
-        from eaglequant.validate.tune_report import markdown_tables
-
-        parts.append("## Tuning (`eaglequant tune`)\n\n" + markdown_tables(tuning))
+        parts.append("## Tuning (`eaglequant tune`)\n\n" + tune_markdown(tuning))
         parts.append("".join(f"![{n}]({n})\n" for n in PLOTS))
     parts.append(_files_section(manifest))
     return "\n".join(parts)
@@ -180,28 +156,6 @@ def _calibration_section(manifest: dict[str, Any]) -> str:
 
 def _fmt(value: float | None, spec: str, missing: str = "dynamic") -> str:
     return missing if value is None else format(value, spec)
-
-
-def _validation_section(report: dict[str, Any]) -> str:
-    lines = [
-        "## Validation in vLLM (`eaglequant validate`)\n",
-        f"k={report['k']}, {report['prompts']} prompts x {report['max_tokens']} tokens, greedy; "
-        f"backend {report['backend']}.\n",
-        "| draft | mean acceptance length | acceptance by position |",
-        "|---|---|---|",
-    ]
-    for role in ("bf16", "fp8"):
-        acc = report["engines"][role].get("acceptance") or {}
-        per_pos = " / ".join(f"{p:.3f}" for p in acc.get("per_position", []))
-        mean = acc.get("mean_length")
-        lines.append(
-            f"| {role.upper()} | {mean:.3f} | {per_pos} |"
-            if mean
-            else f"| {role.upper()} | - | - |"
-        )
-    lines += ["", "| check | result |", "|---|---|"]
-    lines += [f"| {c['name']} | {'PASS' if c['passed'] else 'FAIL'} |" for c in report["checks"]]
-    return "\n".join(lines) + "\n"
 
 
 def _files_section(manifest: dict[str, Any]) -> str:

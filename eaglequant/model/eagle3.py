@@ -194,6 +194,12 @@ class Eagle3Draft(PreTrainedModel):
             prenorms.append(outputs[-1].prenorm)
         return torch.cat(prenorms)
 
+    def linear_weight(self, name: str) -> torch.Tensor:
+        """The weight of the linear layer ``name`` (a checkpoint name such as ``fc``)."""
+        weight = self.get_submodule(name).weight
+        assert isinstance(weight, torch.Tensor)
+        return weight
+
     def draft_to_target(self, draft_ids: torch.Tensor) -> torch.Tensor:
         return draft_ids + self.d2t[draft_ids]
 

@@ -13,7 +13,6 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from eaglequant.checkpoint import Checkpoint, read_checkpoint
 from eaglequant.draft import (
     MIDLAYER_LINEARS,
     Problem,
@@ -28,6 +27,7 @@ from eaglequant.exclusions import (
     predict_fates,
     vllm_linear_names,
 )
+from eaglequant.io.checkpoint import Checkpoint, read_checkpoint
 
 
 @dataclass

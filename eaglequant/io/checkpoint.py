@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from eaglequant.errors import InputError
-from eaglequant.safetensors_header import TensorInfo, read_header
+from eaglequant.io.safetensors_header import TensorInfo, read_header
 
 if TYPE_CHECKING:
     import torch

@@ -16,7 +16,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from eaglequant.writer import Layout, Placement, ShardFile
+from eaglequant.io.layout import Layout, Placement, ShardFile
 
 CHUNK = 16 * 1024 * 1024
 WORKERS = 2

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import sys
+from typing import Any
 
 from rich.console import Console
 from rich.table import Table
 
-from eaglequant.inspect_draft import InspectReport
+from eaglequant.checks import InspectReport
+from eaglequant.render.reports import acceptance_rows
 
 console = Console(highlight=False, width=None if sys.stdout.isatty() else 160)
 
@@ -98,3 +100,30 @@ def print_export(result) -> None:  # type: ignore[no-untyped-def]
 
 def _num(value: float | None) -> str:
     return "-" if value is None else f"{value:.4g}"
+
+
+def print_validation(report: dict[str, Any]) -> None:
+    """A validation report (its JSON form): setup, acceptance, checks, verdict, serve line."""
+    console.print(
+        f"target {report['target']}, k={report['k']}, {report['prompts']} prompts x "
+        f"{report['max_tokens']} tokens, backend {report['backend']}, "
+        f"CPU FP8 plugin {'active' if report['plugin_active'] else 'inactive'}"
+    )
+    table = Table(title="Speculative decoding in vLLM")
+    for column in ("draft", "mean acceptance length", "acceptance by position", "engine"):
+        table.add_column(column)
+    for row in acceptance_rows(report):
+        table.add_row(*row)
+    console.print(table)
+    checks = Table(title="Checks")
+    for column in ("check", "result", "detail"):
+        checks.add_column(column)
+    for check in report["checks"]:
+        verdict = "[green]PASS[/green]" if check["passed"] else "[red]FAIL[/red]"
+        checks.add_row(check["name"], verdict, check["detail"])
+    console.print(checks)
+    console.print(
+        "[green]all checks passed[/green]" if report["passed"] else "[red]validation FAILED[/red]"
+    )
+    if report.get("serve_command"):
+        console.print(f"equivalent serve line: {report['serve_command']}", soft_wrap=True)

@@ -11,7 +11,8 @@ from pathlib import Path
 from typing import Any
 
 from eaglequant.draft import dims_from_config, expected_shapes, optional_shapes
-from eaglequant.writer import TensorBlob, blob_from_tensor, write_checkpoint_weights, write_text
+from eaglequant.io.layout import TensorBlob, blob_from_tensor
+from eaglequant.io.writer import write_checkpoint_weights, write_text
 
 
 def draft_config(

@@ -7,17 +7,17 @@ import math
 import torch
 
 from eaglequant.errors import InputError
-from eaglequant.safetensors_header import DTYPE_SIZES, TensorInfo
+from eaglequant.io.layout import torch_dtypes
+from eaglequant.io.safetensors_header import DTYPE_SIZES, FLOAT_DTYPES, TensorInfo
 
 FINITE_CHECK_BYTES = 64 * 1024 * 1024
-FLOAT_DTYPES = {"BF16": torch.bfloat16, "F16": torch.float16, "F32": torch.float32}
 
 
 def check_finite(info: TensorInfo) -> None:
     """Count NaN/Inf chunk by chunk, read straight from the file (nothing stays in memory)."""
     if info.dtype not in FLOAT_DTYPES:
         return
-    dtype = FLOAT_DTYPES[info.dtype]
+    dtype = torch_dtypes()[info.dtype]
     step = FINITE_CHECK_BYTES - FINITE_CHECK_BYTES % 8
     bad, buffer = 0, bytearray(min(step, info.nbytes))
     with info.file.open("rb", buffering=0) as handle:

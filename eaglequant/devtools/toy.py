@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from eaglequant.synthetic import draft_config
+from eaglequant.devtools.synthetic import draft_config
 
 AUX_LAYER_IDS = (1, 2, 3)
 
@@ -183,7 +183,7 @@ def build_draft(target: Any, draft_ids: Any, settings: ToySettings) -> Any:
     import torch
     from transformers import LlamaConfig
 
-    from eaglequant.quantize.draft_model import Eagle3Draft
+    from eaglequant.model.eagle3 import Eagle3Draft
 
     config = draft_config(
         hidden=settings.hidden,
@@ -198,6 +198,7 @@ def build_draft(target: Any, draft_ids: Any, settings: ToySettings) -> Any:
     )
     torch.manual_seed(settings.seed + 1)
     draft = Eagle3Draft(LlamaConfig(**config))
+    assert draft.embed_tokens is not None
     with torch.no_grad():
         draft.embed_tokens.weight.copy_(target.model.embed_tokens.weight)
         draft.lm_head.weight.copy_(target.lm_head.weight[draft_ids])
@@ -316,7 +317,8 @@ def _save_pair(
 ) -> None:
     import torch
 
-    from eaglequant.writer import blob_from_tensor, write_checkpoint_weights, write_text
+    from eaglequant.io.layout import blob_from_tensor
+    from eaglequant.io.writer import write_checkpoint_weights, write_text
 
     target_dir, draft_dir = out / "target", out / "draft"
     target.to(torch.bfloat16).save_pretrained(target_dir)

@@ -1,206 +1,25 @@
-"""Writing safetensors checkpoints: sharding, index, and streamed pass-through tensors.
+"""Writing a planned layout: the threaded writer, whole checkpoints, text and extra files.
 
-Tensors are written as blobs: bytes in memory (a quantized weight), a byte
-range of an input file (a tensor passed through unchanged, copied by the kernel
-without being decoded, so ``fc``/``lm_head``/``embed_tokens`` stay
-byte-identical and are never held in memory), or *pending*: a tensor whose
-dtype and shape are known but whose bytes come later.
-
-The layout is planned first (huggingface_hub's ``split_state_dict_into_shards_factory``:
-HF file names, ``{"format": "pt"}`` metadata, ``model.safetensors.index.json``
-with ``total_size``), so every tensor's place in every file is known before any
-byte is written. That lets the export copy the pass-through gigabytes in a
-background thread while Quark is still working, then drop the quantized bytes
-into their places (:class:`LayoutWriter`).
+The layout is planned first (:mod:`eaglequant.io.layout`), so every tensor's
+place in every file is known before any byte is written. That lets the export
+copy the pass-through gigabytes in a background thread while Quark is still
+working, then drop the quantized bytes into their places (:class:`LayoutWriter`).
 """
 
 from __future__ import annotations
 
-import json
-import math
 import os
-import struct
 import threading
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
 
-from eaglequant.checkpoint import INDEX_FILE, SINGLE_FILE
 from eaglequant.errors import InputError
-from eaglequant.safetensors_header import DTYPE_SIZES, TensorInfo
-
-if TYPE_CHECKING:
-    import torch
+from eaglequant.io.checkpoint import INDEX_FILE
+from eaglequant.io.layout import Layout, ShardFile, TensorBlob, plan_file, plan_layout
+from eaglequant.io.safetensors_header import TensorInfo
 
 FILE_MODE = 0o644
 COPY_CHUNK = 256 * 1024 * 1024
-DEFAULT_MAX_SHARD_SIZE = "5GB"
-
-
-@dataclass(frozen=True)
-class TensorBlob:
-    """One tensor to write: dtype, shape, and in-memory bytes, an input byte range, or neither."""
-
-    name: str
-    dtype: str
-    shape: tuple[int, ...]
-    data: bytes | None = None
-    source: TensorInfo | None = None
-
-    @property
-    def nbytes(self) -> int:
-        return math.prod(self.shape) * DTYPE_SIZES[self.dtype]
-
-    @property
-    def pending(self) -> bool:
-        return self.data is None and self.source is None
-
-
-def blob_from_file(info: TensorInfo) -> TensorBlob:
-    """A tensor copied byte for byte from its input file."""
-    return TensorBlob(info.name, info.dtype, info.shape, source=info)
-
-
-def blob_from_tensor(name: str, tensor: torch.Tensor) -> TensorBlob:
-    """A tensor held in memory, stored in its own dtype."""
-    import torch
-
-    dtype = torch_to_safetensors_dtype(tensor.dtype)
-    flat = tensor.detach().contiguous().cpu().reshape(-1)
-    data = flat.view(torch.uint8).numpy().tobytes() if flat.numel() else b""
-    return TensorBlob(name, dtype, tuple(tensor.shape), data=data)
-
-
-def torch_to_safetensors_dtype(dtype: torch.dtype) -> str:
-    import torch
-
-    names = {
-        torch.bool: "BOOL",
-        torch.uint8: "U8",
-        torch.int8: "I8",
-        torch.int16: "I16",
-        torch.int32: "I32",
-        torch.int64: "I64",
-        torch.float16: "F16",
-        torch.bfloat16: "BF16",
-        torch.float32: "F32",
-        torch.float64: "F64",
-        torch.float8_e4m3fn: "F8_E4M3",
-        torch.float8_e5m2: "F8_E5M2",
-    }
-    return names[dtype]
-
-
-def parse_shard_size(text: str | int) -> int:
-    """'5GB', '500MB', '10KB' or a byte count -> bytes; InputError when unparsable."""
-    from huggingface_hub.serialization._base import parse_size_to_int
-
-    if isinstance(text, int) or str(text).strip().isdigit():
-        size = int(text)
-    else:
-        try:
-            size = parse_size_to_int(str(text))
-        except ValueError as exc:
-            raise InputError(
-                f"--max-shard-size {text!r}: not a size; use a byte count or e.g. 5GB, 500MB"
-            ) from exc
-    if size <= 0:
-        raise InputError(f"--max-shard-size {text!r}: must be positive")
-    return size
-
-
-@dataclass(frozen=True)
-class Placement:
-    """One tensor's absolute byte range in its output file."""
-
-    blob: TensorBlob
-    start: int
-
-    @property
-    def end(self) -> int:
-        return self.start + self.blob.nbytes
-
-
-@dataclass(frozen=True)
-class ShardFile:
-    """One planned safetensors file: its header bytes and where each tensor goes."""
-
-    name: str
-    header: bytes  # the 8-byte length, the JSON header and its padding
-    placements: tuple[Placement, ...]
-
-    @property
-    def size(self) -> int:
-        return self.placements[-1].end if self.placements else len(self.header)
-
-
-@dataclass(frozen=True)
-class Layout:
-    """Every output weight file, planned; ``index`` is the index JSON when sharded."""
-
-    files: tuple[ShardFile, ...]
-    index: str | None
-
-    @property
-    def file_names(self) -> list[str]:
-        return [f.name for f in self.files] + ([INDEX_FILE] if self.index else [])
-
-    def placement(self, name: str) -> tuple[ShardFile, Placement]:
-        for shard in self.files:
-            for placed in shard.placements:
-                if placed.blob.name == name:
-                    return shard, placed
-        raise KeyError(name)
-
-
-def plan_shards(blobs: list[TensorBlob], max_shard_size: int) -> dict[str, list[TensorBlob]]:
-    """File name -> its blobs, in huggingface_hub's sharding and naming."""
-    from huggingface_hub.serialization import split_state_dict_into_shards_factory
-
-    by_name = {b.name: b for b in sorted(blobs, key=lambda b: b.name)}
-    split = split_state_dict_into_shards_factory(
-        by_name,  # type: ignore[arg-type]
-        get_storage_size=lambda blob: blob.nbytes,
-        filename_pattern=SINGLE_FILE.replace(".safetensors", "{suffix}.safetensors"),
-        max_shard_size=max_shard_size,
-    )
-    return {f: [by_name[n] for n in names] for f, names in split.filename_to_tensors.items()}
-
-
-def plan_layout(blobs: list[TensorBlob], max_shard_size: int) -> Layout:
-    """Shards, headers and every tensor's offset, before any byte is written."""
-    shards = plan_shards(blobs, max_shard_size)
-    files = tuple(_plan_file(name, shard_blobs) for name, shard_blobs in shards.items())
-    index = None
-    if len(files) > 1:
-        weight_map = {p.blob.name: f.name for f in files for p in f.placements}
-        index_json = {
-            "metadata": {"total_size": sum(b.nbytes for b in blobs)},
-            "weight_map": dict(sorted(weight_map.items())),
-        }
-        index = json.dumps(index_json, indent=2) + "\n"
-    return Layout(files, index)
-
-
-def _plan_file(name: str, blobs: list[TensorBlob]) -> ShardFile:
-    header: dict[str, object] = {"__metadata__": {"format": "pt"}}
-    offset = 0
-    for blob in blobs:
-        header[blob.name] = {
-            "dtype": blob.dtype,
-            "shape": list(blob.shape),
-            "data_offsets": [offset, offset + blob.nbytes],
-        }
-        offset += blob.nbytes
-    raw = json.dumps(header, separators=(",", ":")).encode("utf-8")
-    raw += b" " * (-len(raw) % 8)
-    head = struct.pack("<Q", len(raw)) + raw
-    placements, position = [], len(head)
-    for blob in blobs:
-        placements.append(Placement(blob, position))
-        position += blob.nbytes
-    return ShardFile(name, head, tuple(placements))
 
 
 def write_checkpoint_weights(
@@ -215,7 +34,7 @@ def write_checkpoint_weights(
 
 def write_safetensors(path: Path, blobs: Iterable[TensorBlob]) -> None:
     """Write one safetensors file, streaming file-backed blobs from their source."""
-    shard = _plan_file(path.name, list(blobs))
+    shard = plan_file(path.name, list(blobs))
     _write_known(path.parent, shard, threading.Event())
     os.chmod(path, FILE_MODE)
 
@@ -227,7 +46,8 @@ class LayoutWriter:
     place in a thread (the kernel copies; the GIL is free for other work);
     ``finish(pending)`` waits for it, writes the pending tensors' bytes at their
     planned offsets, the index, sets modes and fsyncs. Errors of the background
-    thread are raised from ``finish``; ``cancel()`` stops it (between chunks).
+    thread are raised from ``finish`` (or at once by ``raise_if_failed``);
+    ``cancel()`` stops it (between chunks).
     ``check_source(info)`` runs on each pass-through tensor right after its copy,
     while its bytes are still in the page cache (the export checks for NaN/Inf).
     """
@@ -275,6 +95,11 @@ class LayoutWriter:
         if self._error is not None:
             error, self._error = self._error, None
             raise error
+
+    def raise_if_failed(self) -> None:
+        """Raise the background thread's error now if it has already failed; never waits."""
+        if self._error is not None:
+            self.wait()
 
     def cancel(self) -> None:
         self._cancel.set()

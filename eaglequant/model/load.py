@@ -15,14 +15,15 @@ from __future__ import annotations
 import mmap
 
 import torch
-from eaglequant.quantize.draft_model import Eagle3Draft, FileMappings, MidLayer, UpcastLinear
-from eaglequant.quantize.finite import FLOAT_DTYPES, check_finite, require_finite
 from transformers import LlamaConfig
 
-from eaglequant.checkpoint import Checkpoint
 from eaglequant.draft import MIDLAYER_LINEARS, dims_from_config
 from eaglequant.errors import InputError
-from eaglequant.safetensors_header import TensorInfo
+from eaglequant.io.checkpoint import Checkpoint
+from eaglequant.io.layout import torch_dtypes
+from eaglequant.io.safetensors_header import FLOAT_DTYPES, TensorInfo
+from eaglequant.model.eagle3 import Eagle3Draft, FileMappings, MidLayer, UpcastLinear
+from eaglequant.model.finite import check_finite, require_finite
 
 KEPT_IN_STORED_DTYPE = ("fc.", "lm_head.", "embed_tokens.")
 
@@ -105,8 +106,8 @@ def map_tensor(info: TensorInfo) -> tuple[torch.Tensor, mmap.mmap]:
         length = max(info.end - page_start, 1)
         mapped = mmap.mmap(handle.fileno(), length, access=mmap.ACCESS_COPY, offset=page_start)
     if not info.nbytes:
-        return torch.empty(info.shape, dtype=FLOAT_DTYPES[info.dtype]), mapped
+        return torch.empty(info.shape, dtype=torch_dtypes()[info.dtype]), mapped
     flat = torch.frombuffer(
         mapped, dtype=torch.uint8, count=info.nbytes, offset=info.start - page_start
     )
-    return flat.view(FLOAT_DTYPES[info.dtype]).reshape(info.shape), mapped
+    return flat.view(torch_dtypes()[info.dtype]).reshape(info.shape), mapped

@@ -1,0 +1,63 @@
+"""The ``eaglequant`` command line: one module per command, one error boundary in the group.
+
+Each command parses its options, calls one library function and reports.
+The group turns the tool's own errors into one ``error: …`` line and their
+exit code (0 success, 1 a check failed, 2 bad input or usage). Heavy modules
+(torch, Quark, vLLM) are imported inside the commands, never at start-up, so
+``eaglequant --help`` stays fast.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from typing import Any
+
+import click
+
+from eaglequant import __version__
+from eaglequant.cli.capture import capture
+from eaglequant.cli.card import card
+from eaglequant.cli.export import export
+from eaglequant.cli.fix_config import fix_config_command
+from eaglequant.cli.inspect import inspect
+from eaglequant.cli.toy import toy
+from eaglequant.cli.tune import tune
+from eaglequant.cli.validate import validate
+from eaglequant.errors import EagleQuantError
+
+
+class ReportingGroup(click.Group):
+    """A group whose commands' errors become one line on stderr and their exit code."""
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except (click.ClickException, click.exceptions.Exit, click.Abort):
+            raise
+        except EagleQuantError as exc:
+            click.echo(f"error: {exc}", err=True)
+            sys.exit(exc.exit_code)
+        except Exception as exc:
+            if os.environ.get("EAGLEQUANT_DEBUG"):
+                raise
+            message = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+            click.echo(
+                f"error: unexpected {type(exc).__name__}: {message[:300]}; nothing was published "
+                "(rerun with EAGLEQUANT_DEBUG=1 for the traceback and report it)",
+                err=True,
+            )
+            sys.exit(1)
+
+
+@click.group(cls=ReportingGroup, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="eaglequant")
+def main() -> None:
+    """Turn a BF16 EAGLE-3 draft into a static FP8 E4M3 draft that vLLM loads, and prove it."""
+
+
+for _command in (inspect, fix_config_command, card, toy, export, capture, validate, tune):
+    main.add_command(_command)
+
+if __name__ == "__main__":
+    main()

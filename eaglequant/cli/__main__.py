@@ -1,0 +1,5 @@
+"""``python -m eaglequant.cli``: the same command line as the ``eaglequant`` script."""
+
+from eaglequant.cli import main
+
+main()

@@ -1,0 +1,87 @@
+"""Option types and option-string parsers shared by the commands.
+
+Option strings are parsed here, in the CLI, so the library's own errors never
+name a flag: a bad value is reported with the option that carried it.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import click
+
+from eaglequant.errors import InputError
+
+if TYPE_CHECKING:
+    from eaglequant.validate.engine_config import EngineOptions
+
+PATH = click.Path(path_type=Path)
+EXISTING_DIR = click.Path(path_type=Path, file_okay=False)
+
+
+def progress(message: str) -> None:
+    """A library progress line, on stderr."""
+    click.echo(f"[eaglequant] {message}", err=True)
+
+
+def int_list(text: str, option: str, *, minimum: int, example: str) -> tuple[int, ...]:
+    """'4,6,8' -> (4, 6, 8); InputError naming ``option`` for a non-integer or a value < minimum."""
+    try:
+        values = tuple(int(v) for v in text.split(","))
+    except ValueError as exc:
+        raise InputError(
+            f"{option} {text!r}: give comma-separated integers, e.g. {example}"
+        ) from exc
+    if min(values) < minimum:
+        raise InputError(f"{option} {text!r}: values must be at least {minimum}")
+    return values
+
+
+def shard_size(text: str) -> int:
+    """'5GB', '500MB', '10KB' or a byte count -> bytes; InputError naming --max-shard-size."""
+    from huggingface_hub.serialization._base import parse_size_to_int
+
+    if text.strip().isdigit():
+        size = int(text)
+    else:
+        try:
+            size = parse_size_to_int(text)
+        except ValueError as exc:
+            raise InputError(
+                f"--max-shard-size {text!r}: not a size; use a byte count or e.g. 5GB, 500MB"
+            ) from exc
+    if size <= 0:
+        raise InputError(f"--max-shard-size {text!r}: must be positive")
+    return size
+
+
+def engine_options(func: Any) -> Any:
+    """``--tensor-parallel-size`` and repeatable ``--engine-arg KEY=VALUE`` (validate, tune)."""
+    func = click.option(
+        "--engine-arg",
+        "engine_args",
+        multiple=True,
+        metavar="KEY=VALUE",
+        help="Any other vllm EngineArgs field, e.g. max_num_seqs=8 (repeatable; JSON values).",
+    )(func)
+    return click.option(
+        "--tensor-parallel-size",
+        type=click.IntRange(min=1),
+        default=1,
+        show_default=True,
+        help="The target's tensor parallelism (the draft runs at 1).",
+    )(func)
+
+
+def engine_settings(
+    tensor_parallel_size: int, engine_args: tuple[str, ...], max_model_len: int | None = None
+) -> EngineOptions:
+    """The parsed ``engine_options`` (and a max model length) as the library takes them."""
+    from eaglequant.validate.engine_config import EngineOptions, parse_engine_arg
+
+    return EngineOptions(
+        tensor_parallel_size=tensor_parallel_size,
+        engine_args=dict(parse_engine_arg(text) for text in engine_args),
+        max_model_len=max_model_len,
+    )

@@ -1,0 +1,76 @@
+"""``eaglequant tune``: option parsing and reporting only."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from eaglequant.cli.options import PATH, engine_options, engine_settings, int_list
+
+
+@click.command()
+@click.option(
+    "--target", type=PATH, required=True, help="Target model folder (or what vllm serve takes)."
+)
+@click.option("--draft", type=PATH, required=True, help="The EAGLE-3 draft to serve with.")
+@click.option(
+    "--k", "ks", default="4,6,8", show_default=True, help="num_speculative_tokens values."
+)
+@click.option(
+    "--concurrency", default="4,8,16,32,64", show_default=True, help="Concurrency levels."
+)
+@click.option(
+    "--isl", type=click.IntRange(min=1), default=1024, show_default=True, help="Input length."
+)
+@click.option(
+    "--osl", type=click.IntRange(min=1), default=1024, show_default=True, help="Output length."
+)
+@click.option("--prompts", type=PATH, help="A .jsonl of {'prompt': ...} instead of random tokens.")
+@click.option(
+    "--num-prompts", type=click.IntRange(min=1), help="Requests per level (default 2x concurrency)."
+)
+@click.option("--serve-arg", "serve_args", multiple=True, help="Passed to vllm serve (repeatable).")
+@engine_options
+@click.option("--max-model-len", type=click.IntRange(min=16), help="Default: ISL + OSL + max k.")
+@click.option("--out", type=PATH, default=Path("tune-results"), show_default=True)
+@click.option("--server-timeout", type=float, default=600.0, show_default=True)
+def tune(
+    target: Path,
+    draft: Path,
+    ks: str,
+    concurrency: str,
+    isl: int,
+    osl: int,
+    prompts: Path | None,
+    num_prompts: int | None,
+    serve_args: tuple[str, ...],
+    tensor_parallel_size: int,
+    engine_args: tuple[str, ...],
+    max_model_len: int | None,
+    out: Path,
+    server_timeout: float,
+) -> None:
+    """Sweep num_speculative_tokens across concurrency on a real vllm serve; recommend k."""
+    from eaglequant.validate.tune import TuneRequest
+    from eaglequant.validate.tune import tune as run
+
+    request = TuneRequest(
+        target=target,
+        draft=draft,
+        ks=int_list(ks, "--k", minimum=1, example="4,6,8"),
+        concurrencies=int_list(concurrency, "--concurrency", minimum=1, example="4,8,16"),
+        isl=isl,
+        osl=osl,
+        prompts=prompts,
+        num_prompts=num_prompts,
+        serve_args=tuple(a for arg in serve_args for a in arg.split()),
+        engine=engine_settings(tensor_parallel_size, engine_args),
+        max_model_len=max_model_len,
+        out=out,
+        server_timeout_s=server_timeout,
+    )
+    summary = run(request, progress=lambda m: click.echo(f"[eaglequant] {m}", err=True))
+    click.echo((out / "results.md").read_text())
+    click.echo(f"recommended k by concurrency: {summary['recommended_k']}")
+    click.echo(summary["serve_command"])

@@ -1,0 +1,124 @@
+"""``eaglequant validate``: option parsing and reporting only."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import click
+
+from eaglequant.cli.options import PATH, engine_options, engine_settings
+
+
+@click.command()
+@click.option("--target", type=PATH, required=True, help="Target model folder.")
+@click.option("--draft", type=PATH, required=True, help="The FP8 draft to validate.")
+@click.option("--baseline", type=PATH, required=True, help="The BF16 draft it was exported from.")
+@click.option(
+    "--k", type=click.IntRange(1, 16), default=3, show_default=True, help="num_speculative_tokens."
+)
+@click.option(
+    "--prompts", type=PATH, required=True, help="Prompts: .jsonl (text) or .txt (one per line)."
+)
+@click.option("--max-tokens", type=click.IntRange(min=1), default=48, show_default=True)
+@click.option(
+    "--recipe",
+    help="Recipe whose validation thresholds apply (default: the one the draft was exported "
+    "with, from its manifest; else fp8-static).",
+)
+@click.option(
+    "--min-acceptance-ratio",
+    type=click.FloatRange(0, 1.5, min_open=True),
+    help="Required FP8/BF16 acceptance length ratio (overrides the recipe's).",
+)
+@click.option(
+    "--scale-tolerance",
+    type=click.FloatRange(1, min_open=True),
+    help="Scale plausibility factor (overrides the recipe's).",
+)
+@click.option(
+    "--engine-timeout",
+    type=float,
+    default=600.0,
+    show_default=True,
+    help="Seconds per vLLM engine.",
+)
+@click.option(
+    "--max-model-len",
+    type=click.IntRange(min=16),
+    help="Default: 1024 on CPU, vLLM's own on GPU/ROCm.",
+)
+@engine_options
+@click.option(
+    "--lossless",
+    type=click.Choice(["near-tie", "strict"]),
+    default="near-tie",
+    show_default=True,
+    help="strict: outputs must equal the target's exactly; near-tie: a first divergence where "
+    "the target's top two tokens are within --tie-margin passes.",
+)
+@click.option(
+    "--tie-margin",
+    type=click.FloatRange(min=0),
+    default=0.1,
+    show_default=True,
+    help="Logprob gap (nats) under which the target's top two tokens count as tied.",
+)
+@click.option("--json", "json_path", type=PATH, help="Write the JSON report here.")
+@click.option("--markdown", "markdown_path", type=PATH, help="Write the Markdown report here.")
+def validate(
+    target: Path,
+    draft: Path,
+    baseline: Path,
+    k: int,
+    prompts: Path,
+    max_tokens: int,
+    recipe: str | None,
+    min_acceptance_ratio: float | None,
+    scale_tolerance: float | None,
+    engine_timeout: float,
+    max_model_len: int | None,
+    tensor_parallel_size: int,
+    engine_args: tuple[str, ...],
+    lossless: str,
+    tie_margin: float,
+    json_path: Path | None,
+    markdown_path: Path | None,
+) -> None:
+    """Run vLLM speculative decoding with the FP8 and BF16 drafts and check the FP8 one.
+
+    Exit 0 when every check passes, 1 when one fails, 2 for bad input.
+    """
+    from eaglequant.render.reports import validation_markdown
+    from eaglequant.render.terminal import print_validation
+    from eaglequant.validate.validate import ValidateRequest, read_prompts, validation_spec
+    from eaglequant.validate.validate import validate as run
+
+    thresholds = validation_spec(draft, recipe)
+    request = ValidateRequest(
+        target=target,
+        draft=draft,
+        baseline=baseline,
+        prompts=read_prompts(prompts),
+        k=k,
+        max_tokens=max_tokens,
+        min_acceptance_ratio=(
+            thresholds.min_acceptance_ratio
+            if min_acceptance_ratio is None
+            else min_acceptance_ratio
+        ),
+        scale_tolerance=thresholds.scale_tolerance if scale_tolerance is None else scale_tolerance,
+        engine_timeout_s=engine_timeout,
+        engine=engine_settings(tensor_parallel_size, engine_args, max_model_len),
+        lossless=lossless,
+        tie_margin=tie_margin,
+    )
+    report = run(request, progress=lambda m: click.echo(f"[eaglequant] {m}", err=True))
+    data = report.to_json()
+    if json_path:
+        json_path.write_text(json.dumps(data, indent=2) + "\n")
+    if markdown_path:
+        markdown_path.write_text(validation_markdown(data))
+    print_validation(data)
+    sys.exit(0 if report.passed else 1)

@@ -1,0 +1,1 @@
+"""Developer tools that build test inputs: the toy pair and synthetic drafts (torch allowed)."""

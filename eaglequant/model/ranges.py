@@ -1,0 +1,43 @@
+"""The input range each midlayer linear sees when the draft runs unrolled (torch).
+
+Export measures nothing with it (Quark observes its own ranges); validate's
+scale plausibility and the tests compare written scales against it.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+from tqdm.auto import tqdm
+
+from eaglequant.draft import MIDLAYER_LINEARS
+from eaglequant.model.eagle3 import Eagle3Draft
+
+
+def input_amax(
+    model: Eagle3Draft, batches: list[dict[str, torch.Tensor]], steps: int
+) -> dict[str, float]:
+    """Largest |input| each midlayer linear sees over ``steps`` unrolled steps."""
+    amax: dict[str, float] = {}
+
+    def hook(name: str):  # type: ignore[no-untyped-def]
+        def record(_module: nn.Module, args: tuple[torch.Tensor, ...]) -> None:
+            amax[name] = max(amax.get(name, 0.0), float(args[0].abs().max()))
+
+        return record
+
+    handles = [model.get_submodule(n).register_forward_pre_hook(hook(n)) for n in MIDLAYER_LINEARS]
+    try:
+        with torch.no_grad():
+            for batch in tqdm(batches, desc="calibration ranges", unit="batch", disable=None):
+                model.unroll(
+                    batch["aux_hidden"],
+                    batch["next_ids"],
+                    steps,
+                    keep_logits=False,
+                    score_last=False,
+                )
+    finally:
+        for handle in handles:
+            handle.remove()
+    return amax

@@ -1,0 +1,1 @@
+"""What people read: terminal tables and the Hugging Face model card."""

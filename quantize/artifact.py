@@ -1,0 +1,151 @@
+"""The export's output folder, from plan to read-back (light: no torch, no Quark at import).
+
+The layout is planned before Quark runs: Quark's tensors are predicted by name,
+dtype and shape, so every pass-through tensor is copied into its final place
+(and checked for NaN/Inf) in a background thread while torch and Quark are
+still being imported. Quark's real tensors are then dropped into their slots
+(the folder is re-planned if they differ from the prediction), the config and
+the source's other files are written, every byte is read back and hashed, and
+the manifest goes in last. :class:`Artifact` holds the one writer throughout.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from eaglequant.checks import quantization_problems, read_scales
+from eaglequant.draft import MIDLAYER_LINEARS, structure_problems
+from eaglequant.errors import CheckFailed
+from eaglequant.exclusions import DEFAULT_TARGET_LAYERS, predict_fates
+from eaglequant.io.checkpoint import CONFIG_FILE, Checkpoint, read_checkpoint
+from eaglequant.io.layout import Layout, TensorBlob, blob_from_file, blob_from_tensor, plan_layout
+from eaglequant.io.readback import readback, sha256_file
+from eaglequant.io.safetensors_header import TensorInfo
+from eaglequant.io.writer import LayoutWriter, copy_extra_files, write_text
+from eaglequant.manifest import MANIFEST_FILE, write_manifest
+from eaglequant.recipe import Recipe
+
+if TYPE_CHECKING:
+    import torch
+
+NOT_COPIED = {CONFIG_FILE, "README.md", MANIFEST_FILE}
+UNQUANTIZED_IN_VLLM = ("model.fc", "lm_head")
+
+
+def predicted_quantized(ckpt: Checkpoint, recipe: Recipe) -> list[TensorBlob]:
+    """The tensors Quark writes for each midlayer linear, by name, dtype and shape.
+
+    :meth:`Artifact.finish` checks Quark's real output against it.
+    """
+    blobs = []
+    for name in MIDLAYER_LINEARS:
+        shape = ckpt.tensors[f"{name}.weight"].shape
+        per_channel = recipe.weight.granularity == "per_channel"
+        blobs.append(TensorBlob(f"{name}.weight", "F8_E4M3", shape))
+        blobs.append(TensorBlob(f"{name}.weight_scale", "F32", (shape[0],) if per_channel else ()))
+        if not recipe.activation.dynamic:
+            blobs.append(TensorBlob(f"{name}.input_scale", "F32", ()))
+    return blobs
+
+
+def passthrough_blobs(ckpt: Checkpoint) -> list[TensorBlob]:
+    replaced = {f"{name}.weight" for name in MIDLAYER_LINEARS}
+    return [blob_from_file(info) for name, info in ckpt.tensors.items() if name not in replaced]
+
+
+class Artifact:
+    """One output folder being written: its layout, its writer, what went in, its checksums."""
+
+    def __init__(self, folder: Path, source: Checkpoint, layout: Layout, max_shard_size: int):
+        self.folder, self.source, self.max_shard_size = folder, source, max_shard_size
+        self.writer = LayoutWriter(folder, layout, check_source=_check_finite)
+        self.quantized: dict[str, bytes] = {}
+        self.files: list[str] = []
+
+    @classmethod
+    def start(
+        cls, folder: Path, source: Checkpoint, recipe: Recipe, max_shard_size: int
+    ) -> Artifact:
+        """Plan the output with Quark's tensors still pending and copy everything else now."""
+        blobs = passthrough_blobs(source) + predicted_quantized(source, recipe)
+        artifact = cls(folder, source, plan_layout(blobs, max_shard_size), max_shard_size)
+        artifact.writer.start_background()
+        return artifact
+
+    @property
+    def layout(self) -> Layout:
+        return self.writer.layout
+
+    def raise_if_failed(self) -> None:
+        """Report a failure of the background copy (a NaN in lm_head, a short read) now."""
+        self.writer.raise_if_failed()
+
+    def cancel(self) -> None:
+        self.writer.cancel()
+
+    def finish(self, quantized: dict[str, torch.Tensor], config: dict[str, Any]) -> None:
+        """Drop Quark's tensors into their planned places (re-plan if Quark wrote others)."""
+        blobs = {name: blob_from_tensor(name, tensor) for name, tensor in quantized.items()}
+        self.writer.wait()  # every pass-through copy and its NaN/Inf check, whichever way
+        pending = [p.blob for f in self.layout.files for p in f.placements if p.blob.pending]
+        if _signature(pending) == _signature(list(blobs.values())):
+            self.writer.finish({name: blob.data for name, blob in blobs.items()})  # type: ignore[misc]
+        else:
+            self._replan(list(blobs.values()))
+        write_text(self.folder / CONFIG_FILE, json.dumps(config, indent=2) + "\n")
+        extra = copy_extra_files(self.source.folder, self.folder, NOT_COPIED)
+        self.files = self.layout.file_names + extra
+        self.quantized = {name: b.data for name, b in blobs.items() if b.data is not None}
+
+    def _replan(self, quantized: list[TensorBlob]) -> None:
+        for shard in self.layout.files:
+            (self.folder / shard.name).unlink()
+        layout = plan_layout(passthrough_blobs(self.source) + quantized, self.max_shard_size)
+        self.writer = LayoutWriter(self.folder, layout)
+        self.writer.write_known()
+        self.writer.finish({})
+
+    def verify(self) -> dict[str, str]:
+        """Re-open the folder: the inspect checks, then every byte read back and hashed.
+
+        Returns the sha256 of every file written (for the manifest); CheckFailed
+        when vLLM would misread the folder.
+        """
+        reopened = read_checkpoint(self.folder)
+        fates = predict_fates(reopened.config)
+        problems = [str(p) for p in structure_problems(reopened)]
+        scales = read_scales(reopened)
+        found = quantization_problems(reopened, fates, scales, DEFAULT_TARGET_LAYERS)
+        problems += [str(p) for p in found]
+        for fate in fates:
+            if fate.quantized == (fate.vllm_name in UNQUANTIZED_IN_VLLM):
+                problems.append(f"vLLM would build {fate.vllm_name} as {fate.scheme}")
+        digests, byte_problems = readback(self.folder, self.layout, self.quantized)
+        problems += byte_problems
+        replaced = {f"{n}.weight" for n in MIDLAYER_LINEARS}
+        if set(reopened.tensors) != set(self.source.tensors) - replaced | set(self.quantized):
+            problems.append("the written tensor names differ from input + quantized tensors")
+        if problems:
+            raise CheckFailed(
+                f"{self.folder}: the written output would be misread by vLLM: {problems[0]}"
+                + (f" (and {len(problems) - 1} more)" if len(problems) > 1 else "")
+            )
+        return {
+            name: digests.get(name) or sha256_file(self.folder / name)
+            for name in sorted([*self.files, CONFIG_FILE])
+        }
+
+    def write_manifest(self, manifest: dict[str, Any]) -> None:
+        write_manifest(self.folder, manifest)
+
+
+def _signature(blobs: list[TensorBlob]) -> dict[str, tuple[str, tuple[int, ...]]]:
+    return {blob.name: (blob.dtype, blob.shape) for blob in blobs}
+
+
+def _check_finite(info: TensorInfo) -> None:
+    from eaglequant.model.finite import check_finite  # torch, imported in the writer thread
+
+    check_finite(info)
