@@ -41,6 +41,10 @@ def validation_markdown(report: dict[str, Any], heading: str = "##") -> str:
     ]
     if report.get("serve_command"):
         lines += [f"Equivalent serve line: `{report['serve_command']}`", ""]
+    config = report["engines"].get("fp8", {}).get("engine_config")
+    if config:
+        env = ", ".join(f"`{k}={v}`" for k, v in sorted(config["env"].items())) or "none"
+        lines += [f"vLLM {config['vllm']}; environment: {env}.", ""]
     lines += ["| draft | mean acceptance length | acceptance by position | engine |"]
     lines += ["|---|---|---|---|"]
     lines += [f"| {a} | {b} | {c} | {d} |" for a, b, c, d in acceptance_rows(report)]
