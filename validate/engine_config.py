@@ -13,12 +13,13 @@ the engine the same way and report exactly how it ran:
 - ``serve_line``: the equivalent ``vllm serve`` command for a report.
 
 Nothing here imports vLLM: ``probe_vllm`` asks a child process for the
-platform, the version and the ``EngineArgs`` fields.
+platform and the ``EngineArgs`` fields.
 """
 
 from __future__ import annotations
 
 import difflib
+import functools
 import json
 import os
 import shlex
@@ -83,22 +84,21 @@ class VllmInstall:
     """What a child process learns of the installed vLLM without starting an engine."""
 
     device_type: str
-    version: str
     engine_args: frozenset[str]
 
 
 PROBE = """
 import dataclasses, json
-from vllm import __version__
 from vllm.engine.arg_utils import EngineArgs
 from vllm.platforms import current_platform
 fields = [f.name for f in dataclasses.fields(EngineArgs)]
-print(json.dumps([current_platform.device_type, __version__, fields]))
+print(json.dumps([current_platform.device_type, fields]))
 """
 
 
+@functools.cache
 def probe_vllm(python: str) -> VllmInstall:
-    """vLLM's platform, version and ``EngineArgs`` fields, asked of a child process.
+    """vLLM's platform and ``EngineArgs`` fields, asked of a child process (once per run).
 
     A child, so this process never loads vLLM (nor, through it, a kernel library).
     """
@@ -110,8 +110,8 @@ def probe_vllm(python: str) -> VllmInstall:
     if done.returncode != 0 or not lines:
         tail = done.stderr.strip().splitlines()[-1:] or [f"exit code {done.returncode}"]
         raise InputError(f"vLLM cannot be imported here ({tail[0]}); install eaglequant[vllm]")
-    device_type, version, fields = json.loads(lines[-1])
-    return VllmInstall(str(device_type), str(version), frozenset(fields))
+    device_type, fields = json.loads(lines[-1])
+    return VllmInstall(str(device_type), frozenset(fields))
 
 
 def llm_kwargs(options: EngineOptions, target: str, speculative: dict[str, Any] | None) -> dict:
