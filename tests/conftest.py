@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -132,19 +131,13 @@ def run_child(args: list[str], timeout: float = 600, **kwargs: object) -> str:
     return done.stdout
 
 
-def vllm_libraries_mapped() -> list[str]:
-    maps = Path(f"/proc/{os.getpid()}/maps")
-    if not maps.exists():
-        return []
-    lines = maps.read_text().splitlines()
-    return sorted({line.rsplit("/", 1)[-1] for line in lines if "/vllm/_" in line})
-
-
 @pytest.fixture(scope="session", autouse=True)
 def no_vllm_kernels_in_the_test_process() -> Iterator[None]:
     """vLLM kernel libraries load only in children: one ISA's crash must not kill the suite."""
     yield
-    loaded = vllm_libraries_mapped()
+    from eaglequant.validate.engine_run import loaded_kernel_libraries
+
+    loaded = loaded_kernel_libraries()
     assert not loaded, f"the pytest process loaded vLLM kernel libraries {loaded}; use run_child"
 
 

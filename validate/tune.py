@@ -39,6 +39,7 @@ from eaglequant.validate.engine_config import (
     probe_vllm,
     serve_flags,
     usable_cores,
+    worker_count,
 )
 
 BENCH_SCRIPT = (
@@ -285,7 +286,9 @@ def tune(request: TuneRequest, progress: Any = lambda _m: None) -> dict[str, Any
     """Run the sweep and write results.json, results.md and the plots into ``request.out``."""
     max_len = check_request(request)
     on_cpu = probe_vllm(sys.executable).device_type == "cpu"
-    workers = request.engine.tensor_parallel_size
+    workers = worker_count(
+        {"tensor_parallel_size": request.engine.tensor_parallel_size, **request.engine.engine_args}
+    )
     env = dict(os.environ) | platform_env(os.environ, on_cpu, workers, usable_cores())
     request.out.mkdir(parents=True, exist_ok=True)
     results: list[TuneResult] = []
