@@ -63,9 +63,9 @@ def prepare(shape: str, cache: Path, tokens: int) -> tuple[Path, Path]:
 def write_capture(draft: Path, capture: Path, tokens: int) -> None:
     import torch
 
+    from eaglequant.capture.store import CalibrationData, save_capture
     from eaglequant.draft import dims_from_config
     from eaglequant.io.checkpoint import read_checkpoint
-    from eaglequant.quantize.calibrate import CalibrationData, save_capture
 
     dims = dims_from_config(read_checkpoint(draft).config)
     seq = 256

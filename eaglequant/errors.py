@@ -29,3 +29,9 @@ class CheckFailed(EagleQuantError):
 
 class ValidationFailed(CheckFailed):
     """A vLLM validation check failed (exit 1)."""
+
+
+class EngineFailed(EagleQuantError):
+    """An engine the tool started (vLLM, the target) failed or died before finishing (exit 1)."""
+
+    exit_code = 1

@@ -16,6 +16,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from eaglequant.capture.run import check_engine
 from eaglequant.draft import DraftDims, check_target_fits, require_bf16_draft
 from eaglequant.errors import InputError
 from eaglequant.exclusions import rewrite_exclude
@@ -71,6 +72,8 @@ def plan_export(request: ExportRequest) -> ExportPlan:
         aux_ids = check_target_fits(calib.target, dims)
         if not calib.data.is_file():
             raise InputError(f"{calib.data}: no such calibration data file")
+        if calib.engine is not None:
+            check_engine(calib.engine)
     elif calib.kind == "capture":
         assert calib.capture is not None
         if not calib.capture.exists():
@@ -104,7 +107,13 @@ def export_draft(request: ExportRequest, progress: Progress = lambda _msg: None)
                 model = pipeline.load(plan.ckpt, module_needed=plan.module_needed)
             with stage("calibrate"):
                 calib = pipeline.calibrate(
-                    model, request.calibration, recipe.calibration, plan.dims, plan.aux_layer_ids
+                    model,
+                    request.calibration,
+                    recipe.calibration,
+                    plan.dims,
+                    plan.aux_layer_ids,
+                    scratch_parent=temp.parent,
+                    progress=progress,
                 )
             with stage("quantize"):
                 quark = pipeline.quantize(
@@ -201,4 +210,14 @@ def _calibration_record(
         "held_out_tokens": measurement.held_out_tokens,
         "speculative_steps": recipe.calibration.steps,
         "aux_layer_ids": list(plan.aux_layer_ids) if plan.aux_layer_ids else None,
+        "capture": _capture_summary(calib.capture),
     }
+
+
+def _capture_summary(info: dict[str, Any] | None) -> dict[str, Any] | None:
+    """Where the calibration states came from: the capture's engine and sizes (no replicas)."""
+    if info is None:
+        return None
+    engine = {k: v for k, v in (info.get("engine") or {}).items() if k != "replicas"}
+    keys = ("target", "data", "aux_layer_ids", "sequences", "seq_len", "tokens", "tokens_per_s")
+    return {**{k: info[k] for k in keys if k in info}, "engine": engine}

@@ -7,19 +7,24 @@ passes it along and owns the order.
 from __future__ import annotations
 
 import gc
+import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch import nn
 
+from eaglequant.capture.run import capture_into
+from eaglequant.capture.sequences import tokenize_data
+from eaglequant.capture.store import CalibrationData, load_capture, read_info
 from eaglequant.draft import DraftDims
 from eaglequant.errors import InputError, OutputError
 from eaglequant.io.checkpoint import Checkpoint
 from eaglequant.model.eagle3 import Eagle3Draft
 from eaglequant.model.load import load_draft_module, load_reference_midlayer
 from eaglequant.quantize import quark_backend
-from eaglequant.quantize.calibrate import CalibrationData, load_capture, run_target
 from eaglequant.quantize.measure import Measurement, measure
 from eaglequant.quantize.sources import CalibrationSource
 from eaglequant.recipe import CalibrationSpec, Recipe
@@ -33,6 +38,7 @@ class Calibration:
     held_out: list[dict[str, torch.Tensor]]
     sequences: int
     tokens: int
+    capture: dict[str, Any] | None = None  # capture.json of the captured states
 
 
 NO_CALIBRATION = Calibration(None, [], 0, 0)
@@ -56,31 +62,49 @@ def calibrate(
     spec: CalibrationSpec,
     dims: DraftDims,
     aux_layer_ids: tuple[int, ...] | None,
+    *,
+    scratch_parent: Path,
+    progress: Callable[[str], None],
 ) -> Calibration:
-    """Collect draft inputs from ``source`` and split off the held-out part."""
+    """Collect draft inputs from ``source`` and split off the held-out part.
+
+    A target is run through the capture path (the chosen engine) into a scratch
+    folder under ``scratch_parent`` and read back like any capture.
+    """
     if model is None or source.kind == "none":
         return NO_CALIBRATION
     samples = source.samples or spec.samples
-    data: CalibrationData
+    info: dict[str, Any] | None
     if source.kind == "target":
-        assert source.target and source.data and aux_layer_ids
-        data = run_target(
-            source.target,
-            source.data,
-            aux_layer_ids,
-            source.seq_len or spec.seq_len,
-            samples + spec.held_out,
-            source.trust_remote_code,
-            with_embeddings=model.embed_tokens is None,
-        )
+        assert source.target and source.data and aux_layer_ids and source.engine
+        with tempfile.TemporaryDirectory(prefix=".calibration-", dir=scratch_parent) as scratch:
+            sequences = tokenize_data(
+                source.target,
+                source.data,
+                source.seq_len or spec.seq_len,
+                samples + spec.held_out,
+                source.engine.trust_remote_code,
+            )
+            info = capture_into(
+                Path(scratch),
+                target=source.target,
+                sequences=sequences,
+                aux_ids=aux_layer_ids,
+                engine=source.engine,
+                embeddings=model.embed_tokens is None,
+                progress=progress,
+            )
+            data = load_capture(Path(scratch), dims)
     else:
         assert source.capture
         data = load_capture(source.capture, dims)
+        info = read_info(source.capture)
     if model.embed_tokens is None:
         _attach_embeddings(model, data)
     calib, held = data.split(samples, spec.held_out)
     batches = calib.batches(spec.batch_size)
-    return Calibration(batches, held.batches(spec.batch_size), len(calib.input_ids), calib.tokens)
+    held_out = held.batches(spec.batch_size)
+    return Calibration(batches, held_out, len(calib.input_ids), calib.tokens, info)
 
 
 def _attach_embeddings(model: Eagle3Draft, data: CalibrationData) -> None:

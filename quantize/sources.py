@@ -4,7 +4,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
+
+if TYPE_CHECKING:
+    from eaglequant.capture.run import CaptureEngine
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -17,11 +20,12 @@ class CalibrationSource:
     capture: Path | None = None
     samples: int | None = None
     seq_len: int | None = None
-    trust_remote_code: bool = False
+    engine: CaptureEngine | None = None
 
     def describe(self) -> str:
         if self.kind == "target":
-            return f"target {self.target} on {self.data}"
+            engine = self.engine.name if self.engine else "?"
+            return f"target {self.target} on {self.data} ({engine})"
         if self.kind == "capture":
             return f"captured hidden states {self.capture}"
         return "none (fixed input range from the recipe; scales NOT calibrated)"

@@ -17,6 +17,9 @@ from eaglequant.io.output import TEMP_MARK
 from eaglequant.recipe import load_recipe
 from tests.conftest import edit_config, tree_digest
 
+# Capture with transformers on the tiny target (4 layers: vLLM's default ids repeat one).
+TRANSFORMERS_CAPTURE = ("--engine", "transformers", "--aux-layers", "1,2,3")
+
 
 def _run(args: list[str]) -> tuple[int, str]:
     """Run the CLI; on failure, every folder argument is unchanged and nothing new was created."""
@@ -186,6 +189,8 @@ def _export_with_data(pair: dict[str, Path], tmp_path: Path, data: Path) -> tupl
         str(tmp_path / "o"),
         "--calib-target",
         str(pair["target"]),
+        "--calib-engine",
+        "transformers",
     ]
     return _run([*args, "--calib-data", str(data), "--calib-seq-len", "16"])
 
@@ -231,7 +236,7 @@ def test_calibration_target_that_does_not_fit(
 
 
 def test_captured_states_of_the_wrong_width(tiny_draft: Path, tmp_path: Path) -> None:
-    from eaglequant.quantize.calibrate import CalibrationData, save_capture
+    from eaglequant.capture.store import CalibrationData, save_capture
 
     capture = tmp_path / "capture"
     capture.mkdir()
@@ -491,6 +496,7 @@ def test_chat_messages_go_through_the_chat_template(pair: dict[str, Path], tmp_p
             "2",
             "--seq-len",
             "32",
+            *TRANSFORMERS_CAPTURE,
         ],
     )
     assert result.exit_code == 0, result.output
@@ -508,7 +514,15 @@ def test_chat_messages_without_a_template(pair: dict[str, Path], tmp_path: Path)
     data = tmp_path / "chat.jsonl"
     data.write_text(json.dumps({"messages": [{"role": "user", "content": "hi"}]}) + "\n")
     code, output = _run(
-        ["capture", "--target", str(pair["target"]), "--data", str(data), str(tmp_path / "capture")]
+        [
+            "capture",
+            "--target",
+            str(pair["target"]),
+            "--data",
+            str(data),
+            str(tmp_path / "capture"),
+            *TRANSFORMERS_CAPTURE,
+        ]
     )
     _assert_clean_failure(code, output, "need a tokenizer chat template")
 
@@ -519,7 +533,9 @@ def test_draft_without_embeddings_needs_them_from_the_capture(
     draft = no_embed_draft
     capture = tmp_path / "capture"
     args = ["capture", "--target", str(pair["target"]), "--data", str(pair["data"]), str(capture)]
-    result = CliRunner().invoke(main, [*args, "--samples", "4", "--seq-len", "32"])
+    result = CliRunner().invoke(
+        main, [*args, "--samples", "4", "--seq-len", "32", *TRANSFORMERS_CAPTURE]
+    )
     assert result.exit_code == 0, result.output
     code, output = _run(
         ["export", str(draft), str(tmp_path / "o"), "--calib-hidden-states", str(capture)]

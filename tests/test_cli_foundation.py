@@ -117,6 +117,7 @@ def test_planning_with_a_calibration_target_imports_no_torch(
     """The background copy starts right after planning: torch must not be imported before it."""
     args = ["export", str(pair["draft"]), str(tmp_path / "o"), "--dry-run"]
     args += ["--calib-target", str(pair["target"]), "--calib-data", str(pair["data"])]
+    args += ["--calib-engine", "transformers"]
     code = (
         "import sys; from eaglequant.cli import main\n"
         f"try:\n    main({args!r})\nexcept SystemExit as e:\n"

@@ -19,8 +19,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from eaglequant.engine.config import EngineOptions, llm_kwargs
 from eaglequant.serving import speculative_config
-from eaglequant.validate.engine_config import EngineOptions, llm_kwargs
 from eaglequant.validate.validate import acceptance, read_prompts
 from tests.conftest import PYTHON, TOY, run_child
 

@@ -9,9 +9,7 @@ import pytest
 from click.testing import CliRunner
 
 from eaglequant.cli import main
-from eaglequant.errors import InputError
-from eaglequant.serving import speculative_config
-from eaglequant.validate.engine_config import (
+from eaglequant.engine.config import (
     EngineOptions,
     check_engine_args,
     cpu_thread_binding,
@@ -21,6 +19,8 @@ from eaglequant.validate.engine_config import (
     platform_env,
     serve_line,
 )
+from eaglequant.errors import InputError
+from eaglequant.serving import speculative_config
 from tests.conftest import TOY, edit_config, tree_digest
 
 KNOWN = {"max_num_seqs", "gpu_memory_utilization", "enforce_eager", "kv_cache_dtype"}

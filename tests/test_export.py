@@ -39,6 +39,9 @@ def _export(args: list[str]) -> None:
 def _capture(pair: dict[str, Path], out: Path, *args: str) -> None:
     """``eaglequant capture`` from the session's tiny target on its data into ``out``."""
     command = ["capture", "--target", str(pair["target"]), "--data", str(pair["data"]), str(out)]
+    command += ["--engine", "transformers"]
+    if "--draft" not in args:
+        command += ["--aux-layers", "1,2,3"]
     result = CliRunner().invoke(main, [*command, *args], catch_exceptions=False)
     assert result.exit_code == 0, result.output
 
@@ -53,6 +56,8 @@ def _calib_args(pair: dict[str, Path]) -> list[str]:
         "6",
         "--calib-seq-len",
         "64",
+        "--calib-engine",
+        "transformers",
     ]
 
 
@@ -89,9 +94,9 @@ def test_static_export_round_trip(pair: dict[str, Path], tmp_path: Path) -> None
 def test_capture_then_export_scales_equal_independent_float32_amax(
     pair: dict[str, Path], tmp_path: Path
 ) -> None:
+    from eaglequant.capture.store import load_capture
     from eaglequant.model.load import load_draft_module
     from eaglequant.model.ranges import input_amax
-    from eaglequant.quantize.calibrate import load_capture
 
     capture = tmp_path / "capture"
     _capture(pair, capture, "--draft", str(pair["draft"]), "--samples", "8", "--seq-len", "48")

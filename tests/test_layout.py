@@ -127,11 +127,11 @@ def test_core_never_imports_quantize_or_validate() -> None:
 
 
 def test_export_and_capture_requests_are_keyword_only() -> None:
-    from eaglequant.quantize.capture import CaptureRequest
+    from eaglequant.capture.run import CaptureEngine, CaptureRequest
     from eaglequant.quantize.export import ExportRequest
     from eaglequant.quantize.sources import CalibrationSource
 
-    for request in (ExportRequest, CalibrationSource, CaptureRequest):
+    for request in (ExportRequest, CalibrationSource, CaptureRequest, CaptureEngine):
         assert all(f.kw_only for f in dataclasses.fields(request)), request
         with pytest.raises(TypeError):
             request(Path("a"))

@@ -150,6 +150,8 @@ def test_card_from_export_and_tuning(tune_out: Path, tmp_path: Path) -> None:
             str(out),
             "--calib-target",
             str(TOY / "target"),
+            "--calib-engine",
+            "transformers",
             "--calib-data",
             str(TOY / "calibration.jsonl"),
             "--calib-samples",

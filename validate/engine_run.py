@@ -3,7 +3,7 @@
 Run as ``python -m eaglequant.validate.engine_run SPEC OUT``.
 
 SPEC is a JSON file: ``llm`` (the ``vllm.LLM`` keyword arguments from
-``engine_config.llm_kwargs``), prompts, max_tokens and the number of top
+``eaglequant.engine.config.llm_kwargs``), prompts, max_tokens and the number of top
 logprobs to record (None for none). The process applies the platform's
 defaults (CPU only: eager mode, KV cache space, thread binding), starts an
 offline ``vllm.LLM`` (greedy), generates, and writes OUT with the token ids
@@ -20,7 +20,6 @@ import json
 import os
 import sys
 import time
-from pathlib import Path
 from typing import Any
 
 SPEC_METRICS = {
@@ -101,18 +100,17 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
     from vllm import LLM, SamplingParams
     from vllm.platforms import current_platform
 
-    from eaglequant.validate.engine_config import (
+    from eaglequant.engine.config import (
         platform_defaults,
         platform_env,
-        serve_line,
         usable_cores,
         worker_count,
     )
+    from eaglequant.engine.record import engine_record, loaded_kernel_libraries
 
     on_cpu = current_platform.is_cpu()
     kwargs = platform_defaults(spec["llm"], on_cpu)
     os.environ.update(platform_env(os.environ, on_cpu, worker_count(kwargs), usable_cores()))
-    env = {k: v for k, v in os.environ.items() if k.startswith(ENV_PREFIXES)}
     llm = LLM(
         **kwargs,
         disable_log_stats=False,
@@ -137,18 +135,10 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
         "platform": str(current_platform.device_type or "unknown"),
         "kernels": loaded_kernel_libraries(),
         "plugin_active": bool(llm.collective_rpc("eaglequant_plugin_active")[0]),
-        "engine_config": {
-            "llm": kwargs,
-            "env": env,
-            "vllm": _vllm_version(),
-            "serve_line": serve_line(kwargs),
-        },
+        "engine_config": engine_record(kwargs),
         "load_s": round(loaded - started, 2),
         "generate_s": round(generated - loaded, 2),
     }
-
-
-ENV_PREFIXES = ("VLLM_", "CUDA_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES")
 
 
 def _top_logprobs(per_position: Any) -> list[list[list[float]]] | None:
@@ -159,22 +149,6 @@ def _top_logprobs(per_position: Any) -> list[list[list[float]]] | None:
         [[int(t), float(lp.logprob)] for t, lp in sorted(pos.items(), key=lambda i: i[1].rank)]
         for pos in per_position
     ]
-
-
-def loaded_kernel_libraries() -> list[str]:
-    """vLLM's compiled extension files this process has mapped (which CPU ISA build, e.g.)."""
-    try:
-        maps = Path("/proc/self/maps").read_text(encoding="utf-8")
-    except OSError:
-        return []
-    names = {line.rsplit("/", 1)[-1] for line in maps.splitlines() if "/vllm/_" in line}
-    return sorted(n for n in names if n.endswith(".so"))
-
-
-def _vllm_version() -> str:
-    import vllm
-
-    return str(getattr(vllm, "__version__", "unknown"))
 
 
 def main() -> None:

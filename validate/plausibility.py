@@ -12,14 +12,20 @@ point, so a scale 1000x too large leaves acceptance unchanged, and a missing
 
 from __future__ import annotations
 
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from eaglequant.draft import MIDLAYER_LINEARS, dims_from_config
+from eaglequant.draft import MIDLAYER_LINEARS, DraftDims, dims_from_config
+from eaglequant.errors import InputError
 from eaglequant.io.checkpoint import read_checkpoint
 from eaglequant.recipe import FP8_E4M3_MAX
 from eaglequant.validate.check import Check
+
+if TYPE_CHECKING:
+    from eaglequant.capture.run import CaptureEngine
+    from eaglequant.capture.store import CalibrationData
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -33,6 +39,8 @@ class PlausibilityInputs:
     generated: list[list[int]] | None
     k: int
     tolerance: float
+    capture: CaptureEngine
+    hidden_states: Path | None = None
 
 
 def scale_plausibility(inputs: PlausibilityInputs) -> Check:
@@ -58,10 +66,15 @@ def plausibility_problems(inputs: PlausibilityInputs) -> tuple[list[str], dict[s
     dims = dims_from_config(baseline.config)
     aux_ids = check_target_fits(inputs.target, dims)
     model = load_draft_module(baseline)
-    batches, embed = _validation_batches(inputs, aux_ids)
+    data = _target_states(inputs, aux_ids, dims)
     if model.embed_tokens is None:
-        model.embed_tokens = torch.nn.Embedding.from_pretrained(embed, freeze=True)
-    measured = input_amax(model, batches, inputs.k)
+        if data.embed_tokens is None:
+            raise InputError(
+                f"{inputs.hidden_states}: the draft has no embed_tokens and the capture holds "
+                "none; capture with --embeddings"
+            )
+        model.embed_tokens = torch.nn.Embedding.from_pretrained(data.embed_tokens, freeze=True)
+    measured = input_amax(model, data.batches(1), inputs.k)
     static_inputs = _static_inputs(fp8.config)
     problems: list[str] = []
     numbers: dict[str, Any] = {}
@@ -75,26 +88,34 @@ def plausibility_problems(inputs: PlausibilityInputs) -> tuple[list[str], dict[s
     return problems, {"layers": numbers, "tolerance": inputs.tolerance}
 
 
-def _validation_batches(
-    inputs: PlausibilityInputs, aux_ids: tuple[int, ...]
-) -> tuple[list[dict[str, Any]], Any]:
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+def _target_states(
+    inputs: PlausibilityInputs, aux_ids: tuple[int, ...], dims: DraftDims
+) -> CalibrationData:
+    """The target's auxiliary states: a given capture, else captured now on the validation
+    sequences (each prompt and the target's own continuation) with the chosen engine."""
+    from eaglequant.capture.store import load_capture
+
+    if inputs.hidden_states is not None:
+        return load_capture(inputs.hidden_states, dims)
+    from transformers import AutoTokenizer
+
+    from eaglequant.capture.run import capture_into
 
     tokenizer = AutoTokenizer.from_pretrained(inputs.target)
-    target = AutoModelForCausalLM.from_pretrained(
-        inputs.target, dtype=torch.float32, use_safetensors=True
-    ).eval()
-    batches = []
-    with torch.no_grad():
-        for i, prompt in enumerate(inputs.prompts):
-            continuation = inputs.generated[i] if inputs.generated else []
-            ids = tokenizer(prompt)["input_ids"] + continuation
-            row = torch.tensor([ids])
-            states = target(input_ids=row, output_hidden_states=True).hidden_states
-            aux = torch.cat([states[j] for j in aux_ids], dim=-1)
-            batches.append({"aux_hidden": aux[:, :-1], "next_ids": row[:, 1:]})
-    return batches, target.get_input_embeddings().weight.detach().clone()
+    sequences = [
+        tokenizer(prompt)["input_ids"] + (inputs.generated[i] if inputs.generated else [])
+        for i, prompt in enumerate(inputs.prompts)
+    ]
+    with tempfile.TemporaryDirectory(prefix="eaglequant-check6-") as folder:
+        capture_into(
+            Path(folder),
+            target=inputs.target,
+            sequences=sequences,
+            aux_ids=aux_ids,
+            engine=inputs.capture,
+            embeddings=True,
+        )
+        return load_capture(Path(folder), dims)
 
 
 def _static_inputs(config: dict[str, Any]) -> bool:

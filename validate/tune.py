@@ -29,10 +29,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from eaglequant.errors import CheckFailed, InputError
-from eaglequant.io.checkpoint import read_config
-from eaglequant.serving import speculative_config
-from eaglequant.validate.engine_config import (
+from eaglequant.engine.config import (
     EngineOptions,
     check_engine_args,
     platform_env,
@@ -41,6 +38,9 @@ from eaglequant.validate.engine_config import (
     usable_cores,
     worker_count,
 )
+from eaglequant.errors import CheckFailed, InputError
+from eaglequant.io.checkpoint import read_config
+from eaglequant.serving import speculative_config
 
 BENCH_SCRIPT = (
     "import sys\n"

@@ -2,7 +2,7 @@
 
 Three engine runs, each in its own process with a timeout (target alone,
 target + BF16 baseline draft, target + FP8 draft), greedy, the same prompts and
-engine configuration (``engine_config.py``: the target's parallelism, the
+engine configuration (``eaglequant.engine.config``: the target's parallelism, the
 user's engine arguments, CPU-only defaults only on CPU), then six checks, each
 reported with its numbers:
 
@@ -16,26 +16,32 @@ reported with its numbers:
 4. log: no "Attempted to load weight … float8_e4m3fn" (a bad exclusion);
 5. per-position acceptance of both drafts, side by side (information);
 6. scale plausibility, outside vLLM: the BF16 draft run on the target's
-   hidden states for the validation sequences gives each layer's input range;
+   hidden states (captured with the chosen engine on the validation sequences,
+   or read from a capture folder) gives each layer's input range;
    ``input_scale`` x 448 and ``weight_scale`` x 448 must lie within the
    recipe's factor of the measured ranges, and no scale may be missing.
 """
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
-import signal
-import subprocess
 import sys
 import tempfile
-import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from eaglequant.capture.run import CaptureEngine, check_engine
+from eaglequant.capture.store import check_capture
 from eaglequant.draft import check_target_fits, dims_from_config, structure_problems
+from eaglequant.engine.config import (
+    EngineOptions,
+    check_engine_args,
+    llm_kwargs,
+    probe_vllm,
+)
+from eaglequant.engine.process import ChildRun, run_child
 from eaglequant.errors import InputError
 from eaglequant.io.checkpoint import read_checkpoint, read_config
 from eaglequant.io.records import jsonl_records, read_utf8
@@ -43,12 +49,6 @@ from eaglequant.manifest import MANIFEST_FILE, read_json_object
 from eaglequant.recipe import ValidationSpec, load_recipe
 from eaglequant.serving import speculative_config
 from eaglequant.validate.check import Check
-from eaglequant.validate.engine_config import (
-    EngineOptions,
-    check_engine_args,
-    llm_kwargs,
-    probe_vllm,
-)
 from eaglequant.validate.lossless import (
     DEFAULT_MODE,
     DEFAULT_TIE_MARGIN,
@@ -74,6 +74,8 @@ class ValidateRequest:
     engine: EngineOptions = field(default_factory=EngineOptions)
     lossless: str = DEFAULT_MODE
     tie_margin: float = DEFAULT_TIE_MARGIN
+    capture: CaptureEngine = field(default_factory=CaptureEngine)
+    hidden_states: Path | None = None
 
 
 @dataclass
@@ -151,6 +153,10 @@ def check_inputs(request: ValidateRequest) -> None:
             f"{request.draft}: has no quantization_config; pass the FP8 draft to validate"
         )
     check_engine_args(request.engine.engine_args, probe_vllm(sys.executable).engine_args)
+    if request.hidden_states is not None:
+        check_capture(request.hidden_states, dims_from_config(read_config(request.baseline)))
+    else:
+        check_engine(request.capture)
 
 
 def validate(
@@ -203,46 +209,19 @@ def run_engine(request: ValidateRequest, draft: Path | None) -> dict[str, Any]:
         spec_path.write_text(json.dumps(spec))
         env = dict(os.environ)
         env.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
-        started = time.perf_counter()
-        with log_path.open("wb") as log:
-            process = subprocess.Popen(
-                [
-                    sys.executable,
-                    "-m",
-                    "eaglequant.validate.engine_run",
-                    str(spec_path),
-                    str(out_path),
-                ],
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                env=env,
-                start_new_session=True,
-            )
-            timed_out = _wait(process, request.engine_timeout_s)
+        argv = [sys.executable, "-m", "eaglequant.validate.engine_run", str(spec_path)]
+        ended = run_child([*argv, str(out_path)], log_path, env, request.engine_timeout_s)
         log_text = log_path.read_text(encoding="utf-8", errors="replace")
         engine: dict[str, Any] = {
-            "ok": process.returncode == 0 and out_path.is_file() and not timed_out,
-            "returncode": process.returncode,
-            "timed_out": timed_out,
-            "wall_s": round(time.perf_counter() - started, 1),
+            "ok": ended.ok and out_path.is_file(),
+            "returncode": ended.returncode,
+            "timed_out": ended.timed_out,
+            "wall_s": ended.wall_s,
             "log": log_text,
         }
         if engine["ok"]:
             engine["result"] = json.loads(out_path.read_text())
         return engine
-
-
-def _wait(process: subprocess.Popen[bytes], timeout: float) -> bool:
-    try:
-        process.wait(timeout=timeout)
-        return False
-    except subprocess.TimeoutExpired:
-        os.killpg(process.pid, signal.SIGKILL)
-        process.wait()
-        return True
-    finally:
-        with contextlib.suppress(ProcessLookupError):  # no stray children of the engine
-            os.killpg(process.pid, signal.SIGKILL)
 
 
 def _engine_summary(engine: dict[str, Any]) -> dict[str, Any]:
@@ -301,15 +280,7 @@ def _engine_checks(request: ValidateRequest, engines: dict[str, dict[str, Any]])
 
 
 def _exit_cause(engine: dict[str, Any]) -> str:
-    """How an engine process ended: timed out, killed by a signal (SIGILL, SIGABRT …), or code."""
-    code = engine["returncode"]
-    if engine["timed_out"]:
-        return "timed out"
-    if code is not None and code < 0:
-        with contextlib.suppress(ValueError):
-            return f"killed by {signal.Signals(-code).name}"
-        return f"killed by signal {-code}"
-    return f"exit code {code}" if code else "no result written"
+    return ChildRun(engine["returncode"], engine["timed_out"], engine["wall_s"]).cause()
 
 
 def _acceptance_check(request: ValidateRequest, engines: dict[str, dict[str, Any]]) -> Check:
@@ -386,5 +357,7 @@ def scale_plausibility(request: ValidateRequest, target_engine: dict[str, Any]) 
         generated=target_engine.get("result", {}).get("token_ids"),
         k=request.k,
         tolerance=request.scale_tolerance,
+        capture=request.capture,
+        hidden_states=request.hidden_states,
     )
     return check(inputs)

@@ -7,7 +7,16 @@ from pathlib import Path
 
 import click
 
-from eaglequant.cli.options import PATH, int_list
+from eaglequant.cli.options import (
+    PATH,
+    capture_engine,
+    data_parallel_option,
+    engine_choice,
+    engine_options,
+    engine_settings,
+    int_list,
+    progress,
+)
 
 
 @click.command()
@@ -21,6 +30,9 @@ from eaglequant.cli.options import PATH, int_list
 @click.option("--samples", type=click.IntRange(min=1), default=72, show_default=True)
 @click.option("--seq-len", type=click.IntRange(min=2), default=256, show_default=True)
 @click.option("--embeddings", is_flag=True, help="Also store the target's input embeddings.")
+@engine_choice("--engine", "the capture")
+@engine_options
+@data_parallel_option
 @click.option("--overwrite", is_flag=True)
 @click.option("--trust-remote-code", is_flag=True)
 def capture(
@@ -32,16 +44,27 @@ def capture(
     samples: int,
     seq_len: int,
     embeddings: bool,
+    engine: str | None,
+    tensor_parallel_size: int,
+    engine_args: tuple[str, ...],
+    data_parallel_size: int,
     overwrite: bool,
     trust_remote_code: bool,
 ) -> None:
     """Run TARGET on DATA and save token ids + auxiliary hidden states to OUT for export."""
-    from eaglequant.quantize.capture import CaptureRequest, capture_hidden_states
+    from eaglequant.capture.run import CaptureRequest, capture_hidden_states
 
     request = CaptureRequest(
         target=target,
         data=data,
         out=out,
+        engine=capture_engine(
+            engine,
+            "--engine",
+            engine_settings(tensor_parallel_size, engine_args),
+            data_parallel_size,
+            trust_remote_code,
+        ),
         draft=draft,
         aux_layers=int_list(aux_layers, "--aux-layers", minimum=0, example="1,2,3")
         if aux_layers
@@ -50,6 +73,6 @@ def capture(
         seq_len=seq_len,
         embeddings=embeddings,
         overwrite=overwrite,
-        trust_remote_code=trust_remote_code,
     )
-    click.echo(json.dumps(capture_hidden_states(request)))
+    info = capture_hidden_states(request, progress)
+    click.echo(json.dumps({k: v for k, v in info.items() if k != "engine"}))

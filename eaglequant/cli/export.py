@@ -8,10 +8,20 @@ from typing import TYPE_CHECKING
 
 import click
 
-from eaglequant.cli.options import PATH, progress, shard_size
+from eaglequant.cli.options import (
+    PATH,
+    capture_engine,
+    data_parallel_option,
+    engine_choice,
+    engine_options,
+    engine_settings,
+    progress,
+    shard_size,
+)
 from eaglequant.errors import InputError
 
 if TYPE_CHECKING:
+    from eaglequant.capture.run import CaptureEngine
     from eaglequant.quantize.sources import CalibrationSource
 
 
@@ -22,7 +32,7 @@ def _calibration_source(
     calib_hidden_states: Path | None,
     samples: int | None,
     seq_len: int | None,
-    trust_remote_code: bool,
+    engine: CaptureEngine,
     needs_calibration: bool,
 ) -> CalibrationSource:
     from eaglequant.quantize.sources import CalibrationSource
@@ -42,7 +52,7 @@ def _calibration_source(
             data=calib_data,
             samples=samples,
             seq_len=seq_len,
-            trust_remote_code=trust_remote_code,
+            engine=engine,
         )
     if calib_hidden_states:
         return CalibrationSource(kind="capture", capture=calib_hidden_states, samples=samples)
@@ -81,6 +91,9 @@ def _calibration_source(
 @click.option(
     "--calib-seq-len", type=click.IntRange(min=2), help="Tokens per calibration sequence."
 )
+@engine_choice("--calib-engine", "calibration with --calib-target")
+@engine_options
+@data_parallel_option
 @click.option(
     "--max-shard-size", default="5GB", show_default=True, help="Shard size, e.g. 5GB or 500MB."
 )
@@ -102,6 +115,10 @@ def export(
     calib: str | None,
     calib_samples: int | None,
     calib_seq_len: int | None,
+    calib_engine: str | None,
+    tensor_parallel_size: int,
+    engine_args: tuple[str, ...],
+    data_parallel_size: int,
     max_shard_size: str,
     overwrite: bool,
     dry_run: bool,
@@ -134,7 +151,13 @@ def export(
             calib_hidden_states,
             calib_samples,
             calib_seq_len,
-            trust_remote_code,
+            capture_engine(
+                calib_engine,
+                "--calib-engine",
+                engine_settings(tensor_parallel_size, engine_args),
+                data_parallel_size,
+                trust_remote_code,
+            ),
             resolved.needs_calibration,
         ),
         max_shard_size=shard_size(max_shard_size),

@@ -14,7 +14,8 @@ import click
 from eaglequant.errors import InputError
 
 if TYPE_CHECKING:
-    from eaglequant.validate.engine_config import EngineOptions
+    from eaglequant.capture.run import CaptureEngine
+    from eaglequant.engine.config import EngineOptions
 
 PATH = click.Path(path_type=Path)
 EXISTING_DIR = click.Path(path_type=Path, file_okay=False)
@@ -78,10 +79,55 @@ def engine_settings(
     tensor_parallel_size: int, engine_args: tuple[str, ...], max_model_len: int | None = None
 ) -> EngineOptions:
     """The parsed ``engine_options`` (and a max model length) as the library takes them."""
-    from eaglequant.validate.engine_config import EngineOptions, parse_engine_arg
+    from eaglequant.engine.config import EngineOptions, parse_engine_arg
 
     return EngineOptions(
         tensor_parallel_size=tensor_parallel_size,
         engine_args=dict(parse_engine_arg(text) for text in engine_args),
         max_model_len=max_model_len,
+    )
+
+
+def data_parallel_option(func: Any) -> Any:
+    """``--data-parallel-size`` for commands that capture hidden states with vLLM."""
+    return click.option(
+        "--data-parallel-size",
+        type=click.IntRange(min=1),
+        default=1,
+        show_default=True,
+        help="vLLM capture replicas, each on its own share of the sequences and devices/cores.",
+    )(func)
+
+
+def capture_engine(
+    name: str | None,
+    option: str,
+    engine: EngineOptions,
+    data_parallel_size: int = 1,
+    trust_remote_code: bool = False,
+) -> CaptureEngine:
+    """The engine that runs the target for hidden states (``option`` names the choice)."""
+    from eaglequant.capture.run import CaptureEngine, default_engine
+
+    chosen = name or default_engine()
+    if chosen == "transformers" and (engine != type(engine)() or data_parallel_size > 1):
+        raise InputError(
+            f"--tensor-parallel-size, --data-parallel-size and --engine-arg apply to "
+            f"{option} vllm; drop them or use vllm"
+        )
+    return CaptureEngine(
+        name="vllm" if chosen == "vllm" else "transformers",
+        options=engine,
+        data_parallel_size=data_parallel_size,
+        trust_remote_code=trust_remote_code,
+    )
+
+
+def engine_choice(option: str, what: str) -> Any:
+    """``option`` [vllm|transformers]: which engine runs the target for ``what``."""
+    return click.option(
+        option,
+        type=click.Choice(["vllm", "transformers"]),
+        help=f"Engine that runs the target for {what} (default: vllm where installed, else "
+        "transformers).",
     )

@@ -8,7 +8,8 @@ from pathlib import Path
 
 import click
 
-from eaglequant.cli.options import PATH, engine_options, engine_settings
+from eaglequant.cli.options import PATH, engine_choice, engine_options, engine_settings
+from eaglequant.cli.options import capture_engine as capture_engine_for
 
 
 @click.command()
@@ -50,6 +51,12 @@ from eaglequant.cli.options import PATH, engine_options, engine_settings
     help="Default: 1024 on CPU, vLLM's own on GPU/ROCm.",
 )
 @engine_options
+@engine_choice("--capture-engine", "check 6's hidden states")
+@click.option(
+    "--hidden-states",
+    type=PATH,
+    help="Check 6 reads the target's states from this capture folder instead of running it.",
+)
 @click.option(
     "--lossless",
     type=click.Choice(["near-tie", "strict"]),
@@ -81,6 +88,8 @@ def validate(
     max_model_len: int | None,
     tensor_parallel_size: int,
     engine_args: tuple[str, ...],
+    capture_engine: str | None,
+    hidden_states: Path | None,
     lossless: str,
     tie_margin: float,
     json_path: Path | None,
@@ -113,6 +122,10 @@ def validate(
         engine=engine_settings(tensor_parallel_size, engine_args, max_model_len),
         lossless=lossless,
         tie_margin=tie_margin,
+        capture=capture_engine_for(
+            capture_engine, "--capture-engine", engine_settings(tensor_parallel_size, engine_args)
+        ),
+        hidden_states=hidden_states,
     )
     report = run(request, progress=lambda m: click.echo(f"[eaglequant] {m}", err=True))
     data = report.to_json()

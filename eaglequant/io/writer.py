@@ -34,7 +34,11 @@ def write_checkpoint_weights(
 
 def write_safetensors(path: Path, blobs: Iterable[TensorBlob]) -> None:
     """Write one safetensors file, streaming file-backed blobs from their source."""
-    shard = plan_file(path.name, list(blobs))
+    write_known_file(path, plan_file(path.name, list(blobs)))
+
+
+def write_known_file(path: Path, shard: ShardFile) -> None:
+    """Write a planned file's header and known tensors; pending ranges are left zero."""
     _write_known(path.parent, shard, threading.Event())
     os.chmod(path, FILE_MODE)
 

@@ -24,7 +24,7 @@ import json
 import os
 import shlex
 import subprocess
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -40,6 +40,7 @@ RESERVED_ARGS = {
     "tensor_parallel_size": "the tensor parallel size option",
     "max_model_len": "the max model length option",
     "worker_extension_cls": "nothing: the tool inspects the draft through it",
+    "kv_transfer_config": "nothing: capture sets it to save hidden states",
 }
 
 
@@ -65,14 +66,16 @@ def parse_engine_arg(text: str) -> tuple[str, Any]:
     return key, value
 
 
-def check_engine_args(args: Mapping[str, Any], known: set[str]) -> None:
+def check_engine_args(
+    args: Mapping[str, Any], known: Collection[str], reserved: Mapping[str, str] = RESERVED_ARGS
+) -> None:
     """Refuse keys vLLM's ``EngineArgs`` (``known``) lacks, or that the tool sets itself."""
     for key in args:
-        if key in RESERVED_ARGS:
+        if key in reserved:
             raise InputError(
-                f"engine argument {key!r} is set by eaglequant; use {RESERVED_ARGS[key]} instead"
+                f"engine argument {key!r} is set by eaglequant; use {reserved[key]} instead"
             )
-    unknown = sorted(set(args) - known)
+    unknown = sorted(set(args) - set(known))
     if unknown:
         close = difflib.get_close_matches(unknown[0], known, n=1)
         hint = f"did you mean {close[0]!r}?" if close else "see vLLM's EngineArgs for valid keys"
@@ -85,6 +88,12 @@ class VllmInstall:
 
     device_type: str
     engine_args: frozenset[str]
+    device_env: str = ""
+    device_count: int = 0
+
+    @property
+    def on_cpu(self) -> bool:
+        return self.device_type == "cpu"
 
 
 PROBE = """
@@ -92,7 +101,10 @@ import dataclasses, json
 from vllm.engine.arg_utils import EngineArgs
 from vllm.platforms import current_platform
 fields = [f.name for f in dataclasses.fields(EngineArgs)]
-print(json.dumps([current_platform.device_type, fields]))
+cpu = current_platform.is_cpu()
+count = 0 if cpu else current_platform.device_count()
+device_env = current_platform.device_control_env_var
+print(json.dumps([current_platform.device_type, fields, device_env, count]))
 """
 
 
@@ -110,8 +122,8 @@ def probe_vllm(python: str) -> VllmInstall:
     if done.returncode != 0 or not lines:
         tail = done.stderr.strip().splitlines()[-1:] or [f"exit code {done.returncode}"]
         raise InputError(f"vLLM cannot be imported here ({tail[0]}); install eaglequant[vllm]")
-    device_type, fields = json.loads(lines[-1])
-    return VllmInstall(str(device_type), frozenset(fields))
+    device_type, fields, device_env, count = json.loads(lines[-1])
+    return VllmInstall(str(device_type), frozenset(fields), str(device_env), int(count))
 
 
 def llm_kwargs(options: EngineOptions, target: str, speculative: dict[str, Any] | None) -> dict:

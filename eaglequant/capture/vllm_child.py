@@ -1,0 +1,122 @@
+"""One vLLM capture replica in its own process: ``python -m eaglequant.capture.vllm_child SPEC``.
+
+SPEC is a JSON file: ``llm`` (``vllm.LLM`` keyword arguments for the target,
+its parallelism and the user's engine arguments), ``aux_layer_ids``, the
+capture ``file`` to fill, this replica's ``rows`` [first, end), a ``scratch``
+folder for the engine's own files, ``chunk`` (requests per batch) and
+``result`` (where to write this run's record).
+
+The target runs with vLLM's speculative method ``extract_hidden_states``: the
+model returns the auxiliary layers' states, a cache-only layer stores them in
+the KV cache, and the KV connector writes one safetensors file per finished
+request (``hidden_states`` [T, num_aux, hidden], ``token_ids`` [T]). Each file
+is read (under the connector's lock), its token ids checked against the row,
+written in place into the capture file and removed, one chunk of requests at a
+time, so neither memory nor scratch space grows with the number of sequences.
+On CPU the connector is :mod:`eaglequant.capture.cpu_connector`; elsewhere
+vLLM's own ``ExampleHiddenStatesConnector``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+CPU_CONNECTOR = ("CpuHiddenStatesConnector", "eaglequant.capture.cpu_connector")
+STOCK_CONNECTOR = "ExampleHiddenStatesConnector"
+
+
+def capture_kwargs(aux_ids: list[int], storage: str, on_cpu: bool) -> dict[str, Any]:
+    """The ``vllm.LLM`` arguments that turn the target into a hidden-state extractor."""
+    connector: dict[str, Any] = {
+        "kv_connector": STOCK_CONNECTOR,
+        "kv_role": "kv_producer",
+        "kv_connector_extra_config": {"shared_storage_path": storage},
+    }
+    if on_cpu:
+        connector["kv_connector"], connector["kv_connector_module_path"] = CPU_CONNECTOR
+    return {
+        "speculative_config": {
+            "method": "extract_hidden_states",
+            "num_speculative_tokens": 1,
+            "draft_model_config": {"hf_config": {"eagle_aux_hidden_state_layer_ids": aux_ids}},
+        },
+        "kv_transfer_config": connector,
+        "enable_chunked_prefill": False,
+    }
+
+
+def run(spec: dict[str, Any]) -> dict[str, Any]:
+    started = time.perf_counter()
+    from vllm import LLM, SamplingParams
+    from vllm.inputs import TokensPrompt
+    from vllm.platforms import current_platform
+
+    from eaglequant.capture.store import CaptureFile
+    from eaglequant.engine.config import platform_defaults
+    from eaglequant.engine.record import engine_record, loaded_kernel_libraries, tree_peak_rss_mib
+
+    on_cpu = current_platform.is_cpu()
+    kwargs = platform_defaults(spec["llm"], on_cpu)
+    kwargs |= capture_kwargs(spec["aux_layer_ids"], spec["scratch"], on_cpu)
+    llm = LLM(**kwargs)
+    loaded = time.perf_counter()
+    file = CaptureFile.open(Path(spec["file"]))
+    first, end = spec["rows"]
+    sequences = file.sequences()[first:end]
+    params = SamplingParams(temperature=0.0, max_tokens=1)
+    chunk = int(spec["chunk"])
+    for start in range(0, len(sequences), chunk):
+        part = sequences[start : start + chunk]
+        prompts = [TokensPrompt(prompt_token_ids=s) for s in part]
+        outputs = llm.generate(prompts, params, use_tqdm=False)
+        for offset, (seq, output) in enumerate(zip(part, outputs, strict=True)):
+            _store(file, first + start + offset, seq, output)
+        print(f"[capture] rows {first + start + len(part)}/{end}", flush=True)
+    done = time.perf_counter()
+    return {
+        "platform": str(current_platform.device_type or "unknown"),
+        "kernels": loaded_kernel_libraries(),
+        "engine_config": engine_record(kwargs),
+        "rows": [first, end],
+        "tokens": sum(len(s) for s in sequences),
+        "load_s": round(loaded - started, 2),
+        "run_s": round(done - loaded, 2),
+        "peak_rss_mib": tree_peak_rss_mib(),
+    }
+
+
+def _store(file: Any, row: int, seq: list[int], output: Any) -> None:
+    """Move one finished request's states from the engine's file into ``row``."""
+    from vllm.distributed.kv_transfer.kv_connector.v1.example_hidden_states_connector import (
+        cleanup_hidden_states,
+        load_hidden_states,
+    )
+
+    path = (output.kv_transfer_params or {}).get("hidden_states_path")
+    if path is None:
+        raise RuntimeError(f"row {row}: vLLM reported no hidden_states_path")
+    data = load_hidden_states(path)
+    if data["token_ids"].tolist() != seq:
+        raise RuntimeError(f"row {row}: the engine's token ids differ from the sequence")
+    states = data["hidden_states"]
+    file.write_row(row, states.reshape(states.shape[0], -1))
+    cleanup_hidden_states(path)
+
+
+def main() -> None:
+    with open(sys.argv[1], encoding="utf-8") as handle:
+        spec = json.load(handle)
+    result = run(spec)
+    with open(spec["result"], "w", encoding="utf-8") as handle:
+        json.dump(result, handle)
+    sys.stdout.flush()
+    os._exit(0)  # skip vLLM's slow interpreter teardown; the result is on disk
+
+
+if __name__ == "__main__":
+    main()

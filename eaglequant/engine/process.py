@@ -1,0 +1,79 @@
+"""Engine child processes: each vLLM run in its own process group, bounded, its end named.
+
+A vLLM engine can abort (a kernel library for another CPU), be killed (out of
+memory) or hang; running it as a child keeps the tool alive to report which,
+and killing the whole process group leaves no engine core or worker behind.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+
+@dataclass(frozen=True)
+class ChildRun:
+    """How one child process ended."""
+
+    returncode: int | None
+    timed_out: bool
+    wall_s: float
+
+    @property
+    def ok(self) -> bool:
+        return self.returncode == 0 and not self.timed_out
+
+    def cause(self) -> str:
+        """Timed out, killed by a signal (SIGILL, SIGABRT …), or its exit code."""
+        code = self.returncode
+        if self.timed_out:
+            return "timed out"
+        if code is not None and code < 0:
+            with contextlib.suppress(ValueError):
+                return f"killed by {signal.Signals(-code).name}"
+            return f"killed by signal {-code}"
+        return f"exit code {code}" if code else "no result written"
+
+
+def start_child(argv: list[str], log: Path, env: Mapping[str, str]) -> subprocess.Popen[bytes]:
+    """Start ``argv`` in a new process group, stdout and stderr into ``log``."""
+    with log.open("wb") as out:
+        return subprocess.Popen(
+            argv, stdout=out, stderr=subprocess.STDOUT, env=dict(env), start_new_session=True
+        )
+
+
+def finish_child(
+    process: subprocess.Popen[bytes], started: float, timeout: float | None
+) -> ChildRun:
+    """Wait for ``process`` (at most ``timeout`` s), then kill what is left of its group."""
+    timed_out = False
+    try:
+        process.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        timed_out = True
+        os.killpg(process.pid, signal.SIGKILL)
+        process.wait()
+    finally:
+        kill_group(process)
+    return ChildRun(process.returncode, timed_out, round(time.perf_counter() - started, 1))
+
+
+def kill_group(process: subprocess.Popen[bytes]) -> None:
+    """SIGKILL the child's process group (no stray engine core or worker survives it)."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(process.pid, signal.SIGKILL)
+
+
+def run_child(
+    argv: list[str], log: Path, env: Mapping[str, str], timeout: float | None
+) -> ChildRun:
+    """Run one child to its end (or ``timeout``); its output goes to ``log``."""
+    started = time.perf_counter()
+    return finish_child(start_child(argv, log, env), started, timeout)
