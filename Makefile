@@ -10,7 +10,7 @@ export VLLM_CPU_KVCACHE_SPACE ?= 1
 export VLLM_TARGET_DEVICE ?= cpu
 export TOKENIZERS_PARALLELISM ?= false
 
-.PHONY: install demo test test-fast lint bench bench-small toy clean
+.PHONY: install demo test test-fast lint bench bench-small bench-capture toy clean
 
 install: $(STAMP)
 
@@ -45,6 +45,9 @@ bench: install
 
 bench-small: install
 	$(BIN)/python bench/export_bench.py --shape small
+
+bench-capture: install
+	$(BIN)/python bench/capture_bench.py
 
 toy: install
 	$(BIN)/eaglequant toy $(TOY) --overwrite

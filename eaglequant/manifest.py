@@ -31,6 +31,7 @@ def build_manifest(
     top1_agreement: list[float],
     timings: dict[str, float],
     files: dict[str, str],
+    device: dict[str, Any],
 ) -> dict[str, Any]:
     """Provenance: versions, recipe, calibration, per-layer numbers, file checksums."""
     return {
@@ -43,6 +44,7 @@ def build_manifest(
         "calibration": calibration,
         "layers": layers,
         "top1_agreement_by_step": top1_agreement,
+        "device": device,
         "timings_s": timings,
         "files": files,
     }

@@ -39,6 +39,7 @@ class ExportRequest:
     max_shard_size: int
     overwrite: bool = False
     dry_run: bool = False
+    device: str = "auto"  # the export's arithmetic (Quark, measurement): auto, cpu or cuda
 
 
 @dataclass
@@ -104,7 +105,8 @@ def export_draft(request: ExportRequest, progress: Progress = lambda _msg: None)
             from eaglequant.quantize import pipeline  # torch and co., while the copy runs
 
             with stage("load"):
-                model = pipeline.load(plan.ckpt, module_needed=plan.module_needed)
+                device = pipeline.resolve_device(request.device)
+                model = pipeline.load(plan.ckpt, module_needed=plan.module_needed, device=device)
             with stage("calibrate"):
                 calib = pipeline.calibrate(
                     model,
@@ -148,6 +150,7 @@ def export_draft(request: ExportRequest, progress: Progress = lambda _msg: None)
             top1_agreement=measurement.top1_agreement,
             timings=timings,
             files=files,
+            device=pipeline.describe_device(device),
         )
         artifact.write_manifest(manifest)
     return ExportResult(request.out, plan, manifest=manifest)

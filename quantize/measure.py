@@ -129,7 +129,8 @@ def measure(
     layers = [_layer_stats(weight_of(name), tensors, name) for name in MIDLAYER_LINEARS]
     if bf16 is None or not held_out:
         return Measurement(layers)
-    fp8 = simulated_fp8_draft(bf16, tensors, recipe)
+    device = next(bf16.fc.parameters()).device
+    fp8 = simulated_fp8_draft(bf16, {k: v.to(device) for k, v in tensors.items()}, recipe)
     sqnr, agreement = _compare(bf16, fp8, held_out, recipe.calibration.steps)
     for stats in layers:
         stats.sqnr_db = sqnr[stats.name]

@@ -44,8 +44,27 @@ class Calibration:
 NO_CALIBRATION = Calibration(None, [], 0, 0)
 
 
-def load(ckpt: Checkpoint, *, module_needed: bool) -> Eagle3Draft | None:
-    """The draft as a torch module, when calibration, Quark or measurement needs it.
+def resolve_device(asked: str) -> torch.device:
+    """``auto``: the accelerator torch sees (CUDA or ROCm), else the CPU; ``cuda`` must exist."""
+    available = torch.cuda.is_available()
+    if asked == "cuda" and not available:
+        raise InputError(
+            "device 'cuda': torch sees no CUDA or ROCm device here; use device cpu or auto"
+        )
+    return torch.device("cuda" if asked == "cuda" or (asked == "auto" and available) else "cpu")
+
+
+def describe_device(device: torch.device) -> dict[str, Any]:
+    """The manifest's record of where the export's arithmetic ran."""
+    if device.type == "cuda":
+        hip = getattr(torch.version, "hip", None)
+        name = torch.cuda.get_device_name(device)
+        return {"type": "cuda", "name": name, "runtime": f"rocm {hip}" if hip else "cuda"}
+    return {"type": "cpu", "threads": torch.get_num_threads()}
+
+
+def load(ckpt: Checkpoint, *, module_needed: bool, device: torch.device) -> Eagle3Draft | None:
+    """The draft as a torch module on ``device``, when calibration, Quark or measurement needs it.
 
     The file-to-file flow without calibration data never holds the whole draft.
     """
@@ -53,7 +72,10 @@ def load(ckpt: Checkpoint, *, module_needed: bool) -> Eagle3Draft | None:
     if not module_needed:
         return None
     # fc, lm_head and embed_tokens are checked for NaN/Inf by the writer as it copies them.
-    return load_draft_module(ckpt, check_unquantized=False)
+    model = load_draft_module(ckpt, check_unquantized=False)
+    if device.type != "cpu":
+        torch.nn.Module.to(model, device)  # in place; PreTrainedModel.to is typed for dtypes only
+    return model
 
 
 def calibrate(
@@ -102,9 +124,18 @@ def calibrate(
     if model.embed_tokens is None:
         _attach_embeddings(model, data)
     calib, held = data.split(samples, spec.held_out)
-    batches = calib.batches(spec.batch_size)
-    held_out = held.batches(spec.batch_size)
+    device = next(model.parameters()).device
+    batches = _on(device, calib.batches(spec.batch_size))
+    held_out = _on(device, held.batches(spec.batch_size))
     return Calibration(batches, held_out, len(calib.input_ids), calib.tokens, info)
+
+
+def _on(
+    device: torch.device, batches: list[dict[str, torch.Tensor]]
+) -> list[dict[str, torch.Tensor]]:
+    if device.type == "cpu":
+        return batches
+    return [{k: v.to(device) for k, v in batch.items()} for batch in batches]
 
 
 def _attach_embeddings(model: Eagle3Draft, data: CalibrationData) -> None:
@@ -113,7 +144,8 @@ def _attach_embeddings(model: Eagle3Draft, data: CalibrationData) -> None:
             f"{data.source}: the draft has no embed_tokens and this calibration source holds "
             "none; re-run `eaglequant capture` with --embeddings"
         )
-    model.embed_tokens = nn.Embedding.from_pretrained(data.embed_tokens, freeze=True)
+    device = next(model.parameters()).device
+    model.embed_tokens = nn.Embedding.from_pretrained(data.embed_tokens.to(device), freeze=True)
 
 
 def quantize(
@@ -143,7 +175,7 @@ def quantize(
             # (freed first: two midlayers at once would not fit at full size).
             del model.midlayer
             gc.collect()
-            model.midlayer = load_reference_midlayer(ckpt)
+            model.midlayer = load_reference_midlayer(ckpt).to(next(model.fc.parameters()).device)
             return result
         except SafetensorError as exc:  # Quark's own writing into the scratch folder
             raise OutputError(

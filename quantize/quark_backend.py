@@ -140,10 +140,10 @@ def quantize_static(
 
 
 def _zero_batch(model: Eagle3Draft) -> dict[str, torch.Tensor]:
-    dims = model.dims
+    dims, device = model.dims, next(model.fc.parameters()).device
     return {
-        "aux_hidden": torch.zeros(1, 2, dims.fc_in),
-        "next_ids": torch.zeros(1, 2, dtype=torch.long),
+        "aux_hidden": torch.zeros(1, 2, dims.fc_in, device=device),
+        "next_ids": torch.zeros(1, 2, dtype=torch.long, device=device),
     }
 
 
@@ -157,7 +157,9 @@ def _embeddings_for_zero_batch(model: Eagle3Draft) -> Iterator[None]:
         yield
         return
     dims = model.dims
-    zeros = torch.zeros(1, dims.hidden, dtype=torch.bfloat16).expand(dims.vocab, dims.hidden)
+    device = next(model.fc.parameters()).device
+    zeros = torch.zeros(1, dims.hidden, dtype=torch.bfloat16, device=device)
+    zeros = zeros.expand(dims.vocab, dims.hidden)
     model.embed_tokens = torch.nn.Embedding.from_pretrained(zeros, freeze=True)
     try:
         yield

@@ -541,3 +541,13 @@ def test_draft_without_embeddings_needs_them_from_the_capture(
         ["export", str(draft), str(tmp_path / "o"), "--calib-hidden-states", str(capture)]
     )
     _assert_clean_failure(code, output, "re-run `eaglequant capture` with --embeddings")
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has an accelerator")
+def test_device_cuda_without_an_accelerator(tiny_draft: Path, tmp_path: Path) -> None:
+    code, output = _run(
+        ["export", str(tiny_draft), str(tmp_path / "o"), "--calib", "none", "--device", "cuda"]
+    )
+    _assert_clean_failure(
+        code, output, "device 'cuda': torch sees no CUDA or ROCm device here; use device cpu"
+    )

@@ -87,6 +87,8 @@ def test_static_export_round_trip(pair: dict[str, Path], tmp_path: Path) -> None
     assert manifest["calibration"]["calibrated"] and manifest["calibration"]["tokens"] == 6 * 64
     assert all(layer["sqnr_db"] > 20 for layer in manifest["layers"])
     assert len(manifest["top1_agreement_by_step"]) == 3
+    assert manifest["device"]["type"] == "cpu"  # --device auto on a machine without accelerator
+    assert manifest["calibration"]["capture"]["engine"]["name"] == "transformers"
     inspect = CliRunner().invoke(main, ["inspect", str(out), "--target-layers", "4"])
     assert inspect.exit_code == 0, inspect.output
 

@@ -130,3 +130,20 @@ def test_own_writer_hitting_the_size_limit_leaves_nothing(tiny_draft: Path, tmp_
     assert result.returncode == 2, result.stderr
     assert "I/O error while writing: File too large" in result.stdout
     assert not out.exists() and not _temps(out)
+
+
+def test_capture_on_a_full_disk_fails_before_the_engine_and_leaves_nothing(
+    pair: dict[str, Path], tmp_path: Path
+) -> None:
+    """The capture file is allocated whole before the target runs: a full disk (here a file
+    size limit) is one clean error, and no folder is left."""
+    out = tmp_path / "capture"
+    args = [sys.executable, "-m", "eaglequant.cli", "capture", "--target", str(pair["target"])]
+    args += ["--data", str(pair["data"]), str(out), "--engine", "transformers"]
+    args += ["--aux-layers", "1,2,3", "--samples", "8", "--seq-len", "64"]
+    result = subprocess.run(args, capture_output=True, text=True, preexec_fn=_limit_file_size)
+    assert result.returncode == 2, result.stderr[-2000:]
+    errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and "I/O error while writing: File too large" in errors[0], errors
+    assert "Traceback" not in result.stderr and "capturing" not in result.stderr
+    assert not out.exists() and not _temps(out)

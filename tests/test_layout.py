@@ -32,6 +32,10 @@ CORE = [
     "eaglequant.io.writer",
     "eaglequant.io.readback",
     "eaglequant.io.output",
+    "eaglequant.engine.config",
+    "eaglequant.engine.process",
+    "eaglequant.capture.run",
+    "eaglequant.capture.store",
 ]
 # Modules of eaglequant/ that may import eaglequant.quantize / eaglequant.validate.
 MAY_DISPATCH = ("eaglequant.cli.", "eaglequant.devtools.", "eaglequant.model.")

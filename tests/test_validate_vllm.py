@@ -19,6 +19,7 @@ from eaglequant.cli import main
 from eaglequant.validate.validate import (
     ValidateRequest,
     acceptance,
+    outputs_digest,
     read_prompts,
     run_engine,
     validate,
@@ -53,6 +54,26 @@ def _request(draft: Path, **changes: Any) -> ValidateRequest:
 def shared_engines(good_fp8: Path) -> dict[str, dict[str, Any]]:
     request = _request(good_fp8)
     return {"target": run_engine(request, None), "bf16": run_engine(request, TOY / "draft")}
+
+
+@pytest.fixture(scope="module")
+def validation_states(shared_engines: dict, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The target's states on the validation sequences, captured once with vLLM (check 6)."""
+    from eaglequant.capture.run import CaptureEngine, capture_into
+    from eaglequant.validate.plausibility import validation_sequences
+
+    request = _request(TOY / "draft")
+    generated = shared_engines["target"]["result"]["token_ids"]
+    folder = tmp_path_factory.mktemp("validation-states")
+    capture_into(
+        folder,
+        target=TOY / "target",
+        sequences=validation_sequences(TOY / "target", request.prompts, generated),
+        aux_ids=(1, 2, 3),
+        engine=CaptureEngine(name="vllm"),
+        embeddings=True,
+    )
+    return folder
 
 
 def _failed(report: Any) -> set[str]:
@@ -91,14 +112,14 @@ def test_good_fp8_draft_passes(good_fp8: Path, shared_engines: dict, tmp_path: P
 
 
 def test_bare_exclude_fails_acceptance_layers_and_log(
-    good_fp8: Path, shared_engines: dict, tmp_path: Path
+    good_fp8: Path, shared_engines: dict, validation_states: Path, tmp_path: Path
 ) -> None:
     bare = tmp_path / "bare"
     shutil.copytree(good_fp8, bare)
     config = json.loads((bare / "config.json").read_text())
     config["quantization_config"]["exclude"] = ["fc", "lm_head"]
     (bare / "config.json").write_text(json.dumps(config))
-    report = validate(_request(bare), reuse=shared_engines)
+    report = validate(_request(bare, hidden_states=validation_states), reuse=shared_engines)
     assert {"2", "3", "4"} <= _failed(report), [(c.name, c.detail) for c in report.checks]
     layers = next(c for c in report.checks if c.name.startswith("3"))
     assert "model.fc built as QuarkW8A8Fp8" in layers.detail
@@ -129,9 +150,16 @@ def test_bare_exclude_fails_acceptance_layers_and_log(
     ],
 )
 def test_corrupted_scales_fail_plausibility(
-    good_fp8: Path, shared_engines: dict, tmp_path: Path, label: str, edit: Any
+    good_fp8: Path,
+    shared_engines: dict,
+    validation_states: Path,
+    tmp_path: Path,
+    label: str,
+    edit: Any,
 ) -> None:
-    report = validate(_request(_variant(good_fp8, tmp_path, edit)), reuse=shared_engines)
+    """Check 6 fed by the vLLM capture of the validation sequences."""
+    variant = _variant(good_fp8, tmp_path, edit)
+    report = validate(_request(variant, hidden_states=validation_states), reuse=shared_engines)
     assert "6" in _failed(report), (label, [(c.name, c.detail) for c in report.checks])
 
 
@@ -147,8 +175,11 @@ def test_random_weight_draft_has_acceptance_near_one(tmp_path: Path) -> None:
     assert 1.0 <= mean < 1.2, mean
 
 
-def test_engine_timeout_is_a_failed_check_with_log(good_fp8: Path, shared_engines: dict) -> None:
-    report = validate(_request(good_fp8, engine_timeout_s=3), reuse=shared_engines)
+def test_engine_timeout_is_a_failed_check_with_log(
+    good_fp8: Path, shared_engines: dict, validation_states: Path
+) -> None:
+    request = _request(good_fp8, engine_timeout_s=3, hidden_states=validation_states)
+    report = validate(request, reuse=shared_engines)
     engines = next(c for c in report.checks if c.name == "engines")
     assert not engines.passed and "timed out" in engines.detail
     assert report.engines["fp8"]["timed_out"]
@@ -161,31 +192,46 @@ def test_engine_crash_is_a_failed_check_with_log_tail(
     report = validate(_request(good_fp8), reuse=shared_engines)
     engines = next(c for c in report.checks if c.name == "engines")
     assert not engines.passed and "['fp8'] failed or timed out (fp8: exit code" in engines.detail
+    six = next(c for c in report.checks if c.name.startswith("6"))  # its capture failed too
+    assert not six.passed
+    assert six.detail.startswith("could not capture the target's hidden states: vLLM capture")
     assert report.engines["fp8"]["returncode"] != 0 and not report.engines["fp8"]["timed_out"]
     assert report.engines["fp8"]["log_tail"].strip()
 
 
-def test_cli_passes_parallelism_and_engine_args_to_every_engine(
-    good_fp8: Path, tmp_path: Path
+def test_tensor_parallel_two_gives_the_same_outputs_and_acceptance(
+    good_fp8: Path, shared_engines: dict, tmp_path: Path
 ) -> None:
+    """validate --tensor-parallel-size 2 on 2 CPU workers: the TP=1 runs' greedy outputs and
+    acceptance; engine arguments reach every engine."""
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("\n".join(read_prompts(TOY / "prompts.jsonl")[:PROMPTS]) + "\n")
     report_path = tmp_path / "report.json"
     args = ["validate", "--target", str(TOY / "target"), "--draft", str(good_fp8)]
-    args += ["--baseline", str(TOY / "draft"), "--prompts", str(TOY / "prompts.jsonl")]
-    args += ["--max-tokens", "16", "--tensor-parallel-size", "1", "--lossless", "strict"]
+    args += ["--baseline", str(TOY / "draft"), "--prompts", str(prompts)]
+    args += ["--max-tokens", str(MAX_TOKENS), "--tensor-parallel-size", "2", "--lossless", "strict"]
     args += ["--engine-arg", "max_num_seqs=8", "--json", str(report_path)]
     result = CliRunner().invoke(main, args)
     assert result.exit_code == 0, result.output
     report = json.loads(report_path.read_text())
+    single = {**shared_engines, "fp8": run_engine(_request(good_fp8), good_fp8)}  # TP=1
     for role in ("target", "bf16", "fp8"):
-        llm = report["engines"][role]["engine_config"]["llm"]
-        assert llm["tensor_parallel_size"] == 1 and llm["max_num_seqs"] == 8, (role, llm)
+        engine = report["engines"][role]
+        llm = engine["engine_config"]["llm"]
+        assert llm["tensor_parallel_size"] == 2 and llm["max_num_seqs"] == 8, (role, llm)
+        assert engine["outputs_sha256"] == outputs_digest(single[role]["result"]["token_ids"])
         if report["backend"] == "cpu":
             assert llm["enforce_eager"] is True and llm["max_model_len"] == 1024
+            assert engine["engine_config"]["env"]["VLLM_CPU_OMP_THREADS_BIND"] == "0|1"
+    for role in ("bf16", "fp8"):
+        tp2 = report["engines"][role]["acceptance"]["mean_length"]
+        tp1 = acceptance(single[role]["result"]["metrics"])["mean_length"]
+        assert abs(tp2 - tp1) <= 0.05, (role, tp2, tp1)
     spec = {"model": str(good_fp8), "method": "eagle3", "num_speculative_tokens": 3}
     spec_json = json.dumps(spec | {"draft_tensor_parallel_size": 1})
     cpu_only = "--enforce-eager --max-model-len 1024 " if report["backend"] == "cpu" else ""
     assert report["serve_command"] == (
         f"vllm serve {TOY / 'target'} {cpu_only}--speculative-config '{spec_json}' "
-        "--tensor-parallel-size 1 --max-num-seqs 8"
+        "--tensor-parallel-size 2 --max-num-seqs 8"
     )
     assert f"equivalent serve line: {report['serve_command']}" in result.output.replace("\n", "")

@@ -97,15 +97,9 @@ def _target_states(
 
     if inputs.hidden_states is not None:
         return load_capture(inputs.hidden_states, dims)
-    from transformers import AutoTokenizer
-
     from eaglequant.capture.run import capture_into
 
-    tokenizer = AutoTokenizer.from_pretrained(inputs.target)
-    sequences = [
-        tokenizer(prompt)["input_ids"] + (inputs.generated[i] if inputs.generated else [])
-        for i, prompt in enumerate(inputs.prompts)
-    ]
+    sequences = validation_sequences(inputs.target, inputs.prompts, inputs.generated)
     with tempfile.TemporaryDirectory(prefix="eaglequant-check6-") as folder:
         capture_into(
             Path(folder),
@@ -116,6 +110,19 @@ def _target_states(
             embeddings=True,
         )
         return load_capture(Path(folder), dims)
+
+
+def validation_sequences(
+    target: Path, prompts: list[str], generated: list[list[int]] | None
+) -> list[list[int]]:
+    """Each prompt's token ids (the target's tokenizer, as vLLM's) and the target's continuation."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(target)
+    return [
+        tokenizer(prompt)["input_ids"] + (generated[i] if generated else [])
+        for i, prompt in enumerate(prompts)
+    ]
 
 
 def _static_inputs(config: dict[str, Any]) -> bool:

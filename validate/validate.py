@@ -42,7 +42,7 @@ from eaglequant.engine.config import (
     probe_vllm,
 )
 from eaglequant.engine.process import ChildRun, run_child
-from eaglequant.errors import InputError
+from eaglequant.errors import EngineFailed, InputError
 from eaglequant.io.checkpoint import read_checkpoint, read_config
 from eaglequant.io.records import jsonl_records, read_utf8
 from eaglequant.manifest import MANIFEST_FILE, read_json_object
@@ -231,9 +231,18 @@ def _engine_summary(engine: dict[str, Any]) -> dict[str, Any]:
     summary |= {k: result[k] for k in keys if k in result}
     if "metrics" in result:
         summary["acceptance"] = acceptance(result["metrics"])
+    if "token_ids" in result:
+        summary["outputs_sha256"] = outputs_digest(result["token_ids"])
     if not engine["ok"]:
         summary["log_tail"] = engine["log"][-LOG_TAIL_CHARS:]
     return summary
+
+
+def outputs_digest(token_ids: list[list[int]]) -> str:
+    """One hash of every generated token id: equal hashes, equal greedy outputs (any machine)."""
+    import hashlib
+
+    return hashlib.sha256(json.dumps(token_ids).encode()).hexdigest()
 
 
 def acceptance(metrics: dict[str, Any]) -> dict[str, Any]:
@@ -360,4 +369,9 @@ def scale_plausibility(request: ValidateRequest, target_engine: dict[str, Any]) 
         capture=request.capture,
         hidden_states=request.hidden_states,
     )
-    return check(inputs)
+    try:
+        return check(inputs)
+    except EngineFailed as exc:
+        return Check(
+            "6 scale plausibility", False, f"could not capture the target's hidden states: {exc}"
+        )

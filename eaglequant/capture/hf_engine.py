@@ -18,6 +18,7 @@ import torch
 from tqdm.auto import tqdm
 
 from eaglequant.capture.store import CaptureFile
+from eaglequant.engine.record import tree_peak_rss_mib
 
 BATCH = 4
 
@@ -53,6 +54,7 @@ def capture_transformers(
         "dtype": "float32",
         "load_s": round(loaded - started, 2),
         "run_s": round(done - loaded, 2),
+        "peak_rss_mib": tree_peak_rss_mib(),
     }
 
 

@@ -130,7 +130,9 @@ class CaptureFile:
         blobs.append(TensorBlob("aux_hidden_states", "BF16", aux_shape))
         if embed is not None:
             blobs.append(TensorBlob(EMBED, embed.dtype, embed.shape, source=embed))
-        write_known_file(path, plan_file(path.name, blobs))
+        shard = plan_file(path.name, blobs)
+        write_known_file(path, shard)
+        _reserve(path, shard.size)
         return cls.open(path)
 
     @classmethod
@@ -168,6 +170,16 @@ class CaptureFile:
                 view, offset = view[written:], offset + written
         finally:
             os.close(fd)
+
+
+def _reserve(path: Path, size: int) -> None:
+    """Allocate the whole file now, so a full disk fails here, before any engine starts."""
+    fd = os.open(path, os.O_WRONLY)
+    try:
+        if hasattr(os, "posix_fallocate"):
+            os.posix_fallocate(fd, 0, size)
+    finally:
+        os.close(fd)
 
 
 def write_info(folder: Path, info: dict[str, Any]) -> dict[str, Any]:

@@ -202,7 +202,20 @@ def _collect(
 
 def _failure(replica: _Replica, ended: ChildRun) -> str:
     text = replica.log.read_text(encoding="utf-8", errors="replace")
-    lines = [line.strip() for line in text.splitlines() if line.strip()]
-    errors = [line for line in lines if ERROR_LINE.match(line)]
-    last = (errors or lines or ["(no output)"])[-1]
-    return f"vLLM capture engine (replica {replica.index}) failed ({ended.cause()}): {last[:400]}"
+    return (
+        f"vLLM capture engine (replica {replica.index}) failed ({ended.cause()}): "
+        f"{last_error(text)[:400]}"
+    )
+
+
+def last_error(log: str) -> str:
+    """The log's last exception line, with its indented detail line (pydantic puts the
+    reason there), else its last line."""
+    lines = [line.rstrip() for line in log.splitlines() if line.strip()]
+    for index in range(len(lines) - 1, -1, -1):
+        if ERROR_LINE.match(lines[index]):
+            detail = lines[index + 1 : index + 2]
+            if detail and detail[0][:1].isspace():
+                return f"{lines[index].strip()}: {detail[0].strip()}"
+            return lines[index].strip()
+    return lines[-1].strip() if lines else "(no output)"

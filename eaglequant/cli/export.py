@@ -95,6 +95,13 @@ def _calibration_source(
 @engine_options
 @data_parallel_option
 @click.option(
+    "--device",
+    type=click.Choice(["auto", "cpu", "cuda"]),
+    default="auto",
+    show_default=True,
+    help="Where Quark calibration and the held-out measurement run (cuda: CUDA or ROCm).",
+)
+@click.option(
     "--max-shard-size", default="5GB", show_default=True, help="Shard size, e.g. 5GB or 500MB."
 )
 @click.option("--overwrite", is_flag=True, help="Replace a non-empty OUT.")
@@ -119,6 +126,7 @@ def export(
     tensor_parallel_size: int,
     engine_args: tuple[str, ...],
     data_parallel_size: int,
+    device: str,
     max_shard_size: str,
     overwrite: bool,
     dry_run: bool,
@@ -163,6 +171,7 @@ def export(
         max_shard_size=shard_size(max_shard_size),
         overwrite=overwrite,
         dry_run=dry_run,
+        device=device,
     )
     result = export_draft(request, progress=progress)
     if base_model and not dry_run:
