@@ -17,6 +17,7 @@ from eaglequant.draft import (
     MIDLAYER_LINEARS,
     Problem,
     dims_from_config,
+    draft_form,
     quantized_tensors,
     structure_problems,
 )
@@ -36,6 +37,7 @@ class InspectReport:
 
     path: str
     architectures: list[str]
+    form: str
     dims: dict[str, Any]
     tensor_count: int
     bytes_by_dtype: dict[str, int]
@@ -68,6 +70,7 @@ def inspect_checkpoint(path: Path, target_layers: int = DEFAULT_TARGET_LAYERS) -
     return InspectReport(
         path=str(path),
         architectures=list(ckpt.config.get("architectures") or []),
+        form=draft_form(ckpt.config) if not problems or problems[0].loadable else "unrecognised",
         dims=dims,
         tensor_count=len(ckpt.tensors),
         bytes_by_dtype=dict(sorted(bytes_by_dtype.items())),

@@ -18,6 +18,22 @@ from eaglequant.io.checkpoint import Checkpoint, read_config
 from eaglequant.io.safetensors_header import FLOAT_DTYPES
 
 EAGLE3_ARCHITECTURES = ("LlamaForCausalLMEagle3", "Eagle3LlamaForCausalLM")
+# A plain Llama config over EAGLE-3 tensors (the EAGLE-3 authors' checkpoints): with
+# method eagle3 vLLM serves it as Eagle3LlamaForCausalLM.
+PLAIN_LLAMA = "LlamaForCausalLM"
+# Forms vLLM serves that this tool does not handle yet: refused by name, never mis-read.
+NOT_YET = {
+    "Qwen3ForCausalLM": "a Qwen3 EAGLE-3 draft (q/k norms in attention)",
+    "Eagle3Qwen3ForCausalLM": "a Qwen3 EAGLE-3 draft (q/k norms in attention)",
+    "DeepseekV2ForCausalLM": "an MLA EAGLE-3 draft",
+    "DeepseekV3ForCausalLM": "an MLA EAGLE-3 draft",
+    "Eagle3DeepseekV2ForCausalLM": "an MLA EAGLE-3 draft",
+    "Eagle3DeepseekV3ForCausalLM": "an MLA EAGLE-3 draft",
+}
+# Forward variants of vLLM's llama_eagle3.py: implemented by the torch module, or refused
+# (calibrating with other math than vLLM runs would give scales for another network).
+VARIANTS = ("norm_before_residual", "norm_output")
+UNSUPPORTED_VARIANTS = ("norm_before_fc", "fc_norm")
 ATTENTION_PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj")
 MLP_PROJECTIONS = ("gate_proj", "up_proj", "down_proj")
 MIDLAYER_LINEARS = tuple(f"midlayer.self_attn.{p}" for p in ATTENTION_PROJECTIONS) + tuple(
@@ -30,6 +46,9 @@ NORMS = (
     "norm",
 )
 SCALE_SUFFIXES = (".weight_scale", ".input_scale")
+MIDLAYER_WEIGHTS = tuple(f"{name}.weight" for name in MIDLAYER_LINEARS)
+# Must stay BF16: vLLM builds them with the draft's quantization config unless excluded.
+KEEP_UNQUANTIZED = ("fc", "lm_head")
 
 
 @dataclass(frozen=True)
@@ -48,6 +67,8 @@ class DraftDims:
     aux_layer_ids: tuple[int, ...] | None
     rms_norm_eps: float
     rope_theta: float
+    norm_before_residual: bool = False  # hidden_norm's output is also the residual
+    norm_output: bool = False  # the next step takes the normed, not the pre-norm, output
 
     @property
     def fc_in(self) -> int:
@@ -88,7 +109,25 @@ def dims_from_config(config: dict[str, Any], where: str = "config.json") -> Draf
         aux_layer_ids=aux_ids,
         rms_norm_eps=float(config.get("rms_norm_eps", 1e-6)),
         rope_theta=float(rope_theta),
+        norm_before_residual=bool(config.get("norm_before_residual", False)),
+        norm_output=bool(config.get("norm_output", False)),
     )
+
+
+def variant_flag(config: dict[str, Any], key: str) -> bool:
+    """A forward-variant flag as vLLM reads it (``norm_before_fc`` also from ``eagle_config``)."""
+    eagle_config = config.get("eagle_config") or {}
+    return bool(eagle_config.get(key, config.get(key, False)))
+
+
+def draft_form(config: dict[str, Any]) -> str:
+    """The form this tool recognised the draft as, for reports."""
+    architectures = config.get("architectures") or []
+    flags = [k for k in VARIANTS if variant_flag(config, k)]
+    form = (
+        "plain Llama config, EAGLE-3 tensors" if PLAIN_LLAMA in architectures else "EAGLE-3 Llama"
+    )
+    return form + (f" ({', '.join(flags)})" if flags else "")
 
 
 def _positive_int(config: dict[str, Any], key: str, where: str, default: int | None = None) -> int:
@@ -136,6 +175,7 @@ class Problem:
     where: str
     message: str
     fix: str
+    loadable: bool = False  # vLLM would still load the draft (validate lets vLLM show it)
 
     def __str__(self) -> str:
         return f"{self.where}: {self.message}; {self.fix}"
@@ -144,7 +184,7 @@ class Problem:
 def structure_problems(ckpt: Checkpoint) -> list[Problem]:
     """Architecture, layer count, tensor names and shapes; empty when the draft is well formed."""
     config_path = str(ckpt.folder / "config.json")
-    problems = _architecture_problems(ckpt.config, config_path)
+    problems = _architecture_problems(ckpt.config, set(ckpt.tensors), config_path)
     if problems:
         return problems
     dims = dims_from_config(ckpt.config, config_path)
@@ -172,14 +212,36 @@ def structure_problems(ckpt: Checkpoint) -> list[Problem]:
     return problems
 
 
-def _architecture_problems(config: dict[str, Any], where: str) -> list[Problem]:
+def _architecture_problems(config: dict[str, Any], tensors: set[str], where: str) -> list[Problem]:
     architectures = config.get("architectures") or []
-    if not any(a in EAGLE3_ARCHITECTURES for a in architectures):
+    if config.get("speculators_model_type"):
+        return [
+            Problem(
+                where,
+                f"a speculators-format draft (speculators_model_type "
+                f"{config['speculators_model_type']!r}); eaglequant does not read this format yet",
+                "convert it to the EAGLE-3 layout (midlayer.* tensors, flat config) first",
+            )
+        ]
+    not_yet = [NOT_YET[a] for a in architectures if a in NOT_YET]
+    if not_yet:
+        return [
+            Problem(
+                where,
+                f"architectures {architectures} is {not_yet[0]}, which vLLM serves but "
+                "eaglequant does not handle yet",
+                "quantize it with another tool; only EAGLE-3 Llama drafts are supported",
+            )
+        ]
+    eagle3 = any(a in EAGLE3_ARCHITECTURES for a in architectures)
+    plain = PLAIN_LLAMA in architectures and {"fc.weight", *MIDLAYER_WEIGHTS} <= tensors
+    if not (eagle3 or plain):
         return [
             Problem(
                 where,
                 f"architectures {architectures} is not an EAGLE-3 Llama draft",
-                f"pass a draft whose architectures is {list(EAGLE3_ARCHITECTURES[:1])}",
+                f"pass a draft whose architectures is {list(EAGLE3_ARCHITECTURES[:1])} (or a "
+                "Llama config over EAGLE-3 tensors: midlayer.*, fc)",
             )
         ]
     if config.get("num_hidden_layers") != 1:
@@ -190,7 +252,16 @@ def _architecture_problems(config: dict[str, Any], where: str) -> list[Problem]:
                 "pass a single-layer EAGLE-3 draft",
             )
         ]
-    return []
+    return [
+        Problem(
+            where,
+            f"'{key}' is true: vLLM runs this forward variant and eaglequant's draft module does "
+            "not implement it yet, so calibration would describe another network",
+            f"quantize it with another tool, or retrain without {key}",
+        )
+        for key in UNSUPPORTED_VARIANTS
+        if variant_flag(config, key)
+    ]
 
 
 def _shape_problem(ckpt: Checkpoint, name: str, shape: tuple[int, ...]) -> list[Problem]:
@@ -214,6 +285,18 @@ def _unexpected_tensor_problems(ckpt: Checkpoint, known: set[str]) -> list[Probl
         if name in known or name in quant_parts:
             continue
         if name in biases and ckpt.config.get("attention_bias"):
+            continue
+        layer = name.rsplit(".", 1)[0]
+        if layer in KEEP_UNQUANTIZED and name.endswith(SCALE_SUFFIXES):
+            problems.append(
+                Problem(
+                    f"{ckpt.tensors[name].file}: tensor '{name}'",
+                    f"'{layer}' is stored quantized; vLLM builds it with the draft's "
+                    "quantization config and runs it in FP8, where the recipe keeps it BF16",
+                    "re-export from the BF16 draft (eaglequant export keeps fc and lm_head BF16)",
+                    loadable=True,
+                )
+            )
             continue
         problems.append(
             Problem(

@@ -46,7 +46,7 @@ def _assert_clean_failure(code: int, output: str, pattern: str) -> None:
 @pytest.mark.parametrize(
     ("change", "pattern"),
     [
-        ({"architectures": ["LlamaForCausalLM"]}, "is not an EAGLE-3 Llama draft"),
+        ({"architectures": ["GPT2LMHeadModel"]}, "is not an EAGLE-3 Llama draft"),
         ({"num_hidden_layers": 2}, "num_hidden_layers is 2"),
         ({"target_hidden_size": 100}, "tensor 'fc.weight'"),
         ({"hidden_size": None}, "missing key 'hidden_size'"),

@@ -142,7 +142,7 @@ def check_inputs(request: ValidateRequest) -> None:
         raise InputError(f"{request.target}: no such target folder; pass the target model's folder")
     for folder in (request.draft, request.baseline):
         ckpt = read_checkpoint(folder)
-        problems = structure_problems(ckpt)
+        problems = [p for p in structure_problems(ckpt) if not p.loadable]
         if problems:
             raise InputError(str(problems[0]))
         check_target_fits(

@@ -7,11 +7,13 @@ speak the same language. The forward runs the draft the way vLLM does:
 * step 0: ``fc`` fuses the target's auxiliary hidden states (3*target_hidden)
   into one hidden vector; the next token's embedding and that vector are each
   normed (``input_layernorm``, ``hidden_norm``), concatenated (2*hidden) and
-  fed to attention with RoPE; residual; ``post_attention_layernorm``; MLP;
+  fed to attention with RoPE; residual (the un-normed vector, or with
+  ``norm_before_residual`` the ``hidden_norm`` output, as vLLM); ``post_attention_layernorm``; MLP;
   ``norm``; ``lm_head`` over the draft vocabulary (``d2t`` maps draft ids to
   target ids by offset).
-* step k>0: the draft's own previous pre-norm output replaces ``fc``'s output,
-  its own predicted token the embedding, one position further on. Each query
+* step k>0: the draft's own previous pre-norm output (post-norm with
+  ``norm_output``) replaces ``fc``'s output, its own predicted token the
+  embedding, one position further on. Each query
   attends to the step-0 keys up to its base position and to its own keys of
   earlier steps (the EAGLE-3 training-time-test mask), which equals what
   vLLM's KV cache holds when it drafts token after token.
@@ -243,7 +245,7 @@ class Eagle3Draft(PreTrainedModel):
             if score_last or step < steps - 1:
                 out = self._score(out, keep_logits)
             outputs.append(out)
-            hidden = out.prenorm
+            hidden = self.norm(out.prenorm) if self.dims.norm_output else out.prenorm
             if forced_ids is not None:
                 tokens = forced_ids[:, step + 1 : step + 1 + t]
             elif out.top1 is not None:
@@ -259,8 +261,9 @@ class Eagle3Draft(PreTrainedModel):
         values: list[torch.Tensor],
     ) -> StepOutput:
         layer = self.midlayer
-        residual = hidden
-        x = torch.cat([layer.input_layernorm(embeds), layer.hidden_norm(hidden)], dim=-1)
+        normed = layer.hidden_norm(hidden)
+        residual = normed if self.dims.norm_before_residual else hidden
+        x = torch.cat([layer.input_layernorm(embeds), normed], dim=-1)
         q, k, v = layer.self_attn.project(x, positions)
         keys.append(k)
         values.append(v)

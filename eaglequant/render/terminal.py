@@ -24,6 +24,7 @@ def human_bytes(count: float) -> str:
 
 def print_inspect(report: InspectReport) -> None:
     console.print(f"[bold]{report.path}[/bold]  architectures={report.architectures}")
+    console.print(f"form: {report.form}")
     if report.dims:
         dims = report.dims
         fc_in = dims["num_aux"] * dims["target_hidden"]

@@ -1,0 +1,153 @@
+"""The draft forms the tool recognises, the forward variants its module runs, and what it refuses.
+
+Every form is made in code (tiny, random). What vLLM serves but the tool does not
+handle yet is refused by name, never read with the wrong math.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from click.testing import CliRunner
+
+from eaglequant.cli import main
+from eaglequant.devtools.synthetic import draft_config, write_random_draft
+from eaglequant.draft import structure_problems
+from eaglequant.io.checkpoint import read_checkpoint
+from eaglequant.model.load import load_draft_module
+from tests.conftest import edit_config, tree_digest
+
+
+def _invoke(args: list[str]) -> tuple[int, str]:
+    result = CliRunner().invoke(main, args)
+    return result.exit_code, result.output
+
+
+def test_plain_llama_config_over_eagle3_tensors_exports_and_keeps_its_form(
+    tmp_path: Path,
+) -> None:
+    config = draft_config(architectures=["LlamaForCausalLM"])
+    draft = write_random_draft(tmp_path / "plain", config, seed=4)
+    code, output = _invoke(["inspect", str(draft), "--json"])
+    assert code == 0, output
+    assert json.loads(output)["form"] == "plain Llama config, EAGLE-3 tensors"
+    out = tmp_path / "fp8"
+    code, output = _invoke(["export", str(draft), str(out), "--calib", "none"])
+    assert code == 0, output
+    written = json.loads((out / "config.json").read_text())
+    assert written["architectures"] == ["LlamaForCausalLM"]  # vLLM serves it as Eagle3Llama…
+    assert written["quantization_config"]["exclude"] == ["re:.*fc.*", "re:.*lm_head.*"]
+    assert read_checkpoint(out).tensors["midlayer.mlp.up_proj.weight"].dtype == "F8_E4M3"
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        (
+            {"architectures": ["Eagle3Qwen3ForCausalLM"]},
+            "is a Qwen3 EAGLE-3 draft (q/k norms in attention), which vLLM serves but "
+            "eaglequant does not handle yet",
+        ),
+        (
+            {"architectures": ["Eagle3DeepseekV3ForCausalLM"]},
+            "is an MLA EAGLE-3 draft, which vLLM serves but eaglequant does not handle yet",
+        ),
+        (
+            {"speculators_model_type": "eagle3"},
+            "a speculators-format draft (speculators_model_type 'eagle3'); eaglequant does "
+            "not read this format yet",
+        ),
+        (
+            {"norm_before_fc": True},
+            "'norm_before_fc' is true: vLLM runs this forward variant and eaglequant's draft "
+            "module does not implement it yet",
+        ),
+        (
+            {"fc_norm": True},
+            "'fc_norm' is true: vLLM runs this forward variant",
+        ),
+        ({"architectures": ["MistralForCausalLM"]}, "is not an EAGLE-3 Llama draft"),
+    ],
+)
+def test_forms_vllm_serves_but_the_tool_does_not_are_refused_by_name(
+    tiny_draft: Path, tmp_path: Path, change: dict, message: str
+) -> None:
+    edit_config(tiny_draft, **change)
+    before = tree_digest(tiny_draft)
+    code, output = _invoke(["export", str(tiny_draft), str(tmp_path / "o"), "--calib", "none"])
+    assert code == 2 and output.startswith("error: ") and message in output, output
+    assert len(output.strip().splitlines()) == 1
+    assert tree_digest(tiny_draft) == before and not (tmp_path / "o").exists()
+
+
+def test_a_plain_llama_config_without_eagle3_tensors_is_not_a_draft(tmp_path: Path) -> None:
+    config = draft_config(architectures=["LlamaForCausalLM"])
+    draft = write_random_draft(tmp_path / "plain", config, seed=4)
+    (draft / "model.safetensors").rename(draft / "other.bin")
+    code, output = _invoke(["inspect", str(draft)])
+    assert code == 2, output
+
+
+def _step_outputs(draft: Path, **flags: bool) -> list[torch.Tensor]:
+    edit_config(draft, **{k: v or None for k, v in flags.items()})
+    model = load_draft_module(read_checkpoint(draft)).float()
+    generator = torch.Generator().manual_seed(0)
+    aux = torch.randn(1, 6, model.dims.fc_in, generator=generator)
+    ids = torch.randint(0, model.dims.vocab, (1, 6), generator=generator)
+    return [s.logits for s in model.unroll(aux, ids, 2) if s.logits is not None]
+
+
+@pytest.mark.parametrize("flag", ["norm_before_residual", "norm_output"])
+def test_each_variant_flag_changes_the_math(tiny_draft: Path, flag: str) -> None:
+    """Each flag reaches the module's forward (ignoring it would leave these equal)."""
+    plain = _step_outputs(tiny_draft)
+    varied = _step_outputs(tiny_draft, **{flag: True})
+    # norm_output only changes the steps after the first; norm_before_residual every step.
+    first_differs = flag == "norm_before_residual"
+    assert (not torch.allclose(plain[0], varied[0])) == first_differs
+    assert not torch.allclose(plain[1], varied[1])
+
+
+def test_norm_before_residual_is_vllms_formula(tiny_draft: Path) -> None:
+    """Step 0 with norm_before_residual, written out from vLLM's layer: the normed hidden
+    state is both the attention input's second half and the residual."""
+    edit_config(tiny_draft, norm_before_residual=True)
+    model = load_draft_module(read_checkpoint(tiny_draft)).float()
+    layer = model.midlayer
+    generator = torch.Generator().manual_seed(1)
+    aux = torch.randn(1, 5, model.dims.fc_in, generator=generator)
+    ids = torch.randint(0, model.dims.vocab, (1, 5), generator=generator)
+    got = model.unroll(aux, ids, 1)[0].prenorm
+    hidden = model.fc(aux)
+    normed = layer.hidden_norm(hidden)
+    x = torch.cat([layer.input_layernorm(model.embed_tokens(ids).float()), normed], -1)
+    positions = torch.arange(5).expand(1, 5)
+    q, k, v = layer.self_attn.project(x, positions)
+    causal = torch.ones(5, 5, dtype=torch.bool).tril()
+    residual = normed + layer.self_attn.attend(q, k, v, causal)
+    expected = residual + layer.mlp(layer.post_attention_layernorm(residual))
+    torch.testing.assert_close(got, expected)
+
+
+def test_a_quantized_fc_is_a_problem_vllm_would_load(tiny_draft: Path, tmp_path: Path) -> None:
+    """inspect reports it with its fix (exit 1); validate lets vLLM show how it builds fc."""
+    from safetensors.torch import load_file, save_file
+
+    tensors = load_file(str(tiny_draft / "model.safetensors"))
+    tensors["fc.input_scale"] = torch.tensor(0.01)
+    tensors["fc.weight_scale"] = torch.tensor(0.001)
+    save_file(tensors, str(tiny_draft / "model.safetensors"), metadata={"format": "pt"})
+    problems = structure_problems(read_checkpoint(tiny_draft))
+    assert [p.loadable for p in problems] == [True, True]
+    code, output = _invoke(["inspect", str(tiny_draft), "--json"])
+    assert code == 1
+    reported = json.loads(output)["problems"]
+    assert reported[0].endswith(
+        "tensor 'fc.input_scale': 'fc' is stored quantized; vLLM builds it with the draft's "
+        "quantization config and runs it in FP8, where the recipe keeps it BF16; re-export "
+        "from the BF16 draft (eaglequant export keeps fc and lm_head BF16)"
+    )
+    assert "would refuse" not in output
