@@ -16,6 +16,7 @@ from click.testing import CliRunner
 from safetensors.torch import load_file, save_file
 
 from eaglequant.cli import main
+from eaglequant.validate.lossless import DEFAULT_TIE_MARGIN, lossless_check
 from eaglequant.validate.validate import (
     ValidateRequest,
     acceptance,
@@ -219,10 +220,22 @@ def test_tensor_parallel_two_gives_the_same_outputs_and_acceptance(
         engine = report["engines"][role]
         llm = engine["engine_config"]["llm"]
         assert llm["tensor_parallel_size"] == 2 and llm["max_num_seqs"] == 8, (role, llm)
-        assert engine["outputs_sha256"] == outputs_digest(single[role]["result"]["token_ids"])
+        assert engine["outputs_sha256"] == outputs_digest(engine["token_ids"])
         if report["backend"] == "cpu":
             assert llm["enforce_eager"] is True and llm["max_model_len"] == 1024
             assert engine["engine_config"]["env"]["VLLM_CPU_OMP_THREADS_BIND"] == "0|1"
+    # TP=2 sums the attention and MLP partial products in another order than TP=1, in BF16:
+    # its greedy outputs equal TP=1's up to a first divergence at a near tie of TP=1's
+    # top two tokens, as validate's own lossless check allows between engines.
+    target = single["target"]["result"]
+    across = lossless_check(
+        target["token_ids"],
+        target["top_logprobs"],
+        {role: report["engines"][role]["token_ids"] for role in ("target", "bf16", "fp8")},
+        "near-tie",
+        DEFAULT_TIE_MARGIN,
+    )
+    assert across.passed, across.detail
     for role in ("bf16", "fp8"):
         tp2 = report["engines"][role]["acceptance"]["mean_length"]
         tp1 = acceptance(single[role]["result"]["metrics"])["mean_length"]

@@ -233,6 +233,7 @@ def _engine_summary(engine: dict[str, Any]) -> dict[str, Any]:
         summary["acceptance"] = acceptance(result["metrics"])
     if "token_ids" in result:
         summary["outputs_sha256"] = outputs_digest(result["token_ids"])
+        summary["token_ids"] = result["token_ids"]
     if not engine["ok"]:
         summary["log_tail"] = engine["log"][-LOG_TAIL_CHARS:]
     return summary

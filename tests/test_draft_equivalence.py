@@ -1,0 +1,94 @@
+"""The project's draft module computes what vLLM's own drafter computes, for each supported form.
+
+vLLM (CPU, float32) runs speculative decoding with the toy target and a draft;
+``tests/draft_recorder.py`` records the drafter's first two forwards (step 0 over
+the prompt, step 1 on its own first token). The module, loaded from the same
+folder in float32, is fed the same auxiliary states and tokens; its step-0 and
+step-1 outputs (normed and the state the next step takes) must equal vLLM's to
+float32 rounding: max |difference| <= 1e-4 of the largest magnitude (measured:
+about 1e-6). Each variant is also run with its flag flipped in the module, and
+that must fail the comparison by far: a flag the module ignored would show.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from eaglequant.devtools.synthetic import write_random_draft
+from eaglequant.io.checkpoint import read_checkpoint
+from eaglequant.model.load import load_draft_module
+from tests.conftest import PYTHON, REPO, TOY, edit_config, run_child
+
+pytestmark = [pytest.mark.vllm, pytest.mark.slow]
+TOLERANCE = 1e-4
+PROMPT = "def function_12(x):\n    return x * 12 + 5\n\ndef function_13(x):"
+
+
+def _record(draft: Path, tmp_path: Path) -> dict[str, torch.Tensor]:
+    spec = tmp_path / "spec.json"
+    spec.write_text(
+        json.dumps({"target": str(TOY / "target"), "draft": str(draft), "prompt": PROMPT, "k": 2})
+    )
+    out = tmp_path / "records.safetensors"
+    run_child([PYTHON, "-m", "tests.draft_recorder", str(spec), str(out)], cwd=REPO)
+    return load_file(str(out))
+
+
+def _relative(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float((a - b).abs().max() / b.abs().max())
+
+
+@torch.no_grad()
+def _module_outputs(draft: Path, records: dict[str, torch.Tensor], **flags: bool) -> list[float]:
+    """Worst relative differences of the module's step 0 and 1 from vLLM's, per output."""
+    ckpt = read_checkpoint(draft)
+    ckpt.config.update(flags)
+    model = load_draft_module(ckpt).float()
+    aux = records["fc_input.0"]
+    tokens = records["call0.input_ids"].long()
+    length = len(tokens)
+    steps = model.unroll(aux[None, :length], tokens[None], 2)
+    first, second = steps
+    assert records["call0.positions"].tolist() == list(range(length))
+    same_token = int(records["call1.input_ids"][0]) == int(model.draft_to_target(first.top1)[0, -1])
+    state = model.norm if model.dims.norm_output else (lambda prenorm: prenorm)
+    diffs = [
+        _relative(model.fc(aux[:length]), records["call0.hidden_states"][:length]),
+        _relative(state(first.prenorm[0]), records["call0.state"][:length]),
+        _relative(model.norm(first.prenorm[0]), records["call0.last"][:length]),
+        _relative(model.norm(second.prenorm[0, -1:]), records["call1.last"][:1]),
+    ]
+    diffs.append(_relative(state(second.prenorm[0, -1:]), records["call1.state"][:1]))
+    return [*diffs, 0.0 if same_token else math.inf]  # step 1's token: the step-0 argmax
+
+
+@pytest.mark.parametrize(
+    ("form", "flags"),
+    [
+        ("eagle3-llama", {}),
+        ("eagle3-llama", {"norm_before_residual": True}),
+        ("eagle3-llama", {"norm_output": True}),
+        ("plain-llama", {}),
+    ],
+)
+def test_module_equals_vllms_drafter(tmp_path: Path, form: str, flags: dict[str, bool]) -> None:
+    draft = tmp_path / "draft"
+    if form == "plain-llama":
+        config = json.loads((TOY / "draft" / "config.json").read_text())
+        write_random_draft(draft, config | {"architectures": ["LlamaForCausalLM"]}, seed=5)
+    else:
+        shutil.copytree(TOY / "draft", draft)
+        edit_config(draft, **flags)
+    records = _record(draft, tmp_path)
+    diffs = _module_outputs(draft, records)
+    assert max(diffs) <= TOLERANCE, diffs
+    for flag in ("norm_before_residual", "norm_output"):
+        flipped = _module_outputs(draft, records, **{flag: not flags.get(flag, False)})
+        assert max(flipped) > 100 * TOLERANCE, (flag, flipped)
