@@ -248,7 +248,8 @@ def _architecture_problems(config: dict[str, Any], tensors: set[str], where: str
         return [
             Problem(
                 where,
-                f"num_hidden_layers is {config.get('num_hidden_layers')!r}, an EAGLE-3 draft has 1",
+                f"num_hidden_layers is {config.get('num_hidden_layers')!r}: a multi-layer draft, "
+                "which vLLM serves but eaglequant does not handle yet",
                 "pass a single-layer EAGLE-3 draft",
             )
         ]

@@ -92,3 +92,32 @@ def test_module_equals_vllms_drafter(tmp_path: Path, form: str, flags: dict[str,
     for flag in ("norm_before_residual", "norm_output"):
         flipped = _module_outputs(draft, records, **{flag: not flags.get(flag, False)})
         assert max(flipped) > 100 * TOLERANCE, (flag, flipped)
+
+
+def test_exported_plain_llama_draft_loads_as_inspect_predicts(tmp_path: Path) -> None:
+    """A plain Llama config over EAGLE-3 tensors, exported, served by a real engine: every
+    layer built as inspect predicts (midlayer FP8, fc and lm_head BF16), validate's check 3."""
+    from click.testing import CliRunner
+
+    from eaglequant.cli import main
+    from eaglequant.validate.validate import ValidateRequest, layers_check, run_engine
+
+    config = json.loads((TOY / "draft" / "config.json").read_text())
+    draft = write_random_draft(tmp_path / "plain", config | {"architectures": ["LlamaForCausalLM"]})
+    out = tmp_path / "fp8"
+    result = CliRunner().invoke(main, ["export", str(draft), str(out), "--calib", "none"])
+    assert result.exit_code == 0, result.output
+    inspect = CliRunner().invoke(main, ["inspect", str(out), "--json", "--target-layers", "4"])
+    fates = {f["vllm_name"]: f["quantized"] for f in json.loads(inspect.output)["fates"]}
+    request = ValidateRequest(
+        target=TOY / "target", draft=out, baseline=draft, prompts=[PROMPT], max_tokens=8
+    )
+    engine = run_engine(request, out)
+    assert engine["ok"], engine["log"][-3000:]
+    layers = engine["result"]["draft_layers"]
+    assert layers_check(layers).passed, layers_check(layers).detail
+    built = {layer["name"]: layer["weight_dtype"] == "float8_e4m3fn" for layer in layers}
+    common = [name for name in fates if name in built]
+    assert len(common) >= 5, (sorted(fates), sorted(built))  # fc, lm_head, qkv, o, gate_up…
+    assert {n: built[n] for n in common} == {n: fates[n] for n in common}
+    assert built["model.fc"] is False and any(built.values())

@@ -283,7 +283,7 @@ def _engine_checks(request: ValidateRequest, engines: dict[str, dict[str, Any]])
             request.tie_margin,
         ),
         _acceptance_check(request, engines),
-        _layers_check(engines["fp8"]["result"]["draft_layers"]),
+        layers_check(engines["fp8"]["result"]["draft_layers"]),
         _log_check(engines["fp8"]["log"]),
         _per_position(engines),
     ]
@@ -307,7 +307,7 @@ def _acceptance_check(request: ValidateRequest, engines: dict[str, dict[str, Any
     return Check("2 acceptance", passed, detail, {"fp8": fp8, "bf16": bf16, "ratio": ratio})
 
 
-def _layers_check(layers: list[dict[str, Any]]) -> Check:
+def layers_check(layers: list[dict[str, Any]]) -> Check:
     problems = []
     for layer in layers:
         name, method = layer["name"], layer["quant_method"]
