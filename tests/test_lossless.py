@@ -7,7 +7,7 @@ import pytest
 from eaglequant.validate.lossless import first_difference, lossless_check
 
 TARGET = [[5, 6, 7, 8], [1, 2, 3, 4]]
-# top-2 logprobs of the target run per prompt and position: [[token, logprob], [token, logprob]]
+# top logprobs of the target run per prompt and position: [[token, logprob], …] by rank
 TOP = [
     [
         [[5, -0.1], [9, -3.0]],
@@ -42,6 +42,7 @@ def test_divergence_at_a_near_tie_passes_and_is_reported() -> None:
         "draft_token": 11,
         "margin": pytest.approx(0.02),
         "verdict": "tie",
+        "ranked": True,
     }
     assert check.detail == (
         "equal to the target alone except 1 near-tie flip(s): "
@@ -59,9 +60,26 @@ def test_divergence_at_a_wide_margin_fails() -> None:
     )
 
 
-def test_divergence_to_a_token_outside_the_top_two_fails_even_at_a_tie() -> None:
+def test_divergence_to_a_token_outside_the_recorded_top_fails_even_at_a_tie() -> None:
     check = _check(TARGET, [[5, 99, 0, 0], TARGET[1]])
     assert not check.passed and check.numbers["divergences"][0]["verdict"] == "fail"
+    assert "(6 -> 99, not among the target's top tokens, fail)" in check.detail
+
+
+def test_a_three_way_tie_passes_whichever_tied_token_was_chosen() -> None:
+    """BF16 logits can tie exactly three ways (seen at TP=2 on the toy target): the third
+    token within the margin is a tie, a fourth beyond it is not."""
+    top = [
+        [
+            [[5, -0.1], [9, -3.0]],
+            [[6, -1.0], [11, -1.0], [13, -1.0], [14, -1.5]],
+            *TOP[0][2:],
+        ],
+        TOP[1],
+    ]
+    assert _check(TARGET, [[5, 13, 0, 0], TARGET[1]], top=top).passed
+    check = _check(TARGET, [[5, 14, 0, 0], TARGET[1]], top=top)
+    assert not check.passed and "(6 -> 14, margin 0.5, fail)" in check.detail
 
 
 def test_strict_mode_fails_a_near_tie_flip() -> None:

@@ -226,8 +226,8 @@ def test_tensor_parallel_two_gives_the_same_outputs_and_acceptance(
             assert llm["enforce_eager"] is True and llm["max_model_len"] == 1024
             assert engine["engine_config"]["env"]["VLLM_CPU_OMP_THREADS_BIND"] == "0|1"
     # TP=2 sums the attention and MLP partial products in another order than TP=1, in BF16:
-    # its greedy outputs equal TP=1's up to a first divergence at a near tie of TP=1's
-    # top two tokens, as validate's own lossless check allows between engines.
+    # its greedy outputs equal TP=1's up to a first divergence to a token TP=1 ranked within
+    # the tie margin of its best (measured: a three-way exact BF16 tie, prompt 2 token 5).
     target = single["target"]["result"]
     across = lossless_check(
         target["token_ids"],

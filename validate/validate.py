@@ -7,7 +7,7 @@ user's engine arguments, CPU-only defaults only on CPU), then six checks, each
 reported with its numbers:
 
 1. lossless: each speculative run's tokens equal the target-only tokens
-   (a first divergence where the target's top two tokens are nearly tied
+   (a first divergence to a token nearly tied with the target's best
    passes, as vLLM's GPU kernels are not batch-invariant, unless ``lossless``
    is ``strict``; see ``lossless.py``);
 2. acceptance: FP8 mean acceptance length >= ratio x BF16's;

@@ -63,14 +63,14 @@ from eaglequant.cli.options import capture_engine as capture_engine_for
     default="near-tie",
     show_default=True,
     help="strict: outputs must equal the target's exactly; near-tie: a first divergence where "
-    "the target's top two tokens are within --tie-margin passes.",
+    "the run chose a token within --tie-margin of the target's best passes.",
 )
 @click.option(
     "--tie-margin",
     type=click.FloatRange(min=0),
     default=0.1,
     show_default=True,
-    help="Logprob gap (nats) under which the target's top two tokens count as tied.",
+    help="Logprob gap (nats) under which a token counts as tied with the target's best.",
 )
 @click.option("--json", "json_path", type=PATH, help="Write the JSON report here.")
 @click.option("--markdown", "markdown_path", type=PATH, help="Write the Markdown report here.")
