@@ -15,7 +15,7 @@ import importlib.util
 import shutil
 import sys
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal
 
@@ -39,8 +39,9 @@ from eaglequant.io.output import atomic_output_dir, check_output_path
 
 EngineName = Literal["vllm", "transformers"]
 ENGINES: tuple[EngineName, ...] = ("vllm", "transformers")
+# max_model_len is free here (the default fits the longest sequence); the rest as validate's.
 CAPTURE_RESERVED: Mapping[str, str] = {
-    **RESERVED_ARGS,
+    **{key: use for key, use in RESERVED_ARGS.items() if key != "max_model_len"},
     "enable_chunked_prefill": "nothing: capture turns chunked prefill off, as vLLM requires",
     "data_parallel_size": "the data parallel size option",
 }
@@ -144,17 +145,9 @@ def _run_engine(
 
     options = engine.options
     if options.max_model_len is None and "max_model_len" not in options.engine_args:
-        options = EngineOptions(
-            tensor_parallel_size=options.tensor_parallel_size,
-            engine_args=options.engine_args,
-            max_model_len=file.seq_len + 1,
-        )
+        options = replace(options, max_model_len=file.seq_len + 1)
     if engine.trust_remote_code:
-        options = EngineOptions(
-            tensor_parallel_size=options.tensor_parallel_size,
-            engine_args={**options.engine_args, "trust_remote_code": True},
-            max_model_len=options.max_model_len,
-        )
+        options = replace(options, engine_args={**options.engine_args, "trust_remote_code": True})
     return capture_vllm(
         target,
         file,
