@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import shutil
 from pathlib import Path
 
@@ -116,7 +117,14 @@ def test_exported_plain_llama_draft_loads_as_inspect_predicts(tmp_path: Path) ->
     assert engine["ok"], engine["log"][-3000:]
     layers = engine["result"]["draft_layers"]
     assert layers_check(layers).passed, layers_check(layers).detail
-    built = {layer["name"]: layer["weight_dtype"] == "float8_e4m3fn" for layer in layers}
+    # inspect names layers as vLLM's weight prefixes (model.layers.4 after a 4-layer target);
+    # the engine's module tree counts the draft's own list (model.layers.0).
+    fates = {re.sub(r"\.layers\.\d+\.", ".layers.N.", n): q for n, q in fates.items()}
+    built = {
+        re.sub(r"\.layers\.\d+\.", ".layers.N.", layer["name"]): layer["weight_dtype"]
+        == "float8_e4m3fn"
+        for layer in layers
+    }
     common = [name for name in fates if name in built]
     assert len(common) >= 5, (sorted(fates), sorted(built))  # fc, lm_head, qkv, o, gate_up…
     assert {n: built[n] for n in common} == {n: fates[n] for n in common}
