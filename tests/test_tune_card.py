@@ -11,6 +11,7 @@ import yaml
 from click.testing import CliRunner
 
 from eaglequant.cli import main
+from eaglequant.engine.config import EngineOptions
 from eaglequant.errors import InputError
 from eaglequant.validate.tune import TuneRequest, check_request
 from tests.conftest import TOY
@@ -25,7 +26,7 @@ def test_max_model_len_headroom_is_checked_before_serving(tmp_path: Path) -> Non
         ks=(4, 6, 8),
         isl=1024,
         osl=1024,
-        max_model_len=2048,
+        engine=EngineOptions(max_model_len=2048),
     )
     with pytest.raises(
         InputError, match=r"--max-model-len 2048 is too small .* set --max-model-len 2056"
