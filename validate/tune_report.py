@@ -33,7 +33,7 @@ def write_reports(out: Path, summary: dict[str, Any]) -> None:
 
 
 def title(summary: dict[str, Any]) -> str:
-    target, draft = Path(summary["target"]).name, Path(summary["draft"]).name
+    target, draft = (Path(*Path(summary[key]).parts[-2:]) for key in ("target", "draft"))
     return (
         f"target {target}, draft {draft}\n"
         f"ISL {summary['isl']} / OSL {summary['osl']}, {summary['repeats']} repeat(s) per point"
@@ -95,7 +95,9 @@ def _concurrency_plot(path: Path, summary: dict[str, Any], speedup: bool) -> Non
             label=f"{label} (recommended)" if recommended else label,
         )
     if speedup:
-        axes.axhline(1.0, color="black", linestyle="--", linewidth=1, label="break-even 1.0x")
+        none = summary["recommendation"]["choice"] == "none"
+        label = "no spec = 1.0x (break-even)" + (" (recommended)" if none else "")
+        axes.axhline(1.0, color="black", linestyle="--", linewidth=3 if none else 1, label=label)
     axes.set_xscale("log")
     axes.set_xticks(concurrencies, [str(c) for c in concurrencies])
     axes.xaxis.set_minor_locator(NullLocator())

@@ -127,11 +127,11 @@ def _usage(
     if choice.get("schedule"):
         note = "\nk by batch size, from the measured schedule in *Tuning* below.\n"
         return schedule_config(name, tuned["schedule"]["ranges"]), note
-    k = choice.get("k") or (report or {}).get("k") or 6
+    k = choice.get("k") or tuned.get("best_single_k") or (report or {}).get("k") or 6
     if choice and not choice["k"]:
         note = (
             f"\nOn the setup measured in *Tuning* below no k was faster than serving without "
-            f"speculation; k={k} is shown for setups where it is.\n"
+            f"speculation; k={k}, the best single k there, is shown for setups where it is.\n"
         )
         return speculative_config(name, k), note
     return speculative_config(name, k), ""

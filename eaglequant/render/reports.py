@@ -123,7 +123,7 @@ def _tune_notes(summary: dict[str, Any]) -> list[str]:
         "",
         f"Schedule `num_speculative_tokens_per_batch_size` {ranges} (ranges of batch size, "
         "each taking the winner at the smallest measured concurrency at or above it): "
-        f"{status}. Best single k: {summary['best_single_k']}.",
+        f"{status}. Best single k: {config_name(summary['best_single_k'])}.",
         "",
         f"**Recommended: {recommendation_name(summary)}** ({summary['recommendation']['reason']}).",
     ]
