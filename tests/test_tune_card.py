@@ -51,6 +51,24 @@ def test_max_model_len_headroom_is_checked_before_serving(tmp_path: Path) -> Non
     assert result.exit_code == 2 and "is too small" in result.output
 
 
+def test_a_bad_schedule_or_repeats_is_refused_before_serving() -> None:
+    base = {"target": TOY / "target", "draft": TOY / "draft", "ks": (2,), "isl": 10, "osl": 10}
+    with pytest.raises(InputError, match=r"must start at batch size 1"):
+        check_request(TuneRequest(**base, schedule=((2, 8, 2),)))
+    with pytest.raises(InputError, match=r"at least once"):
+        check_request(TuneRequest(**base, repeats=0))
+    # The headroom covers a given schedule's k beyond the swept ks.
+    assert check_request(TuneRequest(**base, schedule=((1, 1, 0), (2, 8, 7)))) == 27
+    args = ["tune", "--target", str(TOY / "target"), "--draft", str(TOY / "draft")]
+    result = CliRunner().invoke(main, [*args, "--schedule", "1-4:2"])
+    assert result.exit_code == 2
+    assert result.output.splitlines()[-1] == (
+        "error: --schedule '1-4:2': give a JSON list of [first batch size, last, k], "
+        "e.g. [[1,4,6],[5,64,3]]"
+    )
+    assert not _servers_running()
+
+
 def test_unknown_engine_arg_is_refused_before_any_server_starts() -> None:
     args = ["tune", "--target", str(TOY / "target"), "--draft", str(TOY / "draft")]
     result = CliRunner().invoke(main, [*args, "--engine-arg", "gpu_memory_util=0.9"])

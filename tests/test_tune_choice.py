@@ -14,6 +14,7 @@ from eaglequant.validate.tune_choice import (
     best_single,
     schedule_from_winners,
     schedule_misses,
+    schedule_problem,
     winner,
 )
 from eaglequant.validate.tune_report import write_reports
@@ -80,6 +81,36 @@ def test_schedule_passes_vllms_own_validator(winners: dict[int, int]) -> None:
         return  # every range 0: vLLM needs no schedule, tune serves none
     lookup = build_dynamic_sd_schedule_lookup(schedule, largest, spec["num_speculative_tokens"])
     assert [lookup[c] for c in sorted(winners)] == [winners[c] for c in sorted(winners)]
+
+
+@pytest.mark.parametrize(
+    "schedule",
+    [
+        [(1, 4, 6), (5, 64, 3)],
+        [(1, 1, 0), (2, 8, 2)],
+        [(1, 1, 0), (3, 8, 2)],  # a gap: vLLM carries the previous k through it
+        [(2, 8, 2)],
+        [(1, 4, 2), (4, 8, 3)],
+        [(1, 8, 3), (9, 4, 2)],
+        [(1, 8, -1)],
+        [],
+    ],
+)
+def test_a_given_schedule_is_judged_as_vllm_judges_it(schedule: list[tuple[int, int, int]]) -> None:
+    from vllm.v1.spec_decode.dynamic.utils import validate_and_normalize_dynamic_sd_schedule
+
+    try:
+        validate_and_normalize_dynamic_sd_schedule([list(r) for r in schedule])
+    except ValueError:
+        assert schedule_problem(schedule) is not None
+    else:
+        assert schedule_problem(schedule) is None
+
+
+def test_a_schedule_without_speculation_is_refused() -> None:
+    assert schedule_problem([(1, 8, 0)]) == (
+        "every k is 0: that is no speculation, which the sweep measures anyway"
+    )
 
 
 def test_schedule_holds_unless_a_winner_beats_it() -> None:

@@ -52,6 +52,7 @@ from eaglequant.validate.tune_choice import (
     best_single,
     schedule_from_winners,
     schedule_misses,
+    schedule_problem,
     winner,
 )
 
@@ -76,6 +77,8 @@ class TuneRequest:
     prompts: Path | None = None
     num_prompts: int | None = None
     repeats: int = 3
+    # Measure this schedule (first batch size, last, k) instead of the one built from the winners.
+    schedule: tuple[tuple[int, int, int], ...] | None = None
     serve_args: tuple[str, ...] = ()
     engine: EngineOptions = field(default_factory=EngineOptions)
     out: Path = Path("tune-results")
@@ -127,14 +130,17 @@ def check_request(request: TuneRequest) -> int:
         raise InputError(f"{request.prompts}: no such prompts file")
     if request.repeats < 1:
         raise InputError(f"repeats {request.repeats}: measure each point at least once")
+    if request.schedule is not None and (problem := schedule_problem(request.schedule)):
+        raise InputError(f"schedule {list(request.schedule)}: {problem}")
     check_engine_args(request.engine.engine_args, probe_vllm(sys.executable).engine_args)
-    # The schedule's largest k is one of the ks, so this headroom covers its server too.
-    needed = request.isl + request.osl + max(request.ks)
+    # A schedule built from the winners uses the ks; a given one may go beyond them.
+    largest = max(request.ks + tuple(k for _, _, k in request.schedule or ()))
+    needed = request.isl + request.osl + largest
     max_len = _max_model_len(request)
     if max_len is not None and max_len < needed:
         raise InputError(
             f"--max-model-len {max_len} is too small for ISL {request.isl} + OSL {request.osl} "
-            f"+ k {max(request.ks)} = {needed}; set --max-model-len {needed} or more "
+            f"+ k {largest} = {needed}; set --max-model-len {needed} or more "
             "(the article's 1K/1K example uses 2304)"
         )
     return max_len or needed
@@ -406,13 +412,13 @@ def sweep_runs(results: list[TuneResult]) -> dict[int, dict[int, Runs]]:
 def planned_schedule(
     request: TuneRequest, sweep: dict[int, dict[int, Runs]]
 ) -> tuple[Schedule, str | None]:
-    """The schedule the winners give, and why it is not served (None: serve and measure it)."""
-    ranges = schedule_from_winners({c: winner(runs) for c, runs in sweep.items()})
-    if len(ranges) == 1:
-        k = ranges[0][2]
-        if k == 0:
-            return ranges, "no k beat no speculation beyond the run-to-run spread anywhere"
-        return ranges, f"k={k} won at every concurrency, so the schedule is that single k"
+    """The schedule to measure (given, else the winners'); why it is not served (None: it is)."""
+    if request.schedule is not None:
+        ranges = list(request.schedule)
+    else:
+        ranges = schedule_from_winners({c: winner(runs) for c, runs in sweep.items()})
+        if len(ranges) == 1:
+            return ranges, f"{uniform(ranges[0][2])}, so the schedule is that single choice"
     if int(request.engine.engine_args.get("data_parallel_size") or 1) > 1:
         return ranges, "vLLM turns per-batch-size schedules off under data parallelism"
     return ranges, None
@@ -447,6 +453,7 @@ def summarize(request: TuneRequest, results: list[TuneResult], max_len: int) -> 
         "best_single_k": best_single(sweep, request.ks),
         "schedule": {
             "ranges": [list(r) for r in ranges],
+            "given": request.schedule is not None,
             "measured": bool(scheduled),
             "not_measured_because": skipped,
             "results": [_row(r, sweep) for r in scheduled],
@@ -466,12 +473,17 @@ def recommend(
     skipped: str | None,
     scheduled: list[TuneResult],
 ) -> dict[str, Any]:
-    """The schedule where it held at every concurrency, else the best single k (0: none)."""
-    if skipped is not None and len(ranges) == 1:
-        k = ranges[0][2]
-        return {"choice": "single" if k else "none", "k": k, "schedule": False, "reason": skipped}
+    """One winner everywhere; else the schedule where it held; else the best single k (0: none)."""
+    winners = {c: winner(runs) for c, runs in sweep.items()}
+    if len(set(winners.values())) == 1:
+        k = next(iter(winners.values()))
+        return {
+            "choice": "single" if k else "none",
+            "k": k,
+            "schedule": False,
+            "reason": uniform(k),
+        }
     if skipped is None:
-        winners = {c: winner(runs) for c, runs in sweep.items()}
         misses = schedule_misses(
             {r.concurrency: r.runs for r in scheduled},
             {c: sweep[c][k] for c, k in winners.items()},
@@ -489,6 +501,13 @@ def recommend(
     k = best_single(sweep, (0, *request.ks))
     reason = f"{skipped}; {_name(k)} is the best single choice across the concurrencies"
     return {"choice": "single" if k else "none", "k": k, "schedule": False, "reason": reason}
+
+
+def uniform(k: int) -> str:
+    """Why one choice wins everywhere, as a clause."""
+    if k == 0:
+        return "no k beat no speculation beyond the run-to-run spread anywhere"
+    return f"k={k} won at every concurrency"
 
 
 def _name(k: int) -> str:

@@ -15,6 +15,8 @@ output tokens/s of those repeats. The rules:
   >= b, so with concurrencies c1 < c2 < ... ranges are [1, c1], [c1 + 1, c2],
   ...; adjacent ranges with the same k merge. vLLM carries the last range's k
   past the largest measured concurrency.
+- a schedule given by the user instead must pass ``schedule_problem``, the
+  rules vLLM's own validator applies, before any server starts.
 - the schedule *holds* where the winner at that concurrency does not beat it.
 - *best single* choice: the one k (0 included where asked) that ties or beats
   the winner at the most concurrencies, then the highest geometric-mean
@@ -23,6 +25,7 @@ output tokens/s of those repeats. The rules:
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from statistics import fmean
@@ -58,6 +61,23 @@ def schedule_from_winners(winners: Mapping[int, int]) -> Schedule:
             schedule.append((start, concurrency, k))
         start = concurrency + 1
     return schedule
+
+
+def schedule_problem(schedule: Sequence[Sequence[int]]) -> str | None:
+    """What vLLM would refuse in a schedule, or (None) that it would take it, as a sentence."""
+    if not schedule:
+        return "give at least one range"
+    if any(len(r) != 3 for r in schedule):
+        return "give each range as (first batch size, last batch size, k)"
+    if any(first < 1 or first > last or k < 0 for first, last, k in schedule):
+        return "each range needs 1 <= first <= last and k >= 0"
+    if schedule[0][0] != 1:
+        return "the first range must start at batch size 1"
+    if any(a[1] >= b[0] for a, b in itertools.pairwise(schedule)):
+        return "ranges must be sorted and must not overlap"
+    if not any(k for _, _, k in schedule):
+        return "every k is 0: that is no speculation, which the sweep measures anyway"
+    return None
 
 
 def schedule_misses(

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import click
 
 from eaglequant.cli.options import PATH, engine_options, engine_settings, int_list
+from eaglequant.errors import InputError
 
 
 @click.command()
@@ -37,6 +39,12 @@ from eaglequant.cli.options import PATH, engine_options, engine_settings, int_li
     show_default=True,
     help="Measurements per point; a k wins only beyond their spread.",
 )
+@click.option(
+    "--schedule",
+    metavar="JSON",
+    help="Measure this num_speculative_tokens_per_batch_size, e.g. '[[1,4,6],[5,64,3]]', "
+    "instead of the one built from the winners.",
+)
 @click.option("--serve-arg", "serve_args", multiple=True, help="Passed to vllm serve (repeatable).")
 @engine_options
 @click.option("--max-model-len", type=click.IntRange(min=16), help="Default: ISL + OSL + max k.")
@@ -52,6 +60,7 @@ def tune(
     prompts: Path | None,
     num_prompts: int | None,
     repeats: int,
+    schedule: str | None,
     serve_args: tuple[str, ...],
     tensor_parallel_size: int,
     engine_args: tuple[str, ...],
@@ -79,6 +88,7 @@ def tune(
         prompts=prompts,
         num_prompts=num_prompts,
         repeats=repeats,
+        schedule=None if schedule is None else _schedule(schedule),
         serve_args=tuple(a for arg in serve_args for a in arg.split()),
         engine=engine_settings(tensor_parallel_size, engine_args, max_model_len),
         out=out,
@@ -89,3 +99,15 @@ def tune(
     click.echo(f"winner by concurrency (0: no speculation): {summary['recommended_k']}")
     click.echo(f"recommended: {recommendation_name(summary)}")
     click.echo(summary["serve_command"])
+
+
+def _schedule(text: str) -> tuple[tuple[int, int, int], ...]:
+    """'[[1,4,6],[5,64,3]]' -> ((1, 4, 6), (5, 64, 3)); InputError naming --schedule."""
+    try:
+        ranges = json.loads(text)
+        return tuple((int(a), int(b), int(k)) for a, b, k in ranges)
+    except (json.JSONDecodeError, TypeError, ValueError) as exc:
+        raise InputError(
+            f"--schedule {text!r}: give a JSON list of [first batch size, last, k], "
+            "e.g. [[1,4,6],[5,64,3]]"
+        ) from exc

@@ -119,10 +119,15 @@ def _tune_notes(summary: dict[str, Any]) -> list[str]:
         if schedule["measured"]
         else f"not served: {schedule['not_measured_because']}"
     )
+    origin = (
+        "given"
+        if schedule["given"]
+        else "ranges of batch size, each taking the winner at the smallest measured "
+        "concurrency at or above it"
+    )
     notes += [
         "",
-        f"Schedule `num_speculative_tokens_per_batch_size` {ranges} (ranges of batch size, "
-        "each taking the winner at the smallest measured concurrency at or above it): "
+        f"Schedule `num_speculative_tokens_per_batch_size` {ranges} ({origin}): "
         f"{status}. Best single k: {config_name(summary['best_single_k'])}.",
         "",
         f"**Recommended: {recommendation_name(summary)}** ({summary['recommendation']['reason']}).",
