@@ -228,3 +228,22 @@ def test_a_point_averages_its_repeats_with_or_without_speculation_fields() -> No
         [0.6, 0.4],
     )
     assert point.schedule
+
+
+def test_a_given_schedule_is_reported_even_where_one_choice_won_everywhere() -> None:
+    losing = {c: {0: runs[0], 2: [r / 2 for r in runs[0]]} for c, runs in SWEEP.items()}
+    request = TuneRequest(
+        target=TOY / "target",
+        draft=TOY / "draft",
+        ks=(2,),
+        concurrencies=(1, 8),
+        schedule=((1, 1, 0), (2, 8, 2)),
+    )
+    scheduled = _schedule_run([90.0, 91.0, 92.0], [299.0, 301.0, 300.0])
+    summary = summarize(request, _results(losing) + scheduled, 200)
+    assert summary["schedule"]["given"] and summary["schedule"]["measured"]
+    assert summary["recommendation"]["choice"] == "none"
+    assert summary["recommendation"]["reason"] == (
+        "no k beat no speculation beyond the run-to-run spread anywhere; "
+        "the schedule fell behind no speculation at concurrency 1"
+    )

@@ -172,7 +172,7 @@ def serve_command(
 def engine_flags(request: TuneRequest, spec: dict[str, Any] | None, max_len: int) -> list[str]:
     """Everything after the model and address: parallelism, engine and serve arguments, spec."""
     flags = ["--tensor-parallel-size", str(request.engine.tensor_parallel_size)]
-    if _max_model_len(request) is None:
+    if not any(arg.startswith("--max-model-len") for arg in request.serve_args):
         flags += ["--max-model-len", str(max_len)]
     flags += serve_flags(request.engine.engine_args) + list(request.serve_args)
     if spec is not None:
@@ -475,29 +475,30 @@ def recommend(
 ) -> dict[str, Any]:
     """One winner everywhere; else the schedule where it held; else the best single k (0: none)."""
     winners = {c: winner(runs) for c, runs in sweep.items()}
-    if len(set(winners.values())) == 1:
-        k = next(iter(winners.values()))
-        return {
-            "choice": "single" if k else "none",
-            "k": k,
-            "schedule": False,
-            "reason": uniform(k),
-        }
-    if skipped is None:
-        misses = schedule_misses(
+    misses = (
+        schedule_misses(
             {r.concurrency: r.runs for r in scheduled},
             {c: sweep[c][k] for c, k in winners.items()},
         )
-        if not misses:
-            return {
-                "choice": "schedule",
-                "k": max(k for _, _, k in ranges),
-                "schedule": True,
-                "reason": "the schedule held: no per-concurrency winner beat it anywhere",
-            }
-        skipped = "the schedule fell behind " + ", ".join(
-            f"{_name(winners[c])} at concurrency {c}" for c in misses
-        )
+        if scheduled
+        else []
+    )
+    behind = "the schedule fell behind " + ", ".join(
+        f"{_name(winners[c])} at concurrency {c}" for c in misses
+    )
+    if len(set(winners.values())) == 1:
+        k = next(iter(winners.values()))
+        reason = uniform(k) + (f"; {behind}" if misses else "")
+        return {"choice": "single" if k else "none", "k": k, "schedule": False, "reason": reason}
+    if skipped is None and not misses:
+        return {
+            "choice": "schedule",
+            "k": max(k for _, _, k in ranges),
+            "schedule": True,
+            "reason": "the schedule held: no per-concurrency winner beat it anywhere",
+        }
+    if skipped is None:
+        skipped = behind
     k = best_single(sweep, (0, *request.ks))
     reason = f"{skipped}; {_name(k)} is the best single choice across the concurrencies"
     return {"choice": "single" if k else "none", "k": k, "schedule": False, "reason": reason}
