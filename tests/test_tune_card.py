@@ -93,14 +93,16 @@ def test_unknown_engine_arg_is_refused_before_any_server_starts() -> None:
 
 
 def _servers_running() -> list[str]:
+    """vLLM servers this test process started and left running (not others on the machine)."""
     found = []
     for pid in os.listdir("/proc"):
         if pid.isdigit():
             try:
                 cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
-            except OSError:
+                parent = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
                 continue
-            if "vllm.entrypoints.openai.api_server" in cmdline:
+            if "vllm.entrypoints.openai.api_server" in cmdline and parent == os.getpid():
                 found.append(cmdline)
     return found
 
