@@ -1,4 +1,11 @@
-"""Tuning reports: results.json, results.md and three PNG plots (matplotlib, headless)."""
+"""Tuning reports: results.json, results.md and three PNG plots (matplotlib, headless).
+
+The plots are read at a glance: concurrency on a log axis labelled with the
+measured levels themselves (1, 8, 64), the min-max spread of the repeats as
+error bars, the 1.0x break-even line on the speedup plot, integer draft
+positions, the recommended configuration drawn bold and starred, and a title
+naming target, draft, ISL/OSL and the repeats.
+"""
 
 from __future__ import annotations
 
@@ -6,67 +13,122 @@ import json
 from pathlib import Path
 from typing import Any
 
-from eaglequant.render.reports import mean_positions, tune_markdown
+from eaglequant.render.reports import config_name, mean_positions, point, tune_markdown
 
 
 def write_reports(out: Path, summary: dict[str, Any]) -> None:
     (out / "results.json").write_text(json.dumps(summary, indent=2) + "\n")
     text = (
         "## num_speculative_tokens sweep on vllm serve\n\n"
-        f"Output tokens/s (speedup over no speculation); ISL {summary['isl']}, OSL {summary['osl']}"
+        f"ISL {summary['isl']}, OSL {summary['osl']}"
         f"{', prompts ' + summary['prompts'] if summary['prompts'] else ''}, "
         f"max-model-len {summary['max_model_len']}.\n\n"
         + tune_markdown(summary)
-        + f"\nRecommended: `{summary['serve_command']}`\n"
+        + f"\nRecommended serve line: `{summary['serve_command']}`\n"
     )
+    if summary["schedule"]["serve_command"] and not summary["recommendation"]["schedule"]:
+        text += f"\nThe schedule's serve line: `{summary['schedule']['serve_command']}`\n"
     (out / "results.md").write_text(text)
     plot(out, summary)
+
+
+def title(summary: dict[str, Any]) -> str:
+    target, draft = (Path(*Path(summary[key]).parts[-2:]) for key in ("target", "draft"))
+    return (
+        f"target {target}, draft {draft}\n"
+        f"ISL {summary['isl']} / OSL {summary['osl']}, {summary['repeats']} repeat(s) per point"
+    )
+
+
+def series(summary: dict[str, Any]) -> list[tuple[str, int | None, bool]]:
+    """(label, k or None for the schedule, recommended) for every measured configuration."""
+    choice = summary["recommendation"]
+    found = [
+        (config_name(k), k, not choice["schedule"] and choice["k"] == k)
+        for k in [0, *summary["ks"]]
+    ]
+    if summary["schedule"]["results"]:
+        found.append(("schedule", None, bool(choice["schedule"])))
+    return found
 
 
 def plot(out: Path, summary: dict[str, Any]) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
+    _concurrency_plot(out / "throughput.png", summary, speedup=False)
+    _concurrency_plot(out / "speedup.png", summary, speedup=True)
+    _acceptance_plot(out / "acceptance.png", summary)
+
+
+def _bars(summary: dict[str, Any], k: int | None, speedup: bool) -> tuple[list[float], list[Any]]:
+    """Means and min-max error bars of one configuration by concurrency (over no spec: speedup)."""
+    values, low, high = [], [], []
+    for c in summary["concurrencies"]:
+        row, baseline = point(summary, k, c), point(summary, 0, c)
+        assert row is not None and baseline is not None, "every configuration runs at every level"
+        scale = 1 / baseline["output_throughput"] if speedup else 1.0
+        values.append(row["output_throughput"] * scale)
+        low.append((row["output_throughput"] - row["throughput_min"]) * scale)
+        high.append((row["throughput_max"] - row["output_throughput"]) * scale)
+    return values, [low, high]
+
+
+def _concurrency_plot(path: Path, summary: dict[str, Any], speedup: bool) -> None:
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import NullLocator
 
-    results = summary["results"]
     concurrencies = summary["concurrencies"]
+    figure, axes = plt.subplots(figsize=(7, 4.5))
+    for label, k, recommended in series(summary):
+        if speedup and k == 0:
+            continue
+        values, bars = _bars(summary, k, speedup)
+        axes.errorbar(
+            concurrencies,
+            values,
+            yerr=bars,
+            marker="*" if recommended else "o",
+            markersize=12 if recommended else 5,
+            linewidth=3 if recommended else 1.2,
+            capsize=3,
+            label=f"{label} (recommended)" if recommended else label,
+        )
+    if speedup:
+        none = summary["recommendation"]["choice"] == "none"
+        label = "no spec = 1.0x (break-even)" + (" (recommended)" if none else "")
+        axes.axhline(1.0, color="black", linestyle="--", linewidth=3 if none else 1, label=label)
+    axes.set_xscale("log")
+    axes.set_xticks(concurrencies, [str(c) for c in concurrencies])
+    axes.xaxis.set_minor_locator(NullLocator())
+    axes.set_xlabel("concurrency (requests in flight)")
+    axes.set_ylabel("speedup vs no speculation" if speedup else "output tokens/s")
+    _finish(figure, axes, summary, path)
 
-    def series(k: int, key: str) -> list[float]:
-        return [
-            next((r[key] for r in results if r["k"] == k and r["concurrency"] == c), float("nan"))
-            or float("nan")
-            for c in concurrencies
-        ]
 
-    for name, key, ks, ylabel in (
-        ("throughput.png", "output_throughput", [0, *summary["ks"]], "output tokens/s"),
-        ("speedup.png", "speedup", summary["ks"], "speedup vs no speculation"),
-    ):
-        figure, axes = plt.subplots(figsize=(6, 4))
-        for k in ks:
-            axes.plot(
-                concurrencies, series(k, key), marker="o", label="no spec" if k == 0 else f"k={k}"
-            )
-        axes.set_xscale("log", base=2)
-        axes.set_xlabel("concurrency")
-        axes.set_ylabel(ylabel)
-        axes.legend()
-        axes.grid(alpha=0.3)
-        figure.tight_layout()
-        figure.savefig(out / name, dpi=100)
-        plt.close(figure)
-    figure, axes = plt.subplots(figsize=(6, 4))
+def _acceptance_plot(path: Path, summary: dict[str, Any]) -> None:
+    import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
+
+    figure, axes = plt.subplots(figsize=(7, 4.5))
     for k in summary["ks"]:
-        rows = [r for r in results if r["k"] == k and r["per_position"]]
+        rows = [r["per_position"] for r in summary["results"] if r["k"] == k and r["per_position"]]
         if rows:
             positions = mean_positions(rows)
             axes.plot(range(1, len(positions) + 1), positions, marker="o", label=f"k={k}")
+    axes.xaxis.set_major_locator(MaxNLocator(integer=True))
     axes.set_xlabel("draft position")
-    axes.set_ylabel("acceptance rate")
+    axes.set_ylabel("acceptance rate (mean over concurrencies)")
     axes.set_ylim(0, 1)
-    axes.legend()
+    _finish(figure, axes, summary, path)
+
+
+def _finish(figure: Any, axes: Any, summary: dict[str, Any], path: Path) -> None:
+    import matplotlib.pyplot as plt
+
+    axes.set_title(title(summary), fontsize=9)
+    axes.legend(fontsize=8)
     axes.grid(alpha=0.3)
     figure.tight_layout()
-    figure.savefig(out / "acceptance.png", dpi=100)
+    figure.savefig(path, dpi=100)
     plt.close(figure)

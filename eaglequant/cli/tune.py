@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import click
 
 from eaglequant.cli.options import PATH, engine_options, engine_settings, int_list
+from eaglequant.errors import InputError
 
 
 @click.command()
@@ -30,6 +32,19 @@ from eaglequant.cli.options import PATH, engine_options, engine_settings, int_li
 @click.option(
     "--num-prompts", type=click.IntRange(min=1), help="Requests per level (default 2x concurrency)."
 )
+@click.option(
+    "--repeats",
+    type=click.IntRange(min=1),
+    default=3,
+    show_default=True,
+    help="Measurements per point; a k wins only beyond their spread.",
+)
+@click.option(
+    "--schedule",
+    metavar="JSON",
+    help="Measure this num_speculative_tokens_per_batch_size, e.g. '[[1,4,6],[5,64,3]]', "
+    "instead of the one built from the winners.",
+)
 @click.option("--serve-arg", "serve_args", multiple=True, help="Passed to vllm serve (repeatable).")
 @engine_options
 @click.option("--max-model-len", type=click.IntRange(min=16), help="Default: ISL + OSL + max k.")
@@ -44,6 +59,8 @@ def tune(
     osl: int,
     prompts: Path | None,
     num_prompts: int | None,
+    repeats: int,
+    schedule: str | None,
     serve_args: tuple[str, ...],
     tensor_parallel_size: int,
     engine_args: tuple[str, ...],
@@ -51,7 +68,13 @@ def tune(
     out: Path,
     server_timeout: float,
 ) -> None:
-    """Sweep num_speculative_tokens across concurrency on a real vllm serve; recommend k."""
+    """Sweep num_speculative_tokens across concurrency on a real vllm serve; recommend what won.
+
+    Every point is measured --repeats times; a k wins at a concurrency only when its slowest
+    repeat beats no speculation's fastest. The per-concurrency winners become one
+    per-batch-size schedule, served and measured too, and recommended where it held.
+    """
+    from eaglequant.render.reports import recommendation_name
     from eaglequant.validate.tune import TuneRequest
     from eaglequant.validate.tune import tune as run
 
@@ -64,13 +87,27 @@ def tune(
         osl=osl,
         prompts=prompts,
         num_prompts=num_prompts,
+        repeats=repeats,
+        schedule=None if schedule is None else _schedule(schedule),
         serve_args=tuple(a for arg in serve_args for a in arg.split()),
-        engine=engine_settings(tensor_parallel_size, engine_args),
-        max_model_len=max_model_len,
+        engine=engine_settings(tensor_parallel_size, engine_args, max_model_len),
         out=out,
         server_timeout_s=server_timeout,
     )
     summary = run(request, progress=lambda m: click.echo(f"[eaglequant] {m}", err=True))
     click.echo((out / "results.md").read_text())
-    click.echo(f"recommended k by concurrency: {summary['recommended_k']}")
+    click.echo(f"winner by concurrency (0: no speculation): {summary['recommended_k']}")
+    click.echo(f"recommended: {recommendation_name(summary)}")
     click.echo(summary["serve_command"])
+
+
+def _schedule(text: str) -> tuple[tuple[int, int, int], ...]:
+    """'[[1,4,6],[5,64,3]]' -> ((1, 4, 6), (5, 64, 3)); InputError naming --schedule."""
+    try:
+        ranges = json.loads(text)
+        return tuple((int(a), int(b), int(k)) for a, b, k in ranges)
+    except (json.JSONDecodeError, TypeError, ValueError) as exc:
+        raise InputError(
+            f"--schedule {text!r}: give a JSON list of [first batch size, last, k], "
+            "e.g. [[1,4,6],[5,64,3]]"
+        ) from exc

@@ -22,7 +22,7 @@ from eaglequant.exclusions import predict_fates
 from eaglequant.io.checkpoint import read_config
 from eaglequant.manifest import read_json_object, read_manifest
 from eaglequant.render.reports import PLOTS, tune_markdown, validation_markdown
-from eaglequant.serving import speculative_config
+from eaglequant.serving import schedule_config, speculative_config
 
 
 def write_card(
@@ -92,8 +92,7 @@ def render(
     license_id: str | None,
 ) -> str:
     qcfg = config["quantization_config"]
-    k = (tuning or {}).get("recommended_overall_k") or (report or {}).get("k") or 6
-    speculative = speculative_config(folder.name, k)
+    speculative, note = _usage(folder.name, report, tuning)
     parts = [
         "---\n" + yaml.safe_dump(front_matter(base_model, license_id), sort_keys=False) + "---\n",
         f"# {folder.name}\n",
@@ -105,7 +104,8 @@ def render(
         + base_model
         + " \\\n  --speculative-config '"
         + json.dumps(speculative)
-        + "'\n```\n",
+        + "'\n```\n"
+        + note,
         _quantization_section(config, manifest),
         _calibration_section(manifest),
     ]
@@ -116,6 +116,25 @@ def render(
         parts.append("".join(f"![{n}]({n})\n" for n in PLOTS))
     parts.append(_files_section(manifest))
     return "\n".join(parts)
+
+
+def _usage(
+    name: str, report: dict[str, Any] | None, tuning: dict[str, Any] | None
+) -> tuple[dict[str, Any], str]:
+    """The usage line's speculative config (tune's recommendation where there is one), a note."""
+    tuned = tuning or {}
+    choice = tuned.get("recommendation") or {}
+    if choice.get("schedule"):
+        note = "\nk by batch size, from the measured schedule in *Tuning* below.\n"
+        return schedule_config(name, tuned["schedule"]["ranges"]), note
+    k = choice.get("k") or tuned.get("best_single_k") or (report or {}).get("k") or 6
+    if choice and not choice["k"]:
+        note = (
+            f"\nOn the setup measured in *Tuning* below no k was faster than serving without "
+            f"speculation; k={k}, the best single k there, is shown for setups where it is.\n"
+        )
+        return speculative_config(name, k), note
+    return speculative_config(name, k), ""
 
 
 def _quantization_section(config: dict[str, Any], manifest: dict[str, Any]) -> str:

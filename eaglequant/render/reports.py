@@ -6,6 +6,7 @@ Both are rendered from their JSON form, so ``validate --markdown``, tune's
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 PLOTS = ("throughput.png", "speedup.png", "acceptance.png")
@@ -57,44 +58,95 @@ def validation_markdown(report: dict[str, Any], heading: str = "##") -> str:
 
 
 def tune_markdown(summary: dict[str, Any]) -> str:
-    """Throughput (speedup) per concurrency and k, and acceptance per k, as Markdown."""
-    results = summary["results"]
-    ks = [0, *summary["ks"]]
-    header = ["concurrency"] + ["no spec" if k == 0 else f"k={k}" for k in ks] + ["best k"]
-    lines = [
-        "| " + " | ".join(header) + " |",
-        "|" + "---|" * len(header),
-    ]
+    """Throughput by concurrency and configuration, schedule, recommendation, acceptance."""
+    schedule = summary["schedule"]
+    header = ["concurrency", *(config_name(k) for k in [0, *summary["ks"]])]
+    header += ["schedule"] * bool(schedule["results"]) + ["winner"]
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for concurrency in summary["concurrencies"]:
-        cells = [str(concurrency)]
-        for k in ks:
-            row = next(
-                (r for r in results if r["k"] == k and r["concurrency"] == concurrency), None
-            )
-            if row is None:
-                cells.append("-")
-            elif k == 0 or row["speedup"] is None:
-                cells.append(f"{row['output_throughput']:.1f}")
-            else:
-                cells.append(f"{row['output_throughput']:.1f} ({row['speedup']:.2f}x)")
-        cells.append(str(summary["recommended_k"].get(str(concurrency), "-")))
-        lines.append("| " + " | ".join(cells) + " |")
-    lines += ["", "| k | mean acceptance length | acceptance by position |", "|---|---|---|"]
+        points = [point(summary, k, concurrency) for k in [0, *summary["ks"]]]
+        points += [point(summary, None, concurrency)] * bool(schedule["results"])
+        winner = config_name(summary["recommended_k"][str(concurrency)])
+        lines.append("| " + " | ".join([str(concurrency), *map(_cell, points), winner]) + " |")
+    lines += ["", *_tune_notes(summary), ""]
+    lines += ["| k | mean acceptance length | acceptance by position |", "|---|---|---|"]
     for k in summary["ks"]:
-        rows = [r for r in results if r["k"] == k and r["acceptance_length"] is not None]
+        rows = [r for r in summary["results"] if r["k"] == k and r["acceptance_length"] is not None]
         if not rows:
             continue
         mean = sum(r["acceptance_length"] for r in rows) / len(rows)
-        per_pos = mean_positions(rows)
+        per_pos = mean_positions([r["per_position"] for r in rows])
         lines.append(f"| {k} | {mean:.3f} | {' / '.join(f'{p:.3f}' for p in per_pos)} |")
     return "\n".join(lines) + "\n"
 
 
-def mean_positions(rows: list[dict[str, Any]]) -> list[float]:
-    """Acceptance rate by draft position, averaged over the rows (concurrencies) of one k."""
-    width = max(len(r["per_position"]) for r in rows)
+def config_name(k: int) -> str:
+    return f"k={k}" if k else "no spec"
+
+
+def point(summary: dict[str, Any], k: int | None, concurrency: int) -> dict[str, Any] | None:
+    """The result row of single k ``k`` (None: the schedule's server) at one concurrency."""
+    rows = summary["schedule"]["results"] if k is None else summary["results"]
+    return next(
+        (r for r in rows if r["concurrency"] == concurrency and (k is None or r["k"] == k)), None
+    )
+
+
+def _cell(row: dict[str, Any] | None) -> str:
+    if row is None:
+        return "-"
+    text = (
+        f"{row['output_throughput']:.1f} [{row['throughput_min']:.1f}-{row['throughput_max']:.1f}]"
+    )
+    if row["k"] == 0 and not row["schedule"]:
+        return text
+    return f"{text} ({row['speedup']:.2f}x)"
+
+
+def _tune_notes(summary: dict[str, Any]) -> list[str]:
+    repeats = summary["repeats"]
+    notes = [
+        f"Output tokens/s, mean of {repeats} repeat(s) [slowest-fastest] (speedup over no "
+        "speculation). One configuration beats another only when its slowest repeat is faster "
+        "than the other's fastest; otherwise they tie and the smaller k wins."
+    ]
+    if repeats == 1:
+        notes[0] += " With 1 repeat no spread is measured: every difference counts as real."
+    schedule = summary["schedule"]
+    ranges = json.dumps(schedule["ranges"])
+    status = (
+        "measured (column *schedule*)"
+        if schedule["measured"]
+        else f"not served: {schedule['not_measured_because']}"
+    )
+    origin = (
+        "given"
+        if schedule["given"]
+        else "ranges of batch size, each taking the winner at the smallest measured "
+        "concurrency at or above it"
+    )
+    notes += [
+        "",
+        f"Schedule `num_speculative_tokens_per_batch_size` {ranges} ({origin}): "
+        f"{status}. Best single k: {config_name(summary['best_single_k'])}.",
+        "",
+        f"**Recommended: {recommendation_name(summary)}** ({summary['recommendation']['reason']}).",
+    ]
+    return notes
+
+
+def recommendation_name(summary: dict[str, Any]) -> str:
+    choice = summary["recommendation"]
+    if choice["schedule"]:
+        return f"the schedule {json.dumps(summary['schedule']['ranges'])}"
+    return "no speculation" if choice["k"] == 0 else f"k={choice['k']} at every concurrency"
+
+
+def mean_positions(lists: list[list[float]]) -> list[float]:
+    """Acceptance rate by draft position, averaged over several measurements of one k."""
+    width = max(len(values) for values in lists)
     sums = [0.0] * width
-    for r in rows:
-        for i, value in enumerate(r["per_position"]):
+    for values in lists:
+        for i, value in enumerate(values):
             sums[i] += value
-    return [s / len(rows) for s in sums]
+    return [s / len(lists) for s in sums]
