@@ -33,6 +33,7 @@ from pathlib import Path
 from statistics import fmean
 from typing import Any
 
+from eaglequant.draft import structure_problems
 from eaglequant.engine.config import (
     EngineOptions,
     check_engine_args,
@@ -43,7 +44,7 @@ from eaglequant.engine.config import (
     worker_count,
 )
 from eaglequant.errors import CheckFailed, InputError
-from eaglequant.io.checkpoint import read_config
+from eaglequant.io.checkpoint import read_checkpoint, read_config
 from eaglequant.render.reports import mean_positions
 from eaglequant.serving import schedule_config, speculative_config
 from eaglequant.validate.tune_choice import (
@@ -122,10 +123,9 @@ def check_request(request: TuneRequest) -> int:
     if not request.target.is_dir():
         raise InputError(f"{request.target}: no such target folder; pass the target model's folder")
     read_config(request.target)
-    draft_config = read_config(request.draft)
-    if "eagle" not in " ".join(draft_config.get("architectures") or []).lower():
-        architectures = draft_config.get("architectures")
-        raise InputError(f"{request.draft}: not an EAGLE-3 draft (architectures {architectures})")
+    problems = [p for p in structure_problems(read_checkpoint(request.draft)) if not p.loadable]
+    if problems:  # the same recognition as export and validate (plain-Llama form included)
+        raise InputError(str(problems[0]))
     if request.prompts is not None and not request.prompts.is_file():
         raise InputError(f"{request.prompts}: no such prompts file")
     if request.repeats < 1:
