@@ -28,7 +28,7 @@ import json
 import os
 import sys
 import tempfile
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -367,7 +367,9 @@ def scale_plausibility(request: ValidateRequest, target_engine: dict[str, Any]) 
         generated=target_engine.get("result", {}).get("token_ids"),
         k=request.k,
         tolerance=request.scale_tolerance,
-        capture=request.capture,
+        capture=request.capture
+        if request.capture.timeout_s is not None
+        else replace(request.capture, timeout_s=request.engine_timeout_s),
         hidden_states=request.hidden_states,
     )
     try:

@@ -38,7 +38,6 @@ from eaglequant.io.checkpoint import read_checkpoint
 from eaglequant.io.output import atomic_output_dir, check_output_path
 
 EngineName = Literal["vllm", "transformers"]
-ENGINES: tuple[EngineName, ...] = ("vllm", "transformers")
 # max_model_len is free here (the default fits the longest sequence); the rest as validate's.
 CAPTURE_RESERVED: Mapping[str, str] = {
     **{key: use for key, use in RESERVED_ARGS.items() if key != "max_model_len"},

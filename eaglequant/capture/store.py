@@ -30,7 +30,7 @@ from eaglequant.errors import InputError
 from eaglequant.io.checkpoint import read_checkpoint
 from eaglequant.io.layout import TensorBlob, blob_from_tensor, plan_file
 from eaglequant.io.safetensors_header import DTYPE_SIZES, TensorInfo, read_header
-from eaglequant.io.writer import FILE_MODE, write_known_file, write_text
+from eaglequant.io.writer import FILE_MODE, pwrite_all, write_known_file, write_text
 
 if TYPE_CHECKING:
     import torch
@@ -119,7 +119,7 @@ class CaptureFile:
         path: Path,
         sequences: list[list[int]],
         width: int,
-        embed: TensorInfo | None = None,
+        embed: TensorBlob | None = None,
     ) -> CaptureFile:
         """Plan and write the file: header, ids, lengths and embeddings; aux rows left zero."""
         ids, lengths = sequences_tensor(sequences)
@@ -129,7 +129,7 @@ class CaptureFile:
         aux_shape = (len(sequences), ids.shape[1], width)
         blobs.append(TensorBlob("aux_hidden_states", "BF16", aux_shape))
         if embed is not None:
-            blobs.append(TensorBlob(EMBED, embed.dtype, embed.shape, source=embed))
+            blobs.append(embed)
         shard = plan_file(path.name, blobs)
         write_known_file(path, shard)
         _reserve(path, shard.size)
@@ -163,11 +163,7 @@ class CaptureFile:
         data = states.to(torch.bfloat16).contiguous().view(torch.uint8).numpy().tobytes()
         fd = os.open(self.path, os.O_WRONLY)
         try:
-            offset = self.aux.start + row * self.row_bytes
-            view = memoryview(data)
-            while view:
-                written = os.pwrite(fd, view, offset)
-                view, offset = view[written:], offset + written
+            pwrite_all(fd, data, self.aux.start + row * self.row_bytes)
         finally:
             os.close(fd)
 
@@ -200,23 +196,20 @@ def read_info(folder: Path) -> dict[str, Any] | None:
 
 def save_capture(folder: Path, data: CalibrationData, info: dict[str, Any]) -> None:
     """Write a capture folder from states held in memory (small captures, tests, benches)."""
-    import torch
-
-    sequences = data.input_ids.tolist()
-    if data.lengths is not None:
-        sequences = [s[:n] for s, n in zip(sequences, data.lengths.tolist(), strict=True)]
-    blobs = [blob_from_tensor("input_ids", data.input_ids)]
-    if data.lengths is not None:
-        blobs.append(blob_from_tensor("lengths", data.lengths))
-    blobs.append(blob_from_tensor("aux_hidden_states", data.aux_hidden.to(torch.bfloat16)))
+    lengths = data.lengths.tolist() if data.lengths is not None else None
+    rows = data.input_ids.tolist()
+    sequences = [r[: lengths[i]] for i, r in enumerate(rows)] if lengths else rows
+    embed = None
     if data.embed_tokens is not None:
-        blobs.append(blob_from_tensor(EMBED, data.embed_tokens.to(torch.bfloat16)))
-    write_known_file(folder / CAPTURE_TENSORS, plan_file(CAPTURE_TENSORS, blobs))
+        embed = blob_from_tensor(EMBED, data.embed_tokens.bfloat16())
+    file = CaptureFile.create(folder / CAPTURE_TENSORS, sequences, data.aux_hidden.shape[-1], embed)
+    for row, seq in enumerate(sequences):
+        file.write_row(row, data.aux_hidden[row, : len(seq)])
     write_info(folder, {"tokens": data.tokens, **info})
 
 
-def target_embeddings(target: Path) -> TensorInfo:
-    """The target's input embedding tensor, found in its safetensors headers (never loaded)."""
+def target_embeddings(target: Path) -> TensorBlob:
+    """The target's input embeddings, copied byte for byte from its safetensors (never loaded)."""
     tensors = read_checkpoint(target).tensors
     found = sorted(n for n in tensors if n.endswith(EMBED))
     language = [n for n in found if "vision" not in n and "audio" not in n]
@@ -225,7 +218,8 @@ def target_embeddings(target: Path) -> TensorInfo:
             f"{target}: no '*embed_tokens.weight' tensor in the target's safetensors; "
             "capture without embeddings and give the draft its own embed_tokens"
         )
-    return tensors[language[0]]
+    info = tensors[language[0]]
+    return TensorBlob(EMBED, info.dtype, info.shape, source=info)
 
 
 def check_capture(folder: Path, dims: DraftDims) -> Path:

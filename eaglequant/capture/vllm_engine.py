@@ -15,6 +15,7 @@ error line of its log.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import sys
@@ -150,8 +151,6 @@ def _run_replicas(
     scratch: Path,
     logs: Path,
 ) -> list[_Replica]:
-    import json
-
     replicas = []
     for index, (share, env) in enumerate(zip(shares, envs, strict=True)):
         folder = logs / f"replica-{index}"
@@ -177,8 +176,6 @@ def _collect(
     replicas: list[_Replica], timeout_s: float | None, progress: Callable[[str], None]
 ) -> list[dict[str, Any]]:
     """Wait for all; the first failure kills the rest and raises EngineFailed."""
-    import json
-
     pending = list(replicas)
     try:
         while pending:

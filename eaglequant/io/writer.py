@@ -126,7 +126,7 @@ class LayoutWriter:
         for name, data in pending.items():
             shard, placed = self.layout.placement(name)
             with (self.folder / shard.name).open("r+b") as out:
-                _pwrite_all(out.fileno(), data, placed.start)
+                pwrite_all(out.fileno(), data, placed.start)
         if self.layout.index is not None:
             write_text(self.folder / INDEX_FILE, self.layout.index)
         for shard in self.layout.files:
@@ -139,7 +139,7 @@ class LayoutWriter:
 def _write_known(folder: Path, shard: ShardFile, cancel: threading.Event) -> None:
     with (folder / shard.name).open("wb") as out:
         out.truncate(shard.size)
-        _pwrite_all(out.fileno(), shard.header, 0)
+        pwrite_all(out.fileno(), shard.header, 0)
         for placed in shard.placements:
             if cancel.is_set():
                 return
@@ -149,12 +149,12 @@ def _write_known(folder: Path, shard: ShardFile, cancel: threading.Event) -> Non
                         f"{placed.blob.name}: {len(placed.blob.data)} bytes for "
                         f"{placed.blob.dtype}{list(placed.blob.shape)}"
                     )
-                _pwrite_all(out.fileno(), placed.blob.data, placed.start)
+                pwrite_all(out.fileno(), placed.blob.data, placed.start)
             elif placed.blob.source is not None:
                 _copy_range(placed.blob.source, out.fileno(), placed.start, cancel)
 
 
-def _pwrite_all(fd: int, data: bytes, offset: int) -> None:
+def pwrite_all(fd: int, data: bytes, offset: int) -> None:
     view = memoryview(data)
     while view:
         written = os.pwrite(fd, view, offset)
@@ -174,7 +174,7 @@ def _copy_range(info: TensorInfo, out_fd: int, out_offset: int, cancel: threadin
             except OSError:  # another file system, an old kernel: copy through memory
                 chunk = os.pread(src.fileno(), count, info.start + done)
                 sent = len(chunk)
-                _pwrite_all(out_fd, chunk, out_offset + done)
+                pwrite_all(out_fd, chunk, out_offset + done)
             if sent == 0:
                 raise InputError(f"{info.file}: ended early while copying '{info.name}'")
             done += sent
