@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# The main job on the embedded toy pair: export (static FP8, calibrated with the toy
-# target), inspect the result, validate it in vLLM against the BF16 draft.
+# The main job on the embedded toy pair: capture the toy target's hidden states on vLLM
+# once, export (static FP8, calibrated on them), inspect the result, validate it in vLLM
+# against the BF16 draft (check 6 reads the same capture).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${1:-out/demo}
@@ -9,14 +10,18 @@ TOY=examples/toy
 mkdir -p "$(dirname "$OUT")"
 rm -rf "$OUT"
 mkdir -p "$OUT"
-echo "== eaglequant export (static FP8 E4M3, calibrated on the toy target)"
-$EQ export $TOY/draft "$OUT/draft-fp8" \
-  --calib-target $TOY/target --calib-data $TOY/calibration.jsonl 2>"$OUT/export.log" \
-  || { tail -20 "$OUT/export.log"; exit 1; }
+echo "== eaglequant capture (the toy target's hidden states, on vLLM)"
+SUMMARY='import json,sys; c=json.load(sys.stdin); print(c["sequences"], "sequences x", c["seq_len"], "tokens, aux layers", c["aux_layer_ids"], "captured at", c["tokens_per_s"], "tok/s")'
+$EQ capture --target $TOY/target --data $TOY/calibration.jsonl "$OUT/capture" \
+  --draft $TOY/draft 2>"$OUT/capture.log" | .venv/bin/python -c "$SUMMARY" \
+  || { tail -20 "$OUT/capture.log"; exit 1; }
+echo "== eaglequant export (static FP8 E4M3, calibrated on the captured states)"
+$EQ export $TOY/draft "$OUT/draft-fp8" --calib-hidden-states "$OUT/capture" \
+  2>"$OUT/export.log" || { tail -20 "$OUT/export.log"; exit 1; }
 echo "== eaglequant inspect"
 $EQ inspect "$OUT/draft-fp8" --target-layers 4
 echo "== eaglequant validate (vLLM speculative decoding, k=3, FP8 vs BF16 draft)"
 $EQ validate --target $TOY/target --draft "$OUT/draft-fp8" --baseline $TOY/draft \
-  --prompts $TOY/prompts.jsonl --k 3 \
+  --prompts $TOY/prompts.jsonl --k 3 --hidden-states "$OUT/capture" \
   --json "$OUT/validation.json" --markdown "$OUT/validation.md" 2>"$OUT/validate.log"
 echo "reports: $OUT/validation.json $OUT/validation.md"
