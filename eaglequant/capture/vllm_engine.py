@@ -31,6 +31,7 @@ from eaglequant.engine.config import (
     VllmInstall,
     cpu_thread_binding,
     llm_kwargs,
+    platform_env,
     usable_cores,
     worker_count,
 )
@@ -57,30 +58,32 @@ def replica_rows(rows: int, replicas: int) -> list[tuple[int, int]]:
 def replica_env(
     env: Mapping[str, str], install: VllmInstall, workers: int, replica: int, replicas: int
 ) -> dict[str, str]:
-    """Environment for one replica: its devices or cores, the KV cache space on CPU."""
+    """Environment for one replica: its devices, or on CPU its cores and the platform's defaults."""
     added = {"VLLM_ENABLE_V1_MULTIPROCESSING": "1"}  # the connector's writes need the busy loop
     if install.on_cpu:
-        added["VLLM_CPU_KVCACHE_SPACE"] = env.get("VLLM_CPU_KVCACHE_SPACE", "1")
-        if replicas > 1 or workers > 1:
-            if "VLLM_CPU_OMP_THREADS_BIND" in env and replicas > 1:
-                raise InputError(
-                    "VLLM_CPU_OMP_THREADS_BIND is set, but data parallel replicas need one core "
-                    "range each; unset it and the tool splits the cores"
-                )
-            cores = usable_cores()
-            per = len(cores) // replicas
-            if per < workers:
-                raise InputError(
-                    f"{replicas} replicas x {workers} workers need {replicas * workers} cores, "
-                    f"this process may use {len(cores)}; lower the parallelism"
-                )
-            mine = cores[replica * per : (replica + 1) * per]
-            added["VLLM_CPU_OMP_THREADS_BIND"] = env.get(
-                "VLLM_CPU_OMP_THREADS_BIND", cpu_thread_binding(mine, workers)
-            )
+        cores = _replica_cores(env, workers, replica, replicas)
+        added |= platform_env(env, True, workers, cores)
+        if replicas > 1:  # a single worker too: each replica keeps to its own cores
+            added["VLLM_CPU_OMP_THREADS_BIND"] = cpu_thread_binding(cores, workers)
     elif replicas > 1:
         added[install.device_env] = _replica_devices(env, install, workers, replica)
     return dict(env) | added
+
+
+def _replica_cores(env: Mapping[str, str], workers: int, replica: int, replicas: int) -> list[int]:
+    if "VLLM_CPU_OMP_THREADS_BIND" in env and replicas > 1:
+        raise InputError(
+            "VLLM_CPU_OMP_THREADS_BIND is set, but data parallel replicas need one core "
+            "range each; unset it and the tool splits the cores"
+        )
+    cores = usable_cores()
+    per = len(cores) // replicas
+    if per < workers:
+        raise InputError(
+            f"{replicas} replicas x {workers} workers need {replicas * workers} cores, "
+            f"this process may use {len(cores)}; lower the parallelism"
+        )
+    return cores[replica * per : (replica + 1) * per]
 
 
 def _replica_devices(
