@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 import struct
 from collections import Counter
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +28,7 @@ from eaglequant.exclusions import (
     predict_fates,
     vllm_linear_names,
 )
+from eaglequant.io import speculators
 from eaglequant.io.checkpoint import Checkpoint, read_checkpoint
 
 
@@ -57,6 +58,7 @@ def inspect_checkpoint(path: Path, target_layers: int = DEFAULT_TARGET_LAYERS) -
     """Read ``path`` and collect its summary, vLLM fate table and problems."""
     ckpt = read_checkpoint(path)
     problems = structure_problems(ckpt)
+    recognised = not problems or problems[0].loadable
     dims: dict[str, Any] = {}
     if not problems:
         dims = asdict(dims_from_config(ckpt.config))
@@ -70,16 +72,21 @@ def inspect_checkpoint(path: Path, target_layers: int = DEFAULT_TARGET_LAYERS) -
     return InspectReport(
         path=str(path),
         architectures=list(ckpt.config.get("architectures") or []),
-        form=draft_form(ckpt.config) if not problems or problems[0].loadable else "unrecognised",
+        form=draft_form(ckpt) if recognised else "unrecognised",
         dims=dims,
         tensor_count=len(ckpt.tensors),
         bytes_by_dtype=dict(sorted(bytes_by_dtype.items())),
         shards=list(ckpt.shard_files),
         quantization=_quant_summary(ckpt.config.get("quantization_config")),
-        fates=fates,
-        scales=scales,
+        fates=[_as_stored(ckpt, fate) for fate in fates],
+        scales={ckpt.tensors[name].name: values for name, values in scales.items()},
         problems=problems,
     )
+
+
+def _as_stored(ckpt: Checkpoint, fate: LayerFate) -> LayerFate:
+    """``fate`` naming the checkpoint's modules as the folder stores them."""
+    return replace(fate, checkpoint_names=tuple(ckpt.stored_name(n) for n in fate.checkpoint_names))
 
 
 def _quant_summary(qcfg: Any) -> dict[str, Any] | None:
@@ -113,6 +120,8 @@ def quantization_problems(
     config_path = str(ckpt.folder / "config.json")
     qcfg = ckpt.config.get("quantization_config")
     if not isinstance(qcfg, dict):
+        if misplaced := _ignored_quantization_config(ckpt):
+            return misplaced
         quantized = quantized_tensors(ckpt)
         if quantized:
             return [
@@ -209,7 +218,8 @@ def _scale_problems(
             problems.append(
                 Problem(
                     str(ckpt.folder),
-                    f"tensor '{name}' is missing; vLLM would load a placeholder (-3.4e38) scale",
+                    f"tensor '{ckpt.stored_name(name)}' is missing; vLLM would load a placeholder "
+                    "(-3.4e38) scale",
                     "re-export the draft",
                 )
             )
@@ -218,9 +228,23 @@ def _scale_problems(
         if not values or not all(math.isfinite(v) and v > 0 for v in values):
             problems.append(
                 Problem(
-                    f"{ckpt.tensors[name].file}: tensor '{name}'",
+                    f"{ckpt.tensors[name].file}: tensor '{ckpt.tensors[name].name}'",
                     "must hold finite positive float32 scales",
                     "re-export the draft",
                 )
             )
     return problems
+
+
+def _ignored_quantization_config(ckpt: Checkpoint) -> list[Problem]:
+    """A speculators draft's top-level quantization_config, which vLLM never reads."""
+    if not ckpt.speculators_format or "quantization_config" not in ckpt.stored_config:
+        return []
+    return [
+        Problem(
+            str(ckpt.folder / "config.json"),
+            "a top-level quantization_config in a speculators-format draft is ignored by vLLM "
+            f"(it reads {speculators.LAYER_CONFIG}.quantization_config)",
+            "move it there: `eaglequant fix-config` does",
+        )
+    ]

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from eaglequant.errors import InputError
+from eaglequant.io import speculators
 from eaglequant.io.checkpoint import Checkpoint, read_config
 from eaglequant.io.safetensors_header import FLOAT_DTYPES
 
@@ -120,13 +121,16 @@ def variant_flag(config: dict[str, Any], key: str) -> bool:
     return bool(eagle_config.get(key, config.get(key, False)))
 
 
-def draft_form(config: dict[str, Any]) -> str:
+def draft_form(ckpt: Checkpoint) -> str:
     """The form this tool recognised the draft as, for reports."""
-    architectures = config.get("architectures") or []
-    flags = [k for k in VARIANTS if variant_flag(config, k)]
-    form = (
-        "plain Llama config, EAGLE-3 tensors" if PLAIN_LLAMA in architectures else "EAGLE-3 Llama"
-    )
+    architectures = ckpt.config.get("architectures") or []
+    flags = [k for k in VARIANTS if variant_flag(ckpt.config, k)]
+    if ckpt.speculators_format:
+        form = "speculators format, EAGLE-3 Llama"
+    elif PLAIN_LLAMA in architectures:
+        form = "plain Llama config, EAGLE-3 tensors"
+    else:
+        form = "EAGLE-3 Llama"
     return form + (f" ({', '.join(flags)})" if flags else "")
 
 
@@ -192,7 +196,11 @@ def structure_problems(ckpt: Checkpoint) -> list[Problem]:
     for name, shape in required.items():
         if name not in ckpt.tensors:
             problems.append(
-                Problem(str(ckpt.folder), f"tensor '{name}' is missing", "re-export the draft")
+                Problem(
+                    str(ckpt.folder),
+                    f"tensor '{ckpt.stored_name(name)}' is missing",
+                    "re-export the draft",
+                )
             )
             continue
         problems += _shape_problem(ckpt, name, shape)
@@ -214,13 +222,13 @@ def structure_problems(ckpt: Checkpoint) -> list[Problem]:
 
 def _architecture_problems(config: dict[str, Any], tensors: set[str], where: str) -> list[Problem]:
     architectures = config.get("architectures") or []
-    if config.get("speculators_model_type"):
+    if speculators.is_speculators(config):  # read_checkpoint flattens the ones vLLM accepts
         return [
             Problem(
                 where,
-                f"a speculators-format draft (speculators_model_type "
-                f"{config['speculators_model_type']!r}); eaglequant does not read this format yet",
-                "convert it to the EAGLE-3 layout (midlayer.* tensors, flat config) first",
+                f"a speculators-format config vLLM would refuse: "
+                f"{speculators.structure_problem(config)}",
+                "fix the config (see vllm-project/speculators' Eagle3SpeculatorConfig)",
             )
         ]
     not_yet = [NOT_YET[a] for a in architectures if a in NOT_YET]
@@ -270,7 +278,7 @@ def _shape_problem(ckpt: Checkpoint, name: str, shape: tuple[int, ...]) -> list[
     if info.shape != shape:
         return [
             Problem(
-                f"{info.file}: tensor '{name}'",
+                f"{info.file}: tensor '{info.name}'",
                 f"has shape {list(info.shape)}, the config implies {list(shape)}",
                 "fix config.json or re-export the draft",
             )
@@ -291,7 +299,7 @@ def _unexpected_tensor_problems(ckpt: Checkpoint, known: set[str]) -> list[Probl
         if layer in KEEP_UNQUANTIZED and name.endswith(SCALE_SUFFIXES):
             problems.append(
                 Problem(
-                    f"{ckpt.tensors[name].file}: tensor '{name}'",
+                    f"{ckpt.tensors[name].file}: tensor '{ckpt.tensors[name].name}'",
                     f"'{layer}' is stored quantized; vLLM builds it with the draft's "
                     "quantization config and runs it in FP8, where the recipe keeps it BF16",
                     "re-export from the BF16 draft (eaglequant export keeps fc and lm_head BF16)",
@@ -301,7 +309,7 @@ def _unexpected_tensor_problems(ckpt: Checkpoint, known: set[str]) -> list[Probl
             continue
         problems.append(
             Problem(
-                f"{ckpt.tensors[name].file}: tensor '{name}'",
+                f"{ckpt.tensors[name].file}: tensor '{ckpt.tensors[name].name}'",
                 "is not part of an EAGLE-3 Llama draft (vLLM would refuse to load it)",
                 "remove it or check the checkpoint's origin",
             )
@@ -325,7 +333,7 @@ def require_bf16_draft(ckpt: Checkpoint) -> DraftDims:
     if problems:
         raise InputError(str(problems[0]))
     already = quantized_tensors(ckpt)
-    if already or "quantization_config" in ckpt.config:
+    if already or "quantization_config" in ckpt.config | ckpt.stored_config:
         first = already[0] if already else "quantization_config"
         raise InputError(
             f"{ckpt.folder}: already quantized ('{first}'); export takes the BF16 draft — "

@@ -1,5 +1,8 @@
 """``eaglequant fix-config``: repair an exported FP8 draft's exclude list (the article's FAQ 1).
 
+A speculators-format draft's quantization config is also moved to where vLLM
+reads it (``transformer_layer_config``) when it sits at the top level.
+
 Rewrites ``quantization_config.exclude`` into regexes vLLM matches, either in
 place (config.json replaced atomically) or into a new folder whose weights are
 hard links (or byte copies) of the originals. A second run changes nothing.
@@ -18,6 +21,7 @@ from eaglequant.errors import InputError
 from eaglequant.exclusions import rewrite_exclude
 from eaglequant.io.checkpoint import CONFIG_FILE, read_checkpoint
 from eaglequant.io.output import atomic_output_dir, check_output_path
+from eaglequant.io.speculators import with_quantization_config
 from eaglequant.io.writer import FILE_MODE
 
 
@@ -36,7 +40,8 @@ def fix_config(src: Path, out: Path | None = None, overwrite: bool = False) -> F
     if out is not None:
         check_output_path(out, [src], overwrite)
     ckpt = read_checkpoint(src)
-    qcfg = ckpt.config.get("quantization_config")
+    # vLLM's view first; a speculators draft's ignored top-level copy is moved where vLLM reads
+    qcfg = ckpt.config.get("quantization_config") or ckpt.stored_config.get("quantization_config")
     if not isinstance(qcfg, dict) or not isinstance(qcfg.get("exclude", []), list):
         raise InputError(
             f"{src / CONFIG_FILE}: no quantization_config with an exclude list; "
@@ -44,19 +49,19 @@ def fix_config(src: Path, out: Path | None = None, overwrite: bool = False) -> F
         )
     before = [str(e) for e in qcfg.get("exclude") or []]
     after = rewrite_exclude(before)
-    config = dict(ckpt.config)
-    config["quantization_config"] = {**qcfg, "exclude": after}
+    config = with_quantization_config(ckpt.stored_config, {**qcfg, "exclude": after})
+    changed = config != ckpt.stored_config
     text = json.dumps(config, indent=2) + "\n"
     if out is None:
-        if before != after:
+        if changed:
             _replace_file(src / CONFIG_FILE, text)
-        return FixResult(before, after, src, before != after)
+        return FixResult(before, after, src, changed)
     with atomic_output_dir(out, overwrite) as temp:
         for path in sorted(src.iterdir()):
             if path.is_file() and path.name != CONFIG_FILE:
                 _link_or_copy(path, temp / path.name)
         _replace_file(temp / CONFIG_FILE, text)
-    return FixResult(before, after, out, before != after)
+    return FixResult(before, after, out, changed)
 
 
 def _replace_file(path: Path, text: str) -> None:

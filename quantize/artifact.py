@@ -40,8 +40,9 @@ def predicted_quantized(ckpt: Checkpoint, recipe: Recipe) -> list[TensorBlob]:
     :meth:`Artifact.finish` checks Quark's real output against it.
     """
     blobs = []
-    for name in MIDLAYER_LINEARS:
-        shape = ckpt.tensors[f"{name}.weight"].shape
+    for linear in MIDLAYER_LINEARS:
+        name = ckpt.stored_name(linear)
+        shape = ckpt.tensors[f"{linear}.weight"].shape
         per_channel = recipe.weight.granularity == "per_channel"
         blobs.append(TensorBlob(f"{name}.weight", "F8_E4M3", shape))
         blobs.append(TensorBlob(f"{name}.weight_scale", "F32", (shape[0],) if per_channel else ()))
@@ -86,8 +87,12 @@ class Artifact:
         self.writer.cancel()
 
     def finish(self, quantized: dict[str, torch.Tensor], config: dict[str, Any]) -> None:
-        """Drop Quark's tensors into their planned places (re-plan if Quark wrote others)."""
-        blobs = {name: blob_from_tensor(name, tensor) for name, tensor in quantized.items()}
+        """Drop Quark's tensors into their planned places (re-plan if Quark wrote others).
+
+        ``quantized`` is named in the EAGLE-3 layout; the folder keeps the input's format.
+        """
+        stored = {self.source.stored_name(name): tensor for name, tensor in quantized.items()}
+        blobs = {name: blob_from_tensor(name, tensor) for name, tensor in stored.items()}
         self.writer.wait()  # every pass-through copy and its NaN/Inf check, whichever way
         pending = [p.blob for f in self.layout.files for p in f.placements if p.blob.pending]
         if _signature(pending) == _signature(list(blobs.values())):
@@ -125,8 +130,11 @@ class Artifact:
         digests, byte_problems = readback(self.folder, self.layout, self.quantized)
         problems += byte_problems
         replaced = {f"{n}.weight" for n in MIDLAYER_LINEARS}
-        if set(reopened.tensors) != set(self.source.tensors) - replaced | set(self.quantized):
+        kept = {info.name for name, info in self.source.tensors.items() if name not in replaced}
+        if {info.name for info in reopened.tensors.values()} != kept | set(self.quantized):
             problems.append("the written tensor names differ from input + quantized tensors")
+        if reopened.speculators_format != self.source.speculators_format:
+            problems.append("the written config changed the draft's format")
         if problems:
             raise CheckFailed(
                 f"{self.folder}: the written output would be misread by vLLM: {problems[0]}"

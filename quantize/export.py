@@ -22,6 +22,7 @@ from eaglequant.errors import InputError
 from eaglequant.exclusions import rewrite_exclude
 from eaglequant.io.checkpoint import Checkpoint, read_checkpoint
 from eaglequant.io.output import atomic_output_dir, check_output_path
+from eaglequant.io.speculators import with_quantization_config
 from eaglequant.manifest import build_manifest
 from eaglequant.quantize.artifact import Artifact
 from eaglequant.quantize.sources import CalibrationSource
@@ -134,7 +135,7 @@ def export_draft(request: ExportRequest, progress: Progress = lambda _msg: None)
             with stage("write"):
                 artifact.finish(
                     quark.tensors,
-                    output_config(plan.ckpt.config, quark.quantization_config, recipe),
+                    output_config(plan.ckpt.stored_config, quark.quantization_config, recipe),
                 )
             with stage("verify"):
                 files = artifact.verify()
@@ -187,16 +188,15 @@ class _Stage:
 def output_config(
     source: dict[str, Any], quark_qcfg: dict[str, Any], recipe: Recipe
 ) -> dict[str, Any]:
-    """The input config plus Quark's quantization_config, exclusions as vLLM-matching regex."""
+    """The input config plus Quark's quantization_config where vLLM reads it for this format,
+    exclusions as vLLM-matching regex."""
     qcfg = dict(quark_qcfg)
     qcfg["exclude"] = rewrite_exclude(list(recipe.exclude))
     export = dict(qcfg.get("export") or {})
     if not isinstance(export.get("kv_cache_group"), list):
         export["kv_cache_group"] = []
     qcfg["export"] = export
-    config = dict(source)
-    config["quantization_config"] = qcfg
-    return config
+    return with_quantization_config(source, qcfg)
 
 
 def _calibration_record(

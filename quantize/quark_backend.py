@@ -195,9 +195,13 @@ def quantize_file_to_file(ckpt: Checkpoint, recipe: Recipe, scratch: Path) -> Qu
 
 
 def _stage_midlayer(ckpt: Checkpoint, folder: Path) -> None:
-    """A model folder holding only the midlayer's linear weights (and the config)."""
+    """A model folder holding only the midlayer's linear weights (and the flat config).
+
+    Named in the EAGLE-3 layout whatever the input's format: Quark's output is read by those names.
+    """
     folder.mkdir()
-    blobs = [blob_from_file(ckpt.tensors[f"{name}.weight"]) for name in MIDLAYER_LINEARS]
+    names = [f"{name}.weight" for name in MIDLAYER_LINEARS]
+    blobs = [blob_from_file(ckpt.tensors[name], name) for name in names]
     write_checkpoint_weights(folder, blobs, 10**15)
     write_text(folder / "config.json", json.dumps(ckpt.config))
 

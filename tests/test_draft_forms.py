@@ -56,11 +56,6 @@ def test_plain_llama_config_over_eagle3_tensors_exports_and_keeps_its_form(
             "is an MLA EAGLE-3 draft, which vLLM serves but eaglequant does not handle yet",
         ),
         (
-            {"speculators_model_type": "eagle3"},
-            "a speculators-format draft (speculators_model_type 'eagle3'); eaglequant does "
-            "not read this format yet",
-        ),
-        (
             {"norm_before_fc": True},
             "'norm_before_fc' is true: vLLM runs this forward variant and eaglequant's draft "
             "module does not implement it yet",

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from eaglequant.draft import dims_from_config, expected_shapes, optional_shapes
+from eaglequant.io import speculators
 from eaglequant.io.layout import TensorBlob, blob_from_tensor
 from eaglequant.io.writer import write_checkpoint_weights, write_text
 
@@ -60,8 +61,13 @@ def write_random_draft(
     seed: int = 0,
     max_shard_size: int = 5 * 10**9,
     with_embeddings: bool = True,
+    speculators_verifier: str | None = None,
 ) -> Path:
-    """Write a random BF16 draft for ``config`` into ``folder`` (created)."""
+    """Write a random BF16 draft for ``config`` into ``folder`` (created).
+
+    With ``speculators_verifier`` (the target's name or path) the folder is in the
+    speculators format, the same tensors under its names.
+    """
     import torch
 
     folder.mkdir(parents=True, exist_ok=True)
@@ -76,10 +82,13 @@ def write_random_draft(
         "t2d": vocab_mask(target_ids, dims.vocab),
     }
     blobs: list[TensorBlob] = []
+    in_speculators = speculators_verifier is not None
     for name, shape in sorted(shapes.items()):
         tensor = maps[name] if name in maps else _random_weight(shape, generator)
-        blobs.append(blob_from_tensor(name, tensor))
+        blobs.append(blob_from_tensor(speculators.stored_name(name, in_speculators), tensor))
     write_checkpoint_weights(folder, blobs, max_shard_size)
+    if speculators_verifier is not None:
+        config = speculators.from_flat_config(config, verifier=speculators_verifier)
     write_text(folder / "config.json", json.dumps(config, indent=2) + "\n")
     return folder
 

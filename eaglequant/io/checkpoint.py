@@ -9,11 +9,12 @@ name inside the folder.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from eaglequant.errors import InputError
+from eaglequant.io import speculators
 from eaglequant.io.safetensors_header import TensorInfo, read_header
 
 if TYPE_CHECKING:
@@ -27,13 +28,25 @@ PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".pkl", ".pickle", ".ckpt")
 
 @dataclass(frozen=True)
 class Checkpoint:
-    """A model folder whose config and safetensors headers were read and checked."""
+    """A model folder whose config and safetensors headers were read and checked.
+
+    ``config`` and the keys of ``tensors`` are the draft as vLLM sees it in the
+    EAGLE-3 layout (a speculators-format folder flattened, ``layers.0.*`` read as
+    ``midlayer.*``); ``stored_config`` and each ``TensorInfo.name`` are the
+    folder's own.
+    """
 
     folder: Path
     config: dict[str, Any]
     tensors: dict[str, TensorInfo]
     shard_files: tuple[str, ...]
     sharded: bool
+    stored_config: dict[str, Any] = field(default_factory=dict)
+    speculators_format: bool = False
+
+    def stored_name(self, name: str) -> str:
+        """The name tensor ``name`` (EAGLE-3 layout) has in folders of this format."""
+        return speculators.stored_name(name, self.speculators_format)
 
     @property
     def total_bytes(self) -> int:
@@ -45,7 +58,7 @@ class Checkpoint:
 
         info = self.tensors[name]
         with safe_open(str(info.file), framework="pt") as handle:
-            return handle.get_tensor(name)
+            return handle.get_tensor(info.name)
 
     def read_raw(self, name: str) -> bytes:
         """The tensor's bytes exactly as stored."""
@@ -79,14 +92,35 @@ def read_checkpoint(folder: Path | str) -> Checkpoint:
     config = read_config(folder)
     if (folder / INDEX_FILE).exists():
         tensors, shards = _read_sharded(folder)
-        return Checkpoint(folder, config, tensors, shards, sharded=True)
+        return _as_vllm_sees(Checkpoint(folder, config, tensors, shards, sharded=True))
     single = folder / SINGLE_FILE
     if single.exists():
         _check_inside(folder, SINGLE_FILE, single)
         _refuse_unindexed_shards(folder, {SINGLE_FILE})
-        return Checkpoint(folder, config, read_header(single).tensors, (SINGLE_FILE,), False)
+        tensors = read_header(single).tensors
+        return _as_vllm_sees(Checkpoint(folder, config, tensors, (SINGLE_FILE,), False))
     _refuse_missing_weights(folder)
     raise AssertionError("unreachable")
+
+
+def _as_vllm_sees(ckpt: Checkpoint) -> Checkpoint:
+    """The flat config and EAGLE-3 tensor names of a speculators-format folder.
+
+    A speculators config vLLM would refuse stays as stored (the draft checks report it).
+    """
+    stored = ckpt.config
+    if not speculators.is_speculators(stored) or speculators.structure_problem(stored):
+        return replace(ckpt, stored_config=stored)
+    tensors = {speculators.canonical_name(n, True): info for n, info in ckpt.tensors.items()}
+    if len(tensors) != len(ckpt.tensors):
+        raise InputError(
+            f"{ckpt.folder}: holds both midlayer.* and layers.0.* tensors; a speculators-format "
+            "draft names its decoder layer layers.0 only"
+        )
+    flat = speculators.flat_config(stored)
+    return replace(
+        ckpt, config=flat, tensors=tensors, stored_config=stored, speculators_format=True
+    )
 
 
 def _read_sharded(folder: Path) -> tuple[dict[str, TensorInfo], tuple[str, ...]]:

@@ -43,9 +43,9 @@ class TensorBlob:
         return self.data is None and self.source is None
 
 
-def blob_from_file(info: TensorInfo) -> TensorBlob:
-    """A tensor copied byte for byte from its input file."""
-    return TensorBlob(info.name, info.dtype, info.shape, source=info)
+def blob_from_file(info: TensorInfo, name: str | None = None) -> TensorBlob:
+    """A tensor copied byte for byte from its input file (stored as ``name`` if given)."""
+    return TensorBlob(name or info.name, info.dtype, info.shape, source=info)
 
 
 def blob_from_tensor(name: str, tensor: torch.Tensor) -> TensorBlob:

@@ -1,0 +1,153 @@
+"""The speculators draft format (vllm-project/speculators), read and written as vLLM does.
+
+A speculators config nests the decoder's Llama config under
+``transformer_layer_config`` and keeps the EAGLE-3 fields (``draft_vocab_size``,
+``norm_before_residual``, …) and ``speculators_config`` (proposal methods,
+verifier) at the top. vLLM (``transformers_utils/configs/speculators/``)
+flattens it: the layer config, plus the EAGLE-3 fields, ``norm_before_residual``
+defaulting to *true*, the architecture chosen by the layer config's
+``model_type``. Everything vLLM reads, ``quantization_config`` included, comes
+from that flat view; a top-level ``quantization_config`` is ignored by vLLM.
+Tensors are stored as ``layers.0.*`` where the EAGLE-3 layout has ``midlayer.*``.
+
+:func:`flat_config` gives vLLM's view, :func:`canonical_name` /
+:func:`stored_name` translate tensor names, :func:`with_quantization_config`
+writes a quantization config where vLLM reads it for the config's form.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+SPECULATORS_KEY = "speculators_config"
+LAYER_CONFIG = "transformer_layer_config"
+CANONICAL_PREFIX = "midlayer."
+STORED_PREFIX = "layers.0."
+# vLLM's update_eagle3: top-level fields copied into the flat config, with their defaults.
+EAGLE3_FIELDS = {
+    "norm_before_residual": True,
+    "norm_before_fc": False,
+    "fc_norm": False,
+    "norm_output": False,
+}
+EAGLE3_ARCHITECTURES = {"llama": "Eagle3LlamaForCausalLM", "qwen3": "Eagle3Qwen3ForCausalLM"}
+
+
+def is_speculators(config: dict[str, Any]) -> bool:
+    """Whether ``config`` is in the speculators format (vLLM's own test)."""
+    return config.get(SPECULATORS_KEY) is not None
+
+
+def structure_problem(config: dict[str, Any]) -> str | None:
+    """What vLLM would refuse in a speculators config's structure, or None."""
+    kind = config.get("speculators_model_type")
+    if kind != "eagle3":
+        return f"speculators_model_type is {kind!r}, not 'eagle3'"
+    if not _has_path(config, SPECULATORS_KEY, "proposal_methods", 0, "speculative_tokens") or (
+        not _has_path(config, SPECULATORS_KEY, "verifier", "name_or_path")
+    ):
+        return (
+            f"{SPECULATORS_KEY} lacks proposal_methods[0].speculative_tokens or "
+            "verifier.name_or_path, which vLLM requires"
+        )
+    if not isinstance(config.get(LAYER_CONFIG), dict):
+        return f"'{LAYER_CONFIG}' is missing or not an object"
+    model_type = config[LAYER_CONFIG].get("model_type", "llama")
+    if model_type not in EAGLE3_ARCHITECTURES:
+        return f"{LAYER_CONFIG}.model_type {model_type!r} is not one vLLM serves as EAGLE-3"
+    return None
+
+
+def _has_path(node: Any, *keys: str | int) -> bool:
+    for key in keys:
+        try:
+            node = node[key]
+        except (KeyError, IndexError, TypeError):
+            return False
+    return True
+
+
+def flat_config(config: dict[str, Any]) -> dict[str, Any]:
+    """The config as vLLM sees it: a speculators config flattened, any other as it is.
+
+    Call only on a config without :func:`structure_problem`.
+    """
+    if not is_speculators(config):
+        return config
+    flat = dict(config[LAYER_CONFIG])
+    flat["draft_vocab_size"] = config.get("draft_vocab_size")
+    if config.get("target_hidden_size") is not None:
+        flat["target_hidden_size"] = config["target_hidden_size"]
+    for key, default in EAGLE3_FIELDS.items():
+        flat[key] = config.get(key, default)
+    flat["architectures"] = [EAGLE3_ARCHITECTURES[flat.get("model_type", "llama")]]
+    if config.get("eagle_aux_hidden_state_layer_ids"):
+        flat["eagle_aux_hidden_state_layer_ids"] = config["eagle_aux_hidden_state_layer_ids"]
+    return flat
+
+
+def canonical_name(stored: str, speculators: bool) -> str:
+    """A stored tensor name in the EAGLE-3 layout (``layers.0.x`` -> ``midlayer.x``)."""
+    if speculators and stored.startswith(STORED_PREFIX):
+        return CANONICAL_PREFIX + stored.removeprefix(STORED_PREFIX)
+    return stored
+
+
+def stored_name(canonical: str, speculators: bool) -> str:
+    """The name an EAGLE-3-layout tensor has in a folder of this format."""
+    if speculators and canonical.startswith(CANONICAL_PREFIX):
+        return STORED_PREFIX + canonical.removeprefix(CANONICAL_PREFIX)
+    return canonical
+
+
+def quantization_config(config: dict[str, Any]) -> Any:
+    """The quantization config vLLM reads from ``config`` (None when it reads none)."""
+    return flat_config(config).get("quantization_config")
+
+
+def with_quantization_config(config: dict[str, Any], qcfg: dict[str, Any]) -> dict[str, Any]:
+    """``config`` with ``qcfg`` where vLLM reads it (in the layer config of a speculators draft).
+
+    A top-level copy in a speculators config, which vLLM would ignore, is dropped.
+    """
+    config = dict(config)
+    if not is_speculators(config):
+        config["quantization_config"] = qcfg
+        return config
+    config.pop("quantization_config", None)
+    config[LAYER_CONFIG] = {**config[LAYER_CONFIG], "quantization_config": qcfg}
+    return config
+
+
+def from_flat_config(
+    flat: dict[str, Any], *, verifier: str, speculative_tokens: int = 3
+) -> dict[str, Any]:
+    """A speculators-format config holding the EAGLE-3 draft described by ``flat``.
+
+    Laid out as vllm-project/speculators writes Eagle3SpeculatorConfig: the EAGLE-3
+    fields at the top (``norm_before_residual`` always written: vLLM's default for
+    an absent one is true), the decoder's Llama config under
+    ``transformer_layer_config``, ``verifier`` naming the target model.
+    """
+    top_keys = ("draft_vocab_size", "target_hidden_size", "eagle_aux_hidden_state_layer_ids")
+    top = {k: flat[k] for k in top_keys if flat.get(k) is not None}
+    top |= {k: bool(flat.get(k, False)) for k in EAGLE3_FIELDS}
+    layer = {
+        k: v
+        for k, v in flat.items()
+        if k not in top and k not in ("architectures", "quantization_config")
+    }
+    return {
+        "architectures": ["Eagle3Speculator"],
+        "speculators_model_type": "eagle3",
+        **top,
+        LAYER_CONFIG: {**layer, "architectures": ["LlamaForCausalLM"]},
+        SPECULATORS_KEY: {
+            "algorithm": "eagle3",
+            "default_proposal_method": "greedy",
+            "proposal_methods": [
+                {"proposal_type": "greedy", "speculative_tokens": speculative_tokens}
+            ],
+            "verifier": {"name_or_path": verifier, "architectures": ["LlamaForCausalLM"]},
+        },
+    }

@@ -1,0 +1,207 @@
+"""The speculators draft format: read as vLLM reads it, exported in the same format.
+
+Drafts are made in code: the same tensors written in the EAGLE-3 layout and in the
+speculators layout (``layers.0.*``, nested config), so every difference between
+the two exports is the format's and nothing else.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from click.testing import CliRunner
+
+from eaglequant.cli import main
+from eaglequant.devtools.synthetic import draft_config, write_random_draft
+from eaglequant.draft import MIDLAYER_LINEARS
+from eaglequant.io import speculators
+from eaglequant.io.checkpoint import read_checkpoint
+from eaglequant.io.layout import blob_from_file
+from eaglequant.io.writer import write_checkpoint_weights
+from tests.conftest import edit_config, tree_digest
+
+
+def _invoke(args: list[str]) -> tuple[int, str]:
+    result = CliRunner().invoke(main, args)
+    return result.exit_code, result.output
+
+
+def as_speculators(src: Path, dst: Path, verifier: str, **top: Any) -> Path:
+    """``src`` (EAGLE-3 layout) rewritten in the speculators format, the same tensor bytes."""
+    ckpt = read_checkpoint(src)
+    blobs = [
+        blob_from_file(info, speculators.stored_name(n, True)) for n, info in ckpt.tensors.items()
+    ]
+    dst.mkdir(parents=True)
+    write_checkpoint_weights(dst, blobs, 10**12)
+    config = speculators.from_flat_config(ckpt.config, verifier=verifier) | top
+    (dst / "config.json").write_text(json.dumps(config, indent=2))
+    return dst
+
+
+VARIANTS = [
+    {},
+    {"norm_before_residual": None},  # absent: vLLM takes true
+    {"norm_output": True, "target_hidden_size": 96},
+    {"eagle_aux_hidden_state_layer_ids": None},
+]
+
+
+@pytest.mark.parametrize("change", VARIANTS)
+def test_flat_config_is_the_one_vllm_builds(tmp_path: Path, change: dict[str, Any]) -> None:
+    from vllm.transformers_utils.configs.speculators.base import SpeculatorsConfig
+
+    folder = write_random_draft(tmp_path / "s", draft_config(), speculators_verifier="t")
+    edit_config(folder, **change)
+    stored = json.loads((folder / "config.json").read_text())
+    theirs = SpeculatorsConfig.extract_transformers_pre_trained_config(copy.deepcopy(stored))
+    assert read_checkpoint(folder).config == theirs
+    assert speculators.flat_config(stored) == theirs
+
+
+def test_qwen3_layer_config_maps_to_vllms_qwen3_draft_and_is_refused(tmp_path: Path) -> None:
+    folder = write_random_draft(tmp_path / "s", draft_config(), speculators_verifier="t")
+    stored = json.loads((folder / "config.json").read_text())
+    stored["transformer_layer_config"]["model_type"] = "qwen3"
+    (folder / "config.json").write_text(json.dumps(stored))
+    assert read_checkpoint(folder).config["architectures"] == ["Eagle3Qwen3ForCausalLM"]
+    code, output = _invoke(["export", str(folder), str(tmp_path / "o"), "--calib", "none"])
+    assert code == 2 and "is a Qwen3 EAGLE-3 draft" in output, output
+
+
+def test_inspect_names_the_form_and_the_stored_tensor_names(tmp_path: Path) -> None:
+    folder = write_random_draft(tmp_path / "s", draft_config(), speculators_verifier="t")
+    edit_config(folder, norm_before_residual=True)
+    code, output = _invoke(["inspect", str(folder), "--json"])
+    assert code == 0, output
+    report = json.loads(output)
+    assert report["form"] == "speculators format, EAGLE-3 Llama (norm_before_residual)"
+    assert report["architectures"] == ["Eagle3LlamaForCausalLM"]
+    names = {n for fate in report["fates"] for n in fate["checkpoint_names"]}
+    assert "layers.0.self_attn.q_proj" in names and not any("midlayer" in n for n in names)
+    assert report["problems"] == []
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        (
+            {"speculators_model_type": "dflash"},
+            "a speculators-format config vLLM would refuse: speculators_model_type is 'dflash', "
+            "not 'eagle3'",
+        ),
+        (
+            {"speculators_config": {"algorithm": "eagle3"}},
+            "speculators_config lacks proposal_methods[0].speculative_tokens or "
+            "verifier.name_or_path, which vLLM requires",
+        ),
+        ({"transformer_layer_config": None}, "'transformer_layer_config' is missing"),
+    ],
+)
+def test_a_speculators_config_vllm_would_refuse_is_refused(
+    tmp_path: Path, change: dict[str, Any], message: str
+) -> None:
+    folder = write_random_draft(tmp_path / "s", draft_config(), speculators_verifier="t")
+    edit_config(folder, **change)
+    before = tree_digest(folder)
+    code, output = _invoke(["export", str(folder), str(tmp_path / "o"), "--calib", "none"])
+    assert code == 2 and output.startswith(f"error: {folder / 'config.json'}: "), output
+    assert message in output and len(output.strip().splitlines()) == 1, output
+    assert tree_digest(folder) == before and not (tmp_path / "o").exists()
+
+
+def test_a_folder_with_both_layouts_is_refused(tmp_path: Path) -> None:
+    folder = write_random_draft(tmp_path / "s", draft_config(), speculators_verifier="t")
+    ckpt = read_checkpoint(folder)
+    up = ckpt.tensors["midlayer.mlp.up_proj.weight"]
+    blobs = [blob_from_file(info) for info in ckpt.tensors.values()]
+    both = tmp_path / "both"
+    both.mkdir()
+    write_checkpoint_weights(
+        both, [*blobs, blob_from_file(up, "midlayer.mlp.up_proj.weight")], 10**12
+    )
+    (both / "config.json").write_text((folder / "config.json").read_text())
+    code, output = _invoke(["inspect", str(both)])
+    assert code == 2, output
+    assert output == (
+        f"error: {both}: holds both midlayer.* and layers.0.* tensors; a speculators-format "
+        "draft names its decoder layer layers.0 only\n"
+    )
+
+
+@pytest.mark.slow
+def test_export_keeps_the_speculators_format_and_quantizes_identically(
+    pair: dict[str, Path], tmp_path: Path
+) -> None:
+    """Same tensors in both layouts, same calibration: byte-identical FP8 tensors and scales;
+    the speculators output keeps its config, with the quantization config where vLLM reads it."""
+    spec = as_speculators(
+        pair["draft"], tmp_path / "spec", "org/target", norm_before_residual=False
+    )
+    capture = tmp_path / "capture"
+    args = ["--target", str(pair["target"]), "--data", str(pair["data"]), "--draft", str(spec)]
+    args += ["--engine", "transformers", "--samples", "8", "--seq-len", "48"]
+    code, output = _invoke(["capture", *args, str(capture)])
+    assert code == 0, output
+    before = tree_digest(spec)
+    outs = {}
+    for name, src in (("eagle3", pair["draft"]), ("spec", spec)):
+        outs[name] = tmp_path / f"fp8-{name}"
+        args = ["export", str(src), str(outs[name]), "--calib-hidden-states", str(capture)]
+        code, output = _invoke([*args, "--calib-samples", "6"])
+        assert code == 0, output
+    assert tree_digest(spec) == before
+    plain, written = read_checkpoint(outs["eagle3"]), read_checkpoint(outs["spec"])
+    source = read_checkpoint(spec)
+    assert written.speculators_format
+    for name in plain.tensors:
+        assert written.tensors[name].name == speculators.stored_name(name, True)
+        assert written.read_raw(name) == plain.read_raw(name), name
+    for name in source.tensors:
+        if name.removesuffix(".weight") not in MIDLAYER_LINEARS:
+            assert written.read_raw(name) == source.read_raw(name), name
+    stored_in = json.loads((spec / "config.json").read_text())
+    stored_out = json.loads((outs["spec"] / "config.json").read_text())
+    qcfg = stored_out["transformer_layer_config"].pop("quantization_config")
+    assert stored_out == stored_in  # speculators_config and every other key intact
+    assert qcfg["exclude"] == ["re:.*fc.*", "re:.*lm_head.*"]
+    plain_qcfg = json.loads((outs["eagle3"] / "config.json").read_text())["quantization_config"]
+    assert qcfg == plain_qcfg
+    code, output = _invoke(["inspect", str(outs["spec"]), "--target-layers", "4"])
+    assert code == 0 and "no problems found" in output, output
+
+
+@pytest.mark.slow
+def test_fix_config_moves_an_ignored_top_level_quantization_config(
+    tmp_path: Path,
+) -> None:
+    src = write_random_draft(tmp_path / "s", draft_config(), speculators_verifier="t")
+    out = tmp_path / "fp8"
+    code, output = _invoke(["export", str(src), str(out), "--calib", "none"])
+    assert code == 0, output
+    stored = json.loads((out / "config.json").read_text())
+    stored["quantization_config"] = stored["transformer_layer_config"].pop("quantization_config")
+    stored["quantization_config"]["exclude"] = ["fc", "lm_head"]
+    (out / "config.json").write_text(json.dumps(stored))
+    code, output = _invoke(["inspect", str(out)])
+    assert code == 1, output
+    assert (
+        "a top-level quantization_config in a speculators-format draft is ignored by vLLM "
+        "(it reads transformer_layer_config.quantization_config); move it there: "
+        "`eaglequant fix-config` does" in " ".join(output.split())
+    ), output
+    assert "form: speculators format, EAGLE-3 Llama" in output
+    code, output = _invoke(["fix-config", str(out)])
+    assert code == 0, output
+    fixed = json.loads((out / "config.json").read_text())
+    assert "quantization_config" not in fixed
+    assert fixed["transformer_layer_config"]["quantization_config"]["exclude"] == [
+        "re:.*fc.*",
+        "re:.*lm_head.*",
+    ]
+    code, output = _invoke(["inspect", str(out)])
+    assert code == 0 and "no problems found" in output, output
