@@ -33,8 +33,7 @@ NOT_YET = {
 }
 # Forward variants of vLLM's llama_eagle3.py: implemented by the torch module, or refused
 # (calibrating with other math than vLLM runs would give scales for another network).
-VARIANTS = ("norm_before_residual", "norm_output")
-UNSUPPORTED_VARIANTS = ("norm_before_fc", "fc_norm")
+VARIANTS = ("norm_before_residual", "norm_output", "norm_before_fc", "fc_norm")
 ATTENTION_PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj")
 MLP_PROJECTIONS = ("gate_proj", "up_proj", "down_proj")
 MIDLAYER_LINEARS = tuple(f"midlayer.self_attn.{p}" for p in ATTENTION_PROJECTIONS) + tuple(
@@ -70,6 +69,8 @@ class DraftDims:
     rope_theta: float
     norm_before_residual: bool = False  # hidden_norm's output is also the residual
     norm_output: bool = False  # the next step takes the normed, not the pre-norm, output
+    norm_before_fc: bool = False  # one RMSNorm (input_norm) over fc's whole input
+    fc_norm: bool = False  # one RMSNorm (fc_norm.i) per auxiliary state before fc
 
     @property
     def fc_in(self) -> int:
@@ -112,6 +113,8 @@ def dims_from_config(config: dict[str, Any], where: str = "config.json") -> Draf
         rope_theta=float(rope_theta),
         norm_before_residual=bool(config.get("norm_before_residual", False)),
         norm_output=bool(config.get("norm_output", False)),
+        norm_before_fc=variant_flag(config, "norm_before_fc"),
+        fc_norm=bool(config.get("fc_norm", False)),
     )
 
 
@@ -160,6 +163,16 @@ def expected_shapes(dims: DraftDims) -> dict[str, tuple[int, ...]]:
         "fc.weight": (h, dims.fc_in),
         "lm_head.weight": (dims.draft_vocab, h),
     }
+    return shapes | variant_shapes(dims)
+
+
+def variant_shapes(dims: DraftDims) -> dict[str, tuple[int, ...]]:
+    """The norms the forward variants add (required when their flag is on)."""
+    shapes: dict[str, tuple[int, ...]] = {}
+    if dims.norm_before_fc:
+        shapes["input_norm.weight"] = (dims.fc_in,)
+    if dims.fc_norm:
+        shapes |= {f"fc_norm.{i}.weight": (dims.target_hidden,) for i in range(dims.num_aux)}
     return shapes
 
 
@@ -261,16 +274,7 @@ def _architecture_problems(config: dict[str, Any], tensors: set[str], where: str
                 "pass a single-layer EAGLE-3 draft",
             )
         ]
-    return [
-        Problem(
-            where,
-            f"'{key}' is true: vLLM runs this forward variant and eaglequant's draft module does "
-            "not implement it yet, so calibration would describe another network",
-            f"quantize it with another tool, or retrain without {key}",
-        )
-        for key in UNSUPPORTED_VARIANTS
-        if variant_flag(config, key)
-    ]
+    return []
 
 
 def _shape_problem(ckpt: Checkpoint, name: str, shape: tuple[int, ...]) -> list[Problem]:

@@ -9,11 +9,16 @@ import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
 
 from eaglequant.devtools.synthetic import draft_config, write_random_draft
+from eaglequant.io import speculators
+from eaglequant.io.checkpoint import read_checkpoint
+from eaglequant.io.layout import blob_from_file
+from eaglequant.io.writer import write_checkpoint_weights
 
 REPO = Path(__file__).resolve().parent.parent
 TOY = REPO / "examples" / "toy"
@@ -142,3 +147,16 @@ def no_vllm_kernels_in_the_test_process() -> Iterator[None]:
 
 
 PYTHON = sys.executable
+
+
+def as_speculators(src: Path, dst: Path, verifier: str, **top: Any) -> Path:
+    """``src`` (EAGLE-3 layout) rewritten in the speculators format, the same tensor bytes."""
+    ckpt = read_checkpoint(src)
+    blobs = [
+        blob_from_file(info, speculators.stored_name(n, True)) for n, info in ckpt.tensors.items()
+    ]
+    dst.mkdir(parents=True)
+    write_checkpoint_weights(dst, blobs, 10**12)
+    config = speculators.from_flat_config(ckpt.config, verifier=verifier) | top
+    (dst / "config.json").write_text(json.dumps(config, indent=2))
+    return dst

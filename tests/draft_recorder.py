@@ -4,7 +4,8 @@ Run as ``python -m tests.draft_recorder SPEC OUT`` (from the repository root). S
 is a JSON file with the target, the draft, one prompt and k. The engine runs in
 float32 (the draft inherits the target's dtype), so vLLM's drafter and the
 project's module can be compared to float32 rounding. A worker extension hooks
-the drafter: the input of ``fc`` (the target's auxiliary states) and, for each of
+the drafter: the auxiliary states its proposer combines (the input of
+``combine_hidden_states``: before any fc-input norm and ``fc``) and, for each of
 the first ``calls`` drafter forwards, its ``input_ids``, ``positions``, the
 fused hidden states it took, and what it returned (the normed output and the
 state the next step takes). OUT is a safetensors file of those tensors.
@@ -28,9 +29,12 @@ class DraftRecorder:
         records: dict[str, Any] = {}
         self._eaglequant_records = records
 
-        def on_fc(_module: Any, args: tuple[Any, ...], _output: Any) -> None:
+        combine = drafter.combine_hidden_states
+
+        def on_combine(hidden_states: Any) -> Any:  # before input_norm / fc_norm, then fc
             if "fc_input.0" not in records:
-                records["fc_input.0"] = args[0].detach().float().cpu().clone()
+                records["fc_input.0"] = hidden_states.detach().float().cpu().clone()
+            return combine(hidden_states)
 
         def on_model(_module: Any, _args: Any, kwargs: dict[str, Any], output: Any) -> None:
             call = sum(1 for k in records if k.endswith(".input_ids"))
@@ -42,7 +46,7 @@ class DraftRecorder:
             records[f"call{call}.last"] = last.detach().float().cpu().clone()
             records[f"call{call}.state"] = state.detach().float().cpu().clone()
 
-        drafter.model.fc.register_forward_hook(on_fc)
+        drafter.combine_hidden_states = on_combine
         drafter.register_forward_hook(on_model, with_kwargs=True)
 
     def eaglequant_records(self) -> dict[str, Any]:

@@ -20,12 +20,13 @@ from pathlib import Path
 
 import pytest
 import torch
-from safetensors.torch import load_file
+from safetensors.torch import load_file, save_file
 
 from eaglequant.devtools.synthetic import write_random_draft
+from eaglequant.draft import dims_from_config, variant_shapes
 from eaglequant.io.checkpoint import read_checkpoint
 from eaglequant.model.load import load_draft_module
-from tests.conftest import PYTHON, REPO, TOY, edit_config, run_child
+from tests.conftest import PYTHON, REPO, TOY, as_speculators, edit_config, run_child
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 TOLERANCE = 1e-4
@@ -40,6 +41,16 @@ def _record(draft: Path, tmp_path: Path) -> dict[str, torch.Tensor]:
     out = tmp_path / "records.safetensors"
     run_child([PYTHON, "-m", "tests.draft_recorder", str(spec), str(out)], cwd=REPO)
     return load_file(str(out))
+
+
+def _add_variant_norms(draft: Path) -> None:
+    """The norm tensors the config's fc-input variants need, with weights far from 1."""
+    dims = dims_from_config(read_checkpoint(draft).config)
+    path = draft / "model.safetensors"
+    tensors = load_file(str(path))
+    for i, (name, shape) in enumerate(sorted(variant_shapes(dims).items())):
+        tensors[name] = (torch.linspace(0.25, 2.0, shape[0]) + 0.1 * i).to(torch.bfloat16)
+    save_file(tensors, str(path), metadata={"format": "pt"})
 
 
 def _relative(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -61,7 +72,7 @@ def _module_outputs(draft: Path, records: dict[str, torch.Tensor], **flags: bool
     same_token = int(records["call1.input_ids"][0]) == int(model.draft_to_target(first.top1)[0, -1])
     state = model.norm if model.dims.norm_output else (lambda prenorm: prenorm)
     diffs = [
-        _relative(model.fc(aux[:length]), records["call0.hidden_states"][:length]),
+        _relative(model.fc(model.fc_input(aux[:length])), records["call0.hidden_states"][:length]),
         _relative(state(first.prenorm[0]), records["call0.state"][:length]),
         _relative(model.norm(first.prenorm[0]), records["call0.last"][:length]),
         _relative(model.norm(second.prenorm[0, -1:]), records["call1.last"][:1]),
@@ -76,7 +87,12 @@ def _module_outputs(draft: Path, records: dict[str, torch.Tensor], **flags: bool
         ("eagle3-llama", {}),
         ("eagle3-llama", {"norm_before_residual": True}),
         ("eagle3-llama", {"norm_output": True}),
+        ("eagle3-llama", {"norm_before_fc": True}),
+        ("eagle3-llama", {"fc_norm": True}),
         ("plain-llama", {}),
+        # norm_before_residual absent from a speculators config: vLLM takes it as true
+        ("speculators", {"norm_before_residual": True}),
+        ("speculators", {"norm_output": True}),
     ],
 )
 def test_module_equals_vllms_drafter(tmp_path: Path, form: str, flags: dict[str, bool]) -> None:
@@ -84,14 +100,22 @@ def test_module_equals_vllms_drafter(tmp_path: Path, form: str, flags: dict[str,
     if form == "plain-llama":
         config = json.loads((TOY / "draft" / "config.json").read_text())
         write_random_draft(draft, config | {"architectures": ["LlamaForCausalLM"]}, seed=5)
+    elif form == "speculators":
+        as_speculators(TOY / "draft", draft, str(TOY / "target"))
+        edit_config(draft, **flags | {"norm_before_residual": None})
     else:
         shutil.copytree(TOY / "draft", draft)
         edit_config(draft, **flags)
+        _add_variant_norms(draft)
     records = _record(draft, tmp_path)
     diffs = _module_outputs(draft, records)
     assert max(diffs) <= TOLERANCE, diffs
-    for flag in ("norm_before_residual", "norm_output"):
-        flipped = _module_outputs(draft, records, **{flag: not flags.get(flag, False)})
+    as_read = read_checkpoint(draft).config
+    assert all(as_read[flag] == value for flag, value in flags.items())  # vLLM's reading
+    # the fc-input norms flip only off: their tensors exist only when they are on
+    flippable = ["norm_before_residual", "norm_output", *(f for f in flags if "fc" in f)]
+    for flag in flippable:
+        flipped = _module_outputs(draft, records, **{flag: not as_read.get(flag, False)})
         assert max(flipped) > 100 * TOLERANCE, (flag, flipped)
 
 

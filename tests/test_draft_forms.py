@@ -55,15 +55,6 @@ def test_plain_llama_config_over_eagle3_tensors_exports_and_keeps_its_form(
             {"architectures": ["Eagle3DeepseekV3ForCausalLM"]},
             "is an MLA EAGLE-3 draft, which vLLM serves but eaglequant does not handle yet",
         ),
-        (
-            {"norm_before_fc": True},
-            "'norm_before_fc' is true: vLLM runs this forward variant and eaglequant's draft "
-            "module does not implement it yet",
-        ),
-        (
-            {"fc_norm": True},
-            "'fc_norm' is true: vLLM runs this forward variant",
-        ),
         ({"architectures": ["MistralForCausalLM"]}, "is not an EAGLE-3 Llama draft"),
     ],
 )
@@ -76,6 +67,18 @@ def test_forms_vllm_serves_but_the_tool_does_not_are_refused_by_name(
     assert code == 2 and output.startswith("error: ") and message in output, output
     assert len(output.strip().splitlines()) == 1
     assert tree_digest(tiny_draft) == before and not (tmp_path / "o").exists()
+
+
+@pytest.mark.parametrize(
+    ("flag", "tensor"), [("norm_before_fc", "input_norm.weight"), ("fc_norm", "fc_norm.0.weight")]
+)
+def test_a_variant_without_its_norm_tensor_is_refused(
+    tiny_draft: Path, tmp_path: Path, flag: str, tensor: str
+) -> None:
+    edit_config(tiny_draft, **{flag: True})
+    code, output = _invoke(["export", str(tiny_draft), str(tmp_path / "o"), "--calib", "none"])
+    assert code == 2, output
+    assert output == f"error: {tiny_draft}: tensor '{tensor}' is missing; re-export the draft\n"
 
 
 def test_a_plain_llama_config_without_eagle3_tensors_is_not_a_draft(tmp_path: Path) -> None:
@@ -125,6 +128,34 @@ def test_norm_before_residual_is_vllms_formula(tiny_draft: Path) -> None:
     residual = normed + layer.self_attn.attend(q, k, v, causal)
     expected = residual + layer.mlp(layer.post_attention_layernorm(residual))
     torch.testing.assert_close(got, expected)
+
+
+@pytest.mark.parametrize("flag", ["norm_before_fc", "fc_norm"])
+def test_fc_input_norms_are_vllms_formula(tmp_path: Path, flag: str) -> None:
+    """norm_before_fc: one RMSNorm over fc's whole input; fc_norm: one per auxiliary state
+    (vLLM's combine_hidden_states); step 0's fused state is fc of the normed input."""
+    draft = write_random_draft(tmp_path / "d", draft_config(**{flag: True}), seed=2)
+    model = load_draft_module(read_checkpoint(draft)).float()
+    generator = torch.Generator().manual_seed(3)
+    aux = torch.randn(2, 4, model.dims.fc_in, generator=generator) * 5
+    norms = [model.input_norm] if flag == "norm_before_fc" else list(model.fc_norm or [])
+    with torch.no_grad():
+        for i, norm in enumerate(norms):
+            assert norm is not None
+            norm.weight.copy_(torch.linspace(0.5, 1.5, norm.weight.numel()) + i)
+    chunks = aux.chunk(len(norms), -1)
+    expected = torch.cat(
+        [
+            c * torch.rsqrt(c.pow(2).mean(-1, keepdim=True) + 1e-5) * n.weight
+            for c, n in zip(chunks, norms, strict=True)
+        ],
+        -1,
+    )
+    torch.testing.assert_close(model.fc_input(aux), expected)
+    ids = torch.randint(0, model.dims.vocab, (2, 4), generator=generator)
+    with_norm = model.unroll(aux, ids, 1)[0].prenorm
+    setattr(model, "input_norm" if flag == "norm_before_fc" else "fc_norm", None)
+    assert not torch.allclose(with_norm, model.unroll(aux, ids, 1)[0].prenorm)
 
 
 def test_a_quantized_fc_is_a_problem_vllm_would_load(tiny_draft: Path, tmp_path: Path) -> None:

@@ -22,25 +22,12 @@ from eaglequant.io import speculators
 from eaglequant.io.checkpoint import read_checkpoint
 from eaglequant.io.layout import blob_from_file
 from eaglequant.io.writer import write_checkpoint_weights
-from tests.conftest import edit_config, tree_digest
+from tests.conftest import TOY, as_speculators, edit_config, tree_digest
 
 
 def _invoke(args: list[str]) -> tuple[int, str]:
     result = CliRunner().invoke(main, args)
     return result.exit_code, result.output
-
-
-def as_speculators(src: Path, dst: Path, verifier: str, **top: Any) -> Path:
-    """``src`` (EAGLE-3 layout) rewritten in the speculators format, the same tensor bytes."""
-    ckpt = read_checkpoint(src)
-    blobs = [
-        blob_from_file(info, speculators.stored_name(n, True)) for n, info in ckpt.tensors.items()
-    ]
-    dst.mkdir(parents=True)
-    write_checkpoint_weights(dst, blobs, 10**12)
-    config = speculators.from_flat_config(ckpt.config, verifier=verifier) | top
-    (dst / "config.json").write_text(json.dumps(config, indent=2))
-    return dst
 
 
 VARIANTS = [
@@ -205,3 +192,33 @@ def test_fix_config_moves_an_ignored_top_level_quantization_config(
     ]
     code, output = _invoke(["inspect", str(out)])
     assert code == 0 and "no problems found" in output, output
+
+
+@pytest.mark.vllm
+@pytest.mark.slow
+def test_trained_speculators_draft_with_norm_before_residual_validates(tmp_path: Path) -> None:
+    """The committed toy draft trained with norm_before_residual, in the speculators format:
+    exported (format kept), then every validate check in real vLLM against its BF16 self."""
+    from eaglequant.validate.validate import ValidateRequest, read_prompts, validate
+
+    bf16 = TOY / "draft-speculators"
+    assert read_checkpoint(bf16).config["norm_before_residual"]
+    out = tmp_path / "fp8"
+    args = ["export", str(bf16), str(out), "--calib-target", str(TOY / "target")]
+    code, output = _invoke([*args, "--calib-data", str(TOY / "calibration.jsonl")])
+    assert code == 0, output
+    assert read_checkpoint(out).speculators_format
+    request = ValidateRequest(
+        target=TOY / "target",
+        draft=out,
+        baseline=bf16,
+        prompts=read_prompts(TOY / "prompts.jsonl")[:8],
+        max_tokens=32,
+        engine_timeout_s=300,
+        lossless="strict",
+    )
+    report = validate(request)
+    assert report.passed, [(c.name, c.detail) for c in report.checks]
+    bf16_length = report.engines["bf16"]["acceptance"]["mean_length"]
+    fp8_length = report.engines["fp8"]["acceptance"]["mean_length"]
+    assert bf16_length > 1.5 and fp8_length >= 0.98 * bf16_length

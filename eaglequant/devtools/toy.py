@@ -44,6 +44,7 @@ class ToySettings:
     draft_steps: int = 3
     threads: int = 2
     prompts: int = 32
+    norm_before_residual: bool = False  # the draft's forward variant (vLLM's llama_eagle3)
 
 
 def corpus_files(held_out: bool) -> list[Path]:
@@ -195,6 +196,7 @@ def build_draft(target: Any, draft_ids: Any, settings: ToySettings) -> Any:
         aux_layer_ids=AUX_LAYER_IDS,
         target_hidden_size=settings.hidden,
         max_position_embeddings=2048,
+        norm_before_residual=settings.norm_before_residual,
     )
     torch.manual_seed(settings.seed + 1)
     draft = Eagle3Draft(LlamaConfig(**config))
@@ -307,6 +309,60 @@ def make_pair(out: Path, settings: ToySettings, log: Any = print) -> dict[str, A
     return summary
 
 
+def make_draft(
+    out: Path, target_dir: Path, settings: ToySettings, *, verifier: str | None, log: Any = print
+) -> dict[str, Any]:
+    """Train only a draft, for the toy target already in ``target_dir``, into ``out``.
+
+    The same recipe as :func:`make_pair`'s draft (corpus, tokenizer of the target,
+    steps, unrolling); with ``verifier`` (how the draft's config names its target)
+    the draft is written in the speculators format.
+    """
+    import torch
+    from transformers import AutoTokenizer, LlamaForCausalLM
+
+    torch.set_num_threads(settings.threads)
+    torch.manual_seed(settings.seed)
+    started = time.monotonic()
+    target = LlamaForCausalLM.from_pretrained(target_dir, dtype=torch.float32).eval()
+    tokenizer = AutoTokenizer.from_pretrained(target_dir)
+    tokens = token_stream(tokenizer, corpus_files(held_out=False))
+    draft, config, loss = train_draft(target, tokens, settings, log)
+    _save_draft(out, draft, config, verifier)
+    summary = {
+        "target": str(target_dir),
+        "draft_loss": round(loss, 4),
+        "seconds": round(time.monotonic() - started, 1),
+        "settings": settings.__dict__,
+    }
+    (out / "make_draft.json").write_text(json.dumps(summary, indent=2) + "\n")
+    return summary
+
+
+def _save_draft(
+    folder: Path, draft: Any, config: dict[str, Any], verifier: str | None = None
+) -> None:
+    """The trained draft in BF16: EAGLE-3 layout, or the speculators format with ``verifier``."""
+    import torch
+
+    from eaglequant.io import speculators
+    from eaglequant.io.layout import blob_from_tensor
+    from eaglequant.io.writer import write_checkpoint_weights, write_text
+
+    folder.mkdir(parents=True, exist_ok=True)
+    blobs = [
+        blob_from_tensor(
+            speculators.stored_name(name, verifier is not None),
+            t.to(torch.bfloat16) if t.is_floating_point() else t,
+        )
+        for name, t in sorted(draft.state_dict().items())
+    ]
+    write_checkpoint_weights(folder, blobs, 5 * 10**9)
+    if verifier is not None:
+        config = speculators.from_flat_config(config, verifier=verifier)
+    write_text(folder / "config.json", json.dumps(config, indent=2) + "\n")
+
+
 def _save_pair(
     out: Path,
     target: Any,
@@ -317,20 +373,11 @@ def _save_pair(
 ) -> None:
     import torch
 
-    from eaglequant.io.layout import blob_from_tensor
-    from eaglequant.io.writer import write_checkpoint_weights, write_text
+    from eaglequant.io.writer import write_text
 
-    target_dir, draft_dir = out / "target", out / "draft"
-    target.to(torch.bfloat16).save_pretrained(target_dir)
-    tokenizer.save_pretrained(target_dir)
-    draft_dir.mkdir(parents=True, exist_ok=True)
-    state = {k: v for k, v in draft.state_dict().items()}
-    blobs = [
-        blob_from_tensor(name, t.to(torch.bfloat16) if t.is_floating_point() else t)
-        for name, t in sorted(state.items())
-    ]
-    write_checkpoint_weights(draft_dir, blobs, 5 * 10**9)
-    write_text(draft_dir / "config.json", json.dumps(config, indent=2) + "\n")
+    target.to(torch.bfloat16).save_pretrained(out / "target")
+    tokenizer.save_pretrained(out / "target")
+    _save_draft(out / "draft", draft, config)
     prompts = held_out_prompts(tokenizer, settings)
     write_text(out / "prompts.jsonl", "".join(json.dumps(p) + "\n" for p in prompts))
     calibration = calibration_records(settings)

@@ -5,12 +5,14 @@ Module names equal the checkpoint's tensor names (``midlayer.self_attn.q_proj``,
 speak the same language. The forward runs the draft the way vLLM does:
 
 * step 0: ``fc`` fuses the target's auxiliary hidden states (3*target_hidden)
-  into one hidden vector; the next token's embedding and that vector are each
-  normed (``input_layernorm``, ``hidden_norm``), concatenated (2*hidden) and
-  fed to attention with RoPE; residual (the un-normed vector, or with
-  ``norm_before_residual`` the ``hidden_norm`` output, as vLLM); ``post_attention_layernorm``; MLP;
-  ``norm``; ``lm_head`` over the draft vocabulary (``d2t`` maps draft ids to
-  target ids by offset).
+  into one hidden vector (normed first with ``norm_before_fc``: ``input_norm``
+  over all of them; with ``fc_norm``: one ``fc_norm.i`` per state); the next
+  token's embedding and that vector are each normed (``input_layernorm``,
+  ``hidden_norm``), concatenated (2*hidden) and fed to attention with RoPE;
+  residual (the un-normed vector, or with ``norm_before_residual`` the
+  ``hidden_norm`` output, as vLLM); ``post_attention_layernorm``; MLP; ``norm``;
+  ``lm_head`` over the draft vocabulary (``d2t`` maps draft ids to target ids
+  by offset).
 * step k>0: the draft's own previous pre-norm output (post-norm with
   ``norm_output``) replaces ``fc``'s output, its own predicted token the
   embedding, one position further on. Each query
@@ -176,6 +178,13 @@ class Eagle3Draft(PreTrainedModel):
         self.file_mappings = FileMappings()  # filled by the loader
         self.midlayer = MidLayer(dims)
         self.fc = nn.Linear(dims.fc_in, dims.hidden, bias=False)
+        eps = dims.rms_norm_eps
+        self.input_norm = RMSNorm(dims.fc_in, eps) if dims.norm_before_fc else None
+        self.fc_norm = (
+            nn.ModuleList(RMSNorm(dims.target_hidden, eps) for _ in range(dims.num_aux))
+            if dims.fc_norm
+            else None
+        )
         self.norm = RMSNorm(dims.hidden, dims.rms_norm_eps)
         self.lm_head = nn.Linear(dims.hidden, dims.draft_vocab, bias=False)
         self.embed_tokens = nn.Embedding(dims.vocab, dims.hidden) if with_embeddings else None
@@ -195,6 +204,15 @@ class Eagle3Draft(PreTrainedModel):
             outputs = self.unroll(*inputs, keep_logits=False, score_last=False)
             prenorms.append(outputs[-1].prenorm)
         return torch.cat(prenorms)
+
+    def fc_input(self, aux_hidden: torch.Tensor) -> torch.Tensor:
+        """The auxiliary states as ``fc`` takes them: ``input_norm``, then ``fc_norm`` per state."""
+        if self.input_norm is not None:
+            aux_hidden = self.input_norm(aux_hidden)
+        if self.fc_norm is not None:
+            chunks = aux_hidden.chunk(len(self.fc_norm), dim=-1)
+            aux_hidden = torch.cat([n(c) for n, c in zip(self.fc_norm, chunks, strict=True)], -1)
+        return aux_hidden
 
     def linear_weight(self, name: str) -> torch.Tensor:
         """The weight of the linear layer ``name`` (a checkpoint name such as ``fc``)."""
@@ -235,7 +253,7 @@ class Eagle3Draft(PreTrainedModel):
         assert embed is not None, "a draft without embed_tokens needs the target's embeddings"
         b, t, _ = aux_hidden.shape
         base = torch.arange(t, device=aux_hidden.device).expand(b, t)
-        hidden = linear_in_own_dtype(self.fc, aux_hidden)
+        hidden = linear_in_own_dtype(self.fc, self.fc_input(aux_hidden))
         tokens = next_ids
         keys: list[torch.Tensor] = []
         values: list[torch.Tensor] = []
@@ -308,7 +326,7 @@ def scaled_init_(module: Eagle3Draft, seed: int) -> None:
     """Deterministic random init at a Llama-like scale (for tests and untrained drafts)."""
     generator = torch.Generator().manual_seed(seed)
     for name, param in module.named_parameters():
-        if name.endswith("norm.weight") or "layernorm" in name:
+        if param.dim() == 1 and "norm" in name:
             param.data.fill_(1.0)
         else:
             std = 1.0 / math.sqrt(param.shape[-1]) if param.dim() > 1 else 0.02
