@@ -71,6 +71,7 @@ class DraftDims:
     norm_output: bool = False  # the next step takes the normed, not the pre-norm, output
     norm_before_fc: bool = False  # one RMSNorm (input_norm) over fc's whole input
     fc_norm: bool = False  # one RMSNorm (fc_norm.i) per auxiliary state before fc
+    attention_bias: bool = False  # q/k/v/o projections carry a bias
 
     @property
     def fc_in(self) -> int:
@@ -115,6 +116,7 @@ def dims_from_config(config: dict[str, Any], where: str = "config.json") -> Draf
         norm_output=bool(config.get("norm_output", False)),
         norm_before_fc=variant_flag(config, "norm_before_fc"),
         fc_norm=bool(config.get("fc_norm", False)),
+        attention_bias=bool(config.get("attention_bias", False)),
     )
 
 
@@ -167,8 +169,13 @@ def expected_shapes(dims: DraftDims) -> dict[str, tuple[int, ...]]:
 
 
 def variant_shapes(dims: DraftDims) -> dict[str, tuple[int, ...]]:
-    """The norms the forward variants add (required when their flag is on)."""
+    """The norms and biases the forward variants add (required when their flag is on)."""
     shapes: dict[str, tuple[int, ...]] = {}
+    if dims.attention_bias:
+        q_out, kv_out = dims.heads * dims.head_dim, dims.kv_heads * dims.head_dim
+        sizes = {"q_proj": q_out, "k_proj": kv_out, "v_proj": kv_out, "o_proj": dims.hidden}
+        for proj, size in sizes.items():  # vLLM builds o_proj's bias too (llama.py)
+            shapes[f"midlayer.self_attn.{proj}.bias"] = (size,)
     if dims.norm_before_fc:
         shapes["input_norm.weight"] = (dims.fc_in,)
     if dims.fc_norm:
@@ -292,12 +299,9 @@ def _shape_problem(ckpt: Checkpoint, name: str, shape: tuple[int, ...]) -> list[
 
 def _unexpected_tensor_problems(ckpt: Checkpoint, known: set[str]) -> list[Problem]:
     quant_parts = {f"{linear}{suffix}" for linear in MIDLAYER_LINEARS for suffix in SCALE_SUFFIXES}
-    biases = {f"midlayer.self_attn.{p}.bias" for p in ("q_proj", "k_proj", "v_proj")}
     problems = []
     for name in sorted(ckpt.tensors):
         if name in known or name in quant_parts:
-            continue
-        if name in biases and ckpt.config.get("attention_bias"):
             continue
         layer = name.rsplit(".", 1)[0]
         if layer in KEEP_UNQUANTIZED and name.endswith(SCALE_SUFFIXES):

@@ -29,7 +29,7 @@ from typing import Any
 
 import torch
 
-from eaglequant.draft import MIDLAYER_LINEARS
+from eaglequant.draft import MIDLAYER_LINEARS, SCALE_SUFFIXES
 from eaglequant.io.checkpoint import Checkpoint, read_checkpoint
 from eaglequant.io.layout import blob_from_file
 from eaglequant.io.writer import write_checkpoint_weights, write_text
@@ -209,7 +209,8 @@ def _stage_midlayer(ckpt: Checkpoint, folder: Path) -> None:
 def _collect(folder: Path, timings: dict[str, float]) -> QuarkResult:
     """Read Quark's output folder: midlayer quantized tensors plus its quantization_config."""
     written = read_checkpoint(folder)
-    wanted = [n for n in written.tensors if n.startswith(tuple(f"{m}." for m in MIDLAYER_LINEARS))]
+    quantized = {f"{m}{part}" for m in MIDLAYER_LINEARS for part in (".weight", *SCALE_SUFFIXES)}
+    wanted = [n for n in written.tensors if n in quantized]  # biases pass through from the input
     tensors = {name: written.load_tensor(name) for name in wanted}
     return QuarkResult(tensors, written.config["quantization_config"], timings)
 

@@ -43,8 +43,8 @@ def _record(draft: Path, tmp_path: Path) -> dict[str, torch.Tensor]:
     return load_file(str(out))
 
 
-def _add_variant_norms(draft: Path) -> None:
-    """The norm tensors the config's fc-input variants need, with weights far from 1."""
+def _add_variant_tensors(draft: Path) -> None:
+    """The norms and biases the config's variants need, with values far from 1 and 0."""
     dims = dims_from_config(read_checkpoint(draft).config)
     path = draft / "model.safetensors"
     tensors = load_file(str(path))
@@ -89,6 +89,7 @@ def _module_outputs(draft: Path, records: dict[str, torch.Tensor], **flags: bool
         ("eagle3-llama", {"norm_output": True}),
         ("eagle3-llama", {"norm_before_fc": True}),
         ("eagle3-llama", {"fc_norm": True}),
+        ("eagle3-llama", {"attention_bias": True}),
         ("plain-llama", {}),
         # norm_before_residual absent from a speculators config: vLLM takes it as true
         ("speculators", {"norm_before_residual": True}),
@@ -106,14 +107,15 @@ def test_module_equals_vllms_drafter(tmp_path: Path, form: str, flags: dict[str,
     else:
         shutil.copytree(TOY / "draft", draft)
         edit_config(draft, **flags)
-        _add_variant_norms(draft)
+        _add_variant_tensors(draft)
     records = _record(draft, tmp_path)
     diffs = _module_outputs(draft, records)
     assert max(diffs) <= TOLERANCE, diffs
     as_read = read_checkpoint(draft).config
     assert all(as_read[flag] == value for flag, value in flags.items())  # vLLM's reading
-    # the fc-input norms flip only off: their tensors exist only when they are on
-    flippable = ["norm_before_residual", "norm_output", *(f for f in flags if "fc" in f)]
+    # variants with tensors flip only off: their tensors exist only when they are on
+    flippable = ["norm_before_residual", "norm_output"]
+    flippable += [f for f in flags if f in ("norm_before_fc", "fc_norm", "attention_bias")]
     for flag in flippable:
         flipped = _module_outputs(draft, records, **{flag: not as_read.get(flag, False)})
         assert max(flipped) > 100 * TOLERANCE, (flag, flipped)

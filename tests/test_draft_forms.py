@@ -177,3 +177,23 @@ def test_a_quantized_fc_is_a_problem_vllm_would_load(tiny_draft: Path, tmp_path:
         "from the BF16 draft (eaglequant export keeps fc and lm_head BF16)"
     )
     assert "would refuse" not in output
+
+
+@pytest.mark.slow
+def test_attention_bias_reaches_the_module_and_passes_through_export(tmp_path: Path) -> None:
+    """q/k/v/o biases (vLLM's qkv_proj and o_proj carry them) are in the module's math, and
+    the export keeps them byte for byte beside Quark's FP8 weights."""
+    draft = write_random_draft(tmp_path / "d", draft_config(attention_bias=True), seed=6)
+    model = load_draft_module(read_checkpoint(draft)).float()
+    q_proj = model.midlayer.self_attn.q_proj
+    assert q_proj.bias is not None and torch.equal(
+        q_proj.bias, read_checkpoint(draft).load_tensor("midlayer.self_attn.q_proj.bias").float()
+    )
+    out = tmp_path / "fp8"
+    code, output = _invoke(["export", str(draft), str(out), "--calib", "none"])
+    assert code == 0, output
+    source, written = read_checkpoint(draft), read_checkpoint(out)
+    for proj in ("q_proj", "k_proj", "v_proj", "o_proj"):
+        name = f"midlayer.self_attn.{proj}.bias"
+        assert written.read_raw(name) == source.read_raw(name)
+        assert written.tensors[f"midlayer.self_attn.{proj}.weight"].dtype == "F8_E4M3"

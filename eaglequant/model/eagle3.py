@@ -92,10 +92,11 @@ class Attention(nn.Module):
         super().__init__()
         h, hd = dims.hidden, dims.head_dim
         self.heads, self.kv_heads, self.head_dim = dims.heads, dims.kv_heads, hd
-        self.q_proj = nn.Linear(2 * h, dims.heads * hd, bias=False)
-        self.k_proj = nn.Linear(2 * h, dims.kv_heads * hd, bias=False)
-        self.v_proj = nn.Linear(2 * h, dims.kv_heads * hd, bias=False)
-        self.o_proj = nn.Linear(dims.heads * hd, h, bias=False)
+        bias = dims.attention_bias  # vLLM's qkv_proj and o_proj carry it (attention_bias)
+        self.q_proj = nn.Linear(2 * h, dims.heads * hd, bias=bias)
+        self.k_proj = nn.Linear(2 * h, dims.kv_heads * hd, bias=bias)
+        self.v_proj = nn.Linear(2 * h, dims.kv_heads * hd, bias=bias)
+        self.o_proj = nn.Linear(dims.heads * hd, h, bias=bias)
         self.rope_theta = dims.rope_theta
 
     def project(
