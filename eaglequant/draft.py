@@ -22,10 +22,11 @@ EAGLE3_ARCHITECTURES = ("LlamaForCausalLMEagle3", "Eagle3LlamaForCausalLM")
 # A plain Llama config over EAGLE-3 tensors (the EAGLE-3 authors' checkpoints): with
 # method eagle3 vLLM serves it as Eagle3LlamaForCausalLM.
 PLAIN_LLAMA = "LlamaForCausalLM"
+# Qwen3 drafts (Eagle3Qwen3ForCausalLM, or Qwen3ForCausalLM renamed to it): Llama's
+# layer plus per-head RMSNorms on queries and keys (q_norm, k_norm) before RoPE.
+QWEN3 = "Eagle3Qwen3ForCausalLM"
 # Forms vLLM serves that this tool does not handle yet: refused by name, never mis-read.
 NOT_YET = {
-    "Qwen3ForCausalLM": "a Qwen3 EAGLE-3 draft (q/k norms in attention)",
-    "Eagle3Qwen3ForCausalLM": "a Qwen3 EAGLE-3 draft (q/k norms in attention)",
     "DeepseekV2ForCausalLM": "an MLA EAGLE-3 draft",
     "DeepseekV3ForCausalLM": "an MLA EAGLE-3 draft",
     "Eagle3DeepseekV2ForCausalLM": "an MLA EAGLE-3 draft",
@@ -72,6 +73,7 @@ class DraftDims:
     norm_before_fc: bool = False  # one RMSNorm (input_norm) over fc's whole input
     fc_norm: bool = False  # one RMSNorm (fc_norm.i) per auxiliary state before fc
     attention_bias: bool = False  # q/k/v/o projections carry a bias
+    qk_norm: bool = False  # Qwen3: q_norm / k_norm per head before RoPE
 
     @property
     def fc_in(self) -> int:
@@ -117,6 +119,7 @@ def dims_from_config(config: dict[str, Any], where: str = "config.json") -> Draf
         norm_before_fc=variant_flag(config, "norm_before_fc"),
         fc_norm=bool(config.get("fc_norm", False)),
         attention_bias=bool(config.get("attention_bias", False)),
+        qk_norm=QWEN3 in speculators.vllm_architectures(config),
     )
 
 
@@ -130,12 +133,13 @@ def draft_form(ckpt: Checkpoint) -> str:
     """The form this tool recognised the draft as, for reports."""
     architectures = ckpt.config.get("architectures") or []
     flags = [k for k in VARIANTS if variant_flag(ckpt.config, k)]
+    family = "Qwen3" if QWEN3 in speculators.vllm_architectures(ckpt.config) else "Llama"
     if ckpt.speculators_format:
-        form = "speculators format, EAGLE-3 Llama"
-    elif PLAIN_LLAMA in architectures:
-        form = "plain Llama config, EAGLE-3 tensors"
+        form = f"speculators format, EAGLE-3 {family}"
+    elif architectures and architectures[0] in (PLAIN_LLAMA, "Qwen3ForCausalLM"):
+        form = f"plain {family} config, EAGLE-3 tensors"
     else:
-        form = "EAGLE-3 Llama"
+        form = f"EAGLE-3 {family}"
     return form + (f" ({', '.join(flags)})" if flags else "")
 
 
@@ -171,6 +175,8 @@ def expected_shapes(dims: DraftDims) -> dict[str, tuple[int, ...]]:
 def variant_shapes(dims: DraftDims) -> dict[str, tuple[int, ...]]:
     """The norms and biases the forward variants add (required when their flag is on)."""
     shapes: dict[str, tuple[int, ...]] = {}
+    if dims.qk_norm:
+        shapes |= {f"midlayer.self_attn.{n}.weight": (dims.head_dim,) for n in ("q_norm", "k_norm")}
     if dims.attention_bias:
         q_out, kv_out = dims.heads * dims.head_dim, dims.kv_heads * dims.head_dim
         sizes = {"q_proj": q_out, "k_proj": kv_out, "v_proj": kv_out, "o_proj": dims.hidden}
@@ -211,6 +217,17 @@ def structure_problems(ckpt: Checkpoint) -> list[Problem]:
     problems = _architecture_problems(ckpt.config, set(ckpt.tensors), config_path)
     if problems:
         return problems
+    canonical = speculators.CANONICAL_PREFIX
+    stored = [info for info in ckpt.tensors.values() if info.name.startswith(canonical)]
+    misnamed = stored if ckpt.layer_prefix != canonical else []
+    if misnamed:
+        return [
+            Problem(
+                f"{misnamed[0].file}: tensor '{misnamed[0].name}'",
+                f"vLLM loads this draft's decoder layer as {ckpt.layer_prefix}*, not midlayer.*",
+                f"rename the midlayer.* tensors to {ckpt.layer_prefix}*",
+            )
+        ]
     dims = dims_from_config(ckpt.config, config_path)
     required, optional = expected_shapes(dims), optional_shapes(dims)
     for name, shape in required.items():
@@ -261,8 +278,15 @@ def _architecture_problems(config: dict[str, Any], tensors: set[str], where: str
                 "quantize it with another tool; only EAGLE-3 Llama drafts are supported",
             )
         ]
-    eagle3 = any(a in EAGLE3_ARCHITECTURES for a in architectures)
-    plain = PLAIN_LLAMA in architectures and {"fc.weight", *MIDLAYER_WEIGHTS} <= tensors
+    eagle3 = any(a in (*EAGLE3_ARCHITECTURES, QWEN3) for a in architectures)
+    plain = (
+        bool({PLAIN_LLAMA, "Qwen3ForCausalLM"} & set(architectures))
+        and {
+            "fc.weight",
+            *MIDLAYER_WEIGHTS,
+        }
+        <= tensors
+    )
     if not (eagle3 or plain):
         return [
             Problem(
@@ -270,6 +294,15 @@ def _architecture_problems(config: dict[str, Any], tensors: set[str], where: str
                 f"architectures {architectures} is not an EAGLE-3 Llama draft",
                 f"pass a draft whose architectures is {list(EAGLE3_ARCHITECTURES[:1])} (or a "
                 "Llama config over EAGLE-3 tensors: midlayer.*, fc)",
+            )
+        ]
+    if QWEN3 in speculators.vllm_architectures(config) and "head_dim" not in config:
+        return [
+            Problem(
+                where,
+                "a Qwen3 draft without 'head_dim': vLLM takes Qwen3Config's default (128), "
+                "not hidden_size / num_attention_heads",
+                "add head_dim to the config",
             )
         ]
     if config.get("num_hidden_layers") != 1:

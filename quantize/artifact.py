@@ -133,7 +133,8 @@ class Artifact:
         kept = {info.name for name, info in self.source.tensors.items() if name not in replaced}
         if {info.name for info in reopened.tensors.values()} != kept | set(self.quantized):
             problems.append("the written tensor names differ from input + quantized tensors")
-        if reopened.speculators_format != self.source.speculators_format:
+        form = (self.source.speculators_format, self.source.layer_prefix)
+        if (reopened.speculators_format, reopened.layer_prefix) != form:
             problems.append("the written config changed the draft's format")
         if problems:
             raise CheckFailed(

@@ -149,14 +149,25 @@ def no_vllm_kernels_in_the_test_process() -> Iterator[None]:
 PYTHON = sys.executable
 
 
-def as_speculators(src: Path, dst: Path, verifier: str, **top: Any) -> Path:
-    """``src`` (EAGLE-3 layout) rewritten in the speculators format, the same tensor bytes."""
+def rewrite_draft(src: Path, dst: Path, config: dict[str, Any], prefix: str) -> Path:
+    """``src``'s tensor bytes under ``config``, the decoder layer named with ``prefix``."""
     ckpt = read_checkpoint(src)
     blobs = [
-        blob_from_file(info, speculators.stored_name(n, True)) for n, info in ckpt.tensors.items()
+        blob_from_file(info, speculators.stored_name(n, prefix)) for n, info in ckpt.tensors.items()
     ]
     dst.mkdir(parents=True)
     write_checkpoint_weights(dst, blobs, 10**12)
-    config = speculators.from_flat_config(ckpt.config, verifier=verifier) | top
     (dst / "config.json").write_text(json.dumps(config, indent=2))
     return dst
+
+
+def as_speculators(src: Path, dst: Path, verifier: str, **top: Any) -> Path:
+    """``src`` (EAGLE-3 layout) rewritten in the speculators format, the same tensor bytes."""
+    config = speculators.from_flat_config(read_checkpoint(src).config, verifier=verifier) | top
+    return rewrite_draft(src, dst, config, speculators.STORED_PREFIX)
+
+
+def as_qwen3(src: Path, dst: Path) -> Path:
+    """``src`` as a Qwen3 EAGLE-3 draft (``layers.0.*``), still lacking its q/k norms."""
+    qwen3 = {"architectures": ["Eagle3Qwen3ForCausalLM"], "model_type": "qwen3"}
+    return rewrite_draft(src, dst, read_checkpoint(src).config | qwen3, speculators.STORED_PREFIX)

@@ -17,6 +17,7 @@ import math
 import re
 import shutil
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -26,7 +27,7 @@ from eaglequant.devtools.synthetic import write_random_draft
 from eaglequant.draft import dims_from_config, variant_shapes
 from eaglequant.io.checkpoint import read_checkpoint
 from eaglequant.model.load import load_draft_module
-from tests.conftest import PYTHON, REPO, TOY, as_speculators, edit_config, run_child
+from tests.conftest import PYTHON, REPO, TOY, as_qwen3, as_speculators, edit_config, run_child
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 TOLERANCE = 1e-4
@@ -45,11 +46,14 @@ def _record(draft: Path, tmp_path: Path) -> dict[str, torch.Tensor]:
 
 def _add_variant_tensors(draft: Path) -> None:
     """The norms and biases the config's variants need, with values far from 1 and 0."""
-    dims = dims_from_config(read_checkpoint(draft).config)
+    ckpt = read_checkpoint(draft)
     path = draft / "model.safetensors"
     tensors = load_file(str(path))
-    for i, (name, shape) in enumerate(sorted(variant_shapes(dims).items())):
-        tensors[name] = (torch.linspace(0.25, 2.0, shape[0]) + 0.1 * i).to(torch.bfloat16)
+    for i, (name, shape) in enumerate(
+        sorted(variant_shapes(dims_from_config(ckpt.config)).items())
+    ):
+        values = torch.linspace(0.25, 2.0, shape[0]) + 0.1 * i
+        tensors[ckpt.stored_name(name)] = values.to(torch.bfloat16)
     save_file(tensors, str(path), metadata={"format": "pt"})
 
 
@@ -58,7 +62,7 @@ def _relative(a: torch.Tensor, b: torch.Tensor) -> float:
 
 
 @torch.no_grad()
-def _module_outputs(draft: Path, records: dict[str, torch.Tensor], **flags: bool) -> list[float]:
+def _module_outputs(draft: Path, records: dict[str, torch.Tensor], **flags: Any) -> list[float]:
     """Worst relative differences of the module's step 0 and 1 from vLLM's, per output."""
     ckpt = read_checkpoint(draft)
     ckpt.config.update(flags)
@@ -94,6 +98,8 @@ def _module_outputs(draft: Path, records: dict[str, torch.Tensor], **flags: bool
         # norm_before_residual absent from a speculators config: vLLM takes it as true
         ("speculators", {"norm_before_residual": True}),
         ("speculators", {"norm_output": True}),
+        ("qwen3", {}),
+        ("qwen3", {"norm_before_residual": True}),
     ],
 )
 def test_module_equals_vllms_drafter(tmp_path: Path, form: str, flags: dict[str, bool]) -> None:
@@ -101,6 +107,10 @@ def test_module_equals_vllms_drafter(tmp_path: Path, form: str, flags: dict[str,
     if form == "plain-llama":
         config = json.loads((TOY / "draft" / "config.json").read_text())
         write_random_draft(draft, config | {"architectures": ["LlamaForCausalLM"]}, seed=5)
+    elif form == "qwen3":
+        as_qwen3(TOY / "draft", draft)
+        edit_config(draft, **flags)
+        _add_variant_tensors(draft)
     elif form == "speculators":
         as_speculators(TOY / "draft", draft, str(TOY / "target"))
         edit_config(draft, **flags | {"norm_before_residual": None})
@@ -116,21 +126,32 @@ def test_module_equals_vllms_drafter(tmp_path: Path, form: str, flags: dict[str,
     # variants with tensors flip only off: their tensors exist only when they are on
     flippable = ["norm_before_residual", "norm_output"]
     flippable += [f for f in flags if f in ("norm_before_fc", "fc_norm", "attention_bias")]
-    for flag in flippable:
-        flipped = _module_outputs(draft, records, **{flag: not as_read.get(flag, False)})
-        assert max(flipped) > 100 * TOLERANCE, (flag, flipped)
+    changes: list[dict[str, Any]] = [{f: not as_read.get(f, False)} for f in flippable]
+    if form == "qwen3":  # read as a Llama draft: the same tensors without q_norm / k_norm
+        changes.append({"architectures": ["Eagle3LlamaForCausalLM"]})
+    for change in changes:
+        flipped = _module_outputs(draft, records, **change)
+        assert max(flipped) > 100 * TOLERANCE, (change, flipped)
 
 
-def test_exported_plain_llama_draft_loads_as_inspect_predicts(tmp_path: Path) -> None:
-    """A plain Llama config over EAGLE-3 tensors, exported, served by a real engine: every
-    layer built as inspect predicts (midlayer FP8, fc and lm_head BF16), validate's check 3."""
+@pytest.mark.parametrize(
+    "form",
+    [
+        {"architectures": ["LlamaForCausalLM"]},
+        {"architectures": ["Eagle3Qwen3ForCausalLM"], "model_type": "qwen3"},
+    ],
+)
+def test_exported_draft_loads_as_inspect_predicts(tmp_path: Path, form: dict[str, Any]) -> None:
+    """A plain Llama config over EAGLE-3 tensors, and a Qwen3 draft, exported, served by a
+    real engine: every layer built as inspect predicts (midlayer FP8, fc and lm_head BF16),
+    validate's check 3."""
     from click.testing import CliRunner
 
     from eaglequant.cli import main
     from eaglequant.validate.validate import ValidateRequest, layers_check, run_engine
 
     config = json.loads((TOY / "draft" / "config.json").read_text())
-    draft = write_random_draft(tmp_path / "plain", config | {"architectures": ["LlamaForCausalLM"]})
+    draft = write_random_draft(tmp_path / "plain", config | form)
     out = tmp_path / "fp8"
     result = CliRunner().invoke(main, ["export", str(draft), str(out), "--calib", "none"])
     assert result.exit_code == 0, result.output

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -47,11 +48,6 @@ def test_plain_llama_config_over_eagle3_tensors_exports_and_keeps_its_form(
     ("change", "message"),
     [
         (
-            {"architectures": ["Eagle3Qwen3ForCausalLM"]},
-            "is a Qwen3 EAGLE-3 draft (q/k norms in attention), which vLLM serves but "
-            "eaglequant does not handle yet",
-        ),
-        (
             {"architectures": ["Eagle3DeepseekV3ForCausalLM"]},
             "is an MLA EAGLE-3 draft, which vLLM serves but eaglequant does not handle yet",
         ),
@@ -79,6 +75,54 @@ def test_a_variant_without_its_norm_tensor_is_refused(
     code, output = _invoke(["export", str(tiny_draft), str(tmp_path / "o"), "--calib", "none"])
     assert code == 2, output
     assert output == f"error: {tiny_draft}: tensor '{tensor}' is missing; re-export the draft\n"
+
+
+def test_qwen3_drafts_are_read_with_layers_0_names_and_q_k_norms(tmp_path: Path) -> None:
+    config = draft_config(architectures=["Qwen3ForCausalLM"], model_type="qwen3")
+    draft = write_random_draft(tmp_path / "q", config, seed=7)
+    ckpt = read_checkpoint(draft)
+    assert ckpt.layer_prefix == "layers.0." and not ckpt.speculators_format
+    assert (
+        ckpt.tensors["midlayer.self_attn.q_norm.weight"].name == "layers.0.self_attn.q_norm.weight"
+    )
+    code, output = _invoke(["inspect", str(draft), "--json"])
+    assert code == 0, output
+    assert json.loads(output)["form"] == "plain Qwen3 config, EAGLE-3 tensors"
+    model = load_draft_module(ckpt)
+    assert model.midlayer.self_attn.q_norm is not None
+
+
+@pytest.mark.parametrize(
+    ("edit", "message"),
+    [
+        (
+            lambda folder: edit_config(folder, head_dim=None),
+            "a Qwen3 draft without 'head_dim': vLLM takes Qwen3Config's default (128), not "
+            "hidden_size / num_attention_heads; add head_dim to the config",
+        ),
+        (
+            lambda folder: _rename_tensors(folder, "layers.0.", "midlayer."),
+            "tensor 'midlayer.hidden_norm.weight': vLLM loads this draft's decoder layer as "
+            "layers.0.*, not midlayer.*; rename the midlayer.* tensors to layers.0.*",
+        ),
+    ],
+)
+def test_qwen3_drafts_vllm_would_misread_are_refused(
+    tmp_path: Path, edit: Any, message: str
+) -> None:
+    config = draft_config(architectures=["Eagle3Qwen3ForCausalLM"], model_type="qwen3")
+    draft = write_random_draft(tmp_path / "q", config, seed=7)
+    edit(draft)
+    code, output = _invoke(["export", str(draft), str(tmp_path / "o"), "--calib", "none"])
+    assert code == 2 and output.startswith("error: ") and message in output, output
+
+
+def _rename_tensors(folder: Path, old: str, new: str) -> None:
+    from safetensors.torch import load_file, save_file
+
+    path = folder / "model.safetensors"
+    tensors = {k.replace(old, new, 1): v for k, v in load_file(str(path)).items()}
+    save_file(tensors, str(path), metadata={"format": "pt"})
 
 
 def test_a_plain_llama_config_without_eagle3_tensors_is_not_a_draft(tmp_path: Path) -> None:

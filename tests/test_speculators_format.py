@@ -50,14 +50,19 @@ def test_flat_config_is_the_one_vllm_builds(tmp_path: Path, change: dict[str, An
     assert speculators.flat_config(stored) == theirs
 
 
-def test_qwen3_layer_config_maps_to_vllms_qwen3_draft_and_is_refused(tmp_path: Path) -> None:
-    folder = write_random_draft(tmp_path / "s", draft_config(), speculators_verifier="t")
+def test_qwen3_layer_config_maps_to_vllms_qwen3_draft(tmp_path: Path) -> None:
+    from vllm.transformers_utils.configs.speculators.base import SpeculatorsConfig
+
+    config = draft_config(architectures=["Eagle3Qwen3ForCausalLM"], model_type="qwen3")
+    folder = write_random_draft(tmp_path / "s", config, speculators_verifier="t")
     stored = json.loads((folder / "config.json").read_text())
-    stored["transformer_layer_config"]["model_type"] = "qwen3"
-    (folder / "config.json").write_text(json.dumps(stored))
-    assert read_checkpoint(folder).config["architectures"] == ["Eagle3Qwen3ForCausalLM"]
-    code, output = _invoke(["export", str(folder), str(tmp_path / "o"), "--calib", "none"])
-    assert code == 2 and "is a Qwen3 EAGLE-3 draft" in output, output
+    assert stored["transformer_layer_config"]["architectures"] == ["Qwen3ForCausalLM"]
+    ckpt = read_checkpoint(folder)
+    theirs = SpeculatorsConfig.extract_transformers_pre_trained_config(copy.deepcopy(stored))
+    assert ckpt.config == theirs and theirs["architectures"] == ["Eagle3Qwen3ForCausalLM"]
+    code, output = _invoke(["inspect", str(folder), "--json"])
+    assert code == 0, output
+    assert json.loads(output)["form"] == "speculators format, EAGLE-3 Qwen3"
 
 
 def test_inspect_names_the_form_and_the_stored_tensor_names(tmp_path: Path) -> None:
@@ -115,8 +120,8 @@ def test_a_folder_with_both_layouts_is_refused(tmp_path: Path) -> None:
     code, output = _invoke(["inspect", str(both)])
     assert code == 2, output
     assert output == (
-        f"error: {both}: holds both midlayer.* and layers.0.* tensors; a speculators-format "
-        "draft names its decoder layer layers.0 only\n"
+        f"error: {both}: holds both midlayer.* and layers.0.* tensors; this draft's format "
+        "names its decoder layer layers.0 only\n"
     )
 
 
@@ -146,7 +151,7 @@ def test_export_keeps_the_speculators_format_and_quantizes_identically(
     source = read_checkpoint(spec)
     assert written.speculators_format
     for name in plain.tensors:
-        assert written.tensors[name].name == speculators.stored_name(name, True)
+        assert written.tensors[name].name == speculators.stored_name(name, "layers.0.")
         assert written.read_raw(name) == plain.read_raw(name), name
     for name in source.tensors:
         if name.removesuffix(".weight") not in MIDLAYER_LINEARS:

@@ -82,10 +82,10 @@ def write_random_draft(
         "t2d": vocab_mask(target_ids, dims.vocab),
     }
     blobs: list[TensorBlob] = []
-    in_speculators = speculators_verifier is not None
+    prefix = speculators.layer_prefix(config, speculators_verifier is not None)
     for name, shape in sorted(shapes.items()):
         tensor = maps[name] if name in maps else _random_weight(shape, generator)
-        blobs.append(blob_from_tensor(speculators.stored_name(name, in_speculators), tensor))
+        blobs.append(blob_from_tensor(speculators.stored_name(name, prefix), tensor))
     write_checkpoint_weights(folder, blobs, max_shard_size)
     if speculators_verifier is not None:
         config = speculators.from_flat_config(config, verifier=speculators_verifier)

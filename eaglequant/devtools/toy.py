@@ -352,7 +352,7 @@ def _save_draft(
     folder.mkdir(parents=True, exist_ok=True)
     blobs = [
         blob_from_tensor(
-            speculators.stored_name(name, verifier is not None),
+            speculators.stored_name(name, speculators.layer_prefix(config, verifier is not None)),
             t.to(torch.bfloat16) if t.is_floating_point() else t,
         )
         for name, t in sorted(draft.state_dict().items())

@@ -43,10 +43,11 @@ class Checkpoint:
     sharded: bool
     stored_config: dict[str, Any] = field(default_factory=dict)
     speculators_format: bool = False
+    layer_prefix: str = speculators.CANONICAL_PREFIX  # the decoder layer's stored names
 
     def stored_name(self, name: str) -> str:
-        """The name tensor ``name`` (EAGLE-3 layout) has in folders of this format."""
-        return speculators.stored_name(name, self.speculators_format)
+        """The name tensor ``name`` (EAGLE-3 layout) has in this folder."""
+        return speculators.stored_name(name, self.layer_prefix)
 
     @property
     def total_bytes(self) -> int:
@@ -104,22 +105,29 @@ def read_checkpoint(folder: Path | str) -> Checkpoint:
 
 
 def _as_vllm_sees(ckpt: Checkpoint) -> Checkpoint:
-    """The flat config and EAGLE-3 tensor names of a speculators-format folder.
+    """The flat config of a speculators-format folder, and ``layers.0.*`` read as ``midlayer.*``.
 
     A speculators config vLLM would refuse stays as stored (the draft checks report it).
     """
     stored = ckpt.config
-    if not speculators.is_speculators(stored) or speculators.structure_problem(stored):
+    in_speculators = speculators.is_speculators(stored)
+    if in_speculators and speculators.structure_problem(stored):
         return replace(ckpt, stored_config=stored)
-    tensors = {speculators.canonical_name(n, True): info for n, info in ckpt.tensors.items()}
+    flat = speculators.flat_config(stored)
+    prefix = speculators.layer_prefix(flat, in_speculators)
+    tensors = {speculators.canonical_name(n, prefix): info for n, info in ckpt.tensors.items()}
     if len(tensors) != len(ckpt.tensors):
         raise InputError(
-            f"{ckpt.folder}: holds both midlayer.* and layers.0.* tensors; a speculators-format "
-            "draft names its decoder layer layers.0 only"
+            f"{ckpt.folder}: holds both midlayer.* and {prefix}* tensors; this draft's format "
+            f"names its decoder layer {prefix.rstrip('.')} only"
         )
-    flat = speculators.flat_config(stored)
     return replace(
-        ckpt, config=flat, tensors=tensors, stored_config=stored, speculators_format=True
+        ckpt,
+        config=flat,
+        tensors=tensors,
+        stored_config=stored,
+        speculators_format=in_speculators,
+        layer_prefix=prefix,
     )
 
 

@@ -8,10 +8,11 @@ flattens it: the layer config, plus the EAGLE-3 fields, ``norm_before_residual``
 defaulting to *true*, the architecture chosen by the layer config's
 ``model_type``. Everything vLLM reads, ``quantization_config`` included, comes
 from that flat view; a top-level ``quantization_config`` is ignored by vLLM.
-Tensors are stored as ``layers.0.*`` where the EAGLE-3 layout has ``midlayer.*``.
+Tensors are stored as ``layers.0.*`` where the EAGLE-3 layout has ``midlayer.*``
+(a Qwen3 draft too, in either format: vLLM's Qwen3 drafter has no other name).
 
-:func:`flat_config` gives vLLM's view, :func:`canonical_name` /
-:func:`stored_name` translate tensor names, :func:`with_quantization_config`
+:func:`flat_config` gives vLLM's view, :func:`layer_prefix`, :func:`canonical_name`
+and :func:`stored_name` translate tensor names, :func:`with_quantization_config`
 writes a quantization config where vLLM reads it for the config's form.
 """
 
@@ -31,6 +32,7 @@ EAGLE3_FIELDS = {
     "norm_output": False,
 }
 EAGLE3_ARCHITECTURES = {"llama": "Eagle3LlamaForCausalLM", "qwen3": "Eagle3Qwen3ForCausalLM"}
+LAYER_ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen3": "Qwen3ForCausalLM"}
 
 
 def is_speculators(config: dict[str, Any]) -> bool:
@@ -86,17 +88,33 @@ def flat_config(config: dict[str, Any]) -> dict[str, Any]:
     return flat
 
 
-def canonical_name(stored: str, speculators: bool) -> str:
+def layer_prefix(flat: dict[str, Any], in_speculators: bool) -> str:
+    """How the folder names the decoder layer's tensors: ``layers.0.`` or ``midlayer.``.
+
+    The speculators format names it ``layers.0``; so must a Qwen3 draft in any
+    format (vLLM's Eagle3Qwen3ForCausalLM maps no ``midlayer.`` names).
+    """
+    qwen3 = EAGLE3_ARCHITECTURES["qwen3"] in vllm_architectures(flat)
+    return STORED_PREFIX if in_speculators or qwen3 else CANONICAL_PREFIX
+
+
+def vllm_architectures(flat: dict[str, Any]) -> list[str]:
+    """The config's architectures as vLLM renames them for method eagle3 (EAGLEConfig)."""
+    names = [str(a) for a in flat.get("architectures") or []]
+    return [a if a.startswith("Eagle3") or a.endswith("Eagle3") else f"Eagle3{a}" for a in names]
+
+
+def canonical_name(stored: str, prefix: str) -> str:
     """A stored tensor name in the EAGLE-3 layout (``layers.0.x`` -> ``midlayer.x``)."""
-    if speculators and stored.startswith(STORED_PREFIX):
-        return CANONICAL_PREFIX + stored.removeprefix(STORED_PREFIX)
+    if prefix != CANONICAL_PREFIX and stored.startswith(prefix):
+        return CANONICAL_PREFIX + stored.removeprefix(prefix)
     return stored
 
 
-def stored_name(canonical: str, speculators: bool) -> str:
-    """The name an EAGLE-3-layout tensor has in a folder of this format."""
-    if speculators and canonical.startswith(CANONICAL_PREFIX):
-        return STORED_PREFIX + canonical.removeprefix(CANONICAL_PREFIX)
+def stored_name(canonical: str, prefix: str) -> str:
+    """The name an EAGLE-3-layout tensor has in a folder whose layer prefix is ``prefix``."""
+    if canonical.startswith(CANONICAL_PREFIX):
+        return prefix + canonical.removeprefix(CANONICAL_PREFIX)
     return canonical
 
 
@@ -141,7 +159,10 @@ def from_flat_config(
         "architectures": ["Eagle3Speculator"],
         "speculators_model_type": "eagle3",
         **top,
-        LAYER_CONFIG: {**layer, "architectures": ["LlamaForCausalLM"]},
+        LAYER_CONFIG: {
+            **layer,
+            "architectures": [LAYER_ARCHITECTURES[layer.get("model_type", "llama")]],
+        },
         SPECULATORS_KEY: {
             "algorithm": "eagle3",
             "default_proposal_method": "greedy",

@@ -1,4 +1,6 @@
-"""The EAGLE-3 Llama draft as a torch module whose forward matches vLLM's ``llama_eagle3.py``.
+"""The EAGLE-3 draft as a torch module whose forward matches vLLM's ``llama_eagle3.py``.
+
+A Qwen3 draft (``qwen3_eagle3.py``) is the same layer with ``q_norm``/``k_norm`` per head.
 
 Module names equal the checkpoint's tensor names (``midlayer.self_attn.q_proj``,
 ``fc``, ``lm_head``, …), so Quark's layer names, the checkpoint and this code
@@ -98,15 +100,21 @@ class Attention(nn.Module):
         self.v_proj = nn.Linear(2 * h, dims.kv_heads * hd, bias=bias)
         self.o_proj = nn.Linear(dims.heads * hd, h, bias=bias)
         self.rope_theta = dims.rope_theta
+        # Qwen3: one RMSNorm over each head's query and key, before RoPE
+        self.q_norm = RMSNorm(hd, dims.rms_norm_eps) if dims.qk_norm else None
+        self.k_norm = RMSNorm(hd, dims.rms_norm_eps) if dims.qk_norm else None
 
     def project(
         self, x: torch.Tensor, positions: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Queries, keys, values (batch, heads, seq, head_dim) with RoPE applied."""
         b, t, _ = x.shape
-        q = self.q_proj(x).view(b, t, self.heads, self.head_dim).transpose(1, 2)
-        k = self.k_proj(x).view(b, t, self.kv_heads, self.head_dim).transpose(1, 2)
+        q = self.q_proj(x).view(b, t, self.heads, self.head_dim)
+        k = self.k_proj(x).view(b, t, self.kv_heads, self.head_dim)
         v = self.v_proj(x).view(b, t, self.kv_heads, self.head_dim).transpose(1, 2)
+        if self.q_norm is not None and self.k_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k = q.transpose(1, 2), k.transpose(1, 2)
         return self._rope(q, positions), self._rope(k, positions), v
 
     def _rope(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
