@@ -28,7 +28,6 @@ from eaglequant.exclusions import (
     predict_fates,
     vllm_linear_names,
 )
-from eaglequant.io import speculators
 from eaglequant.io.checkpoint import Checkpoint, read_checkpoint
 
 
@@ -120,8 +119,6 @@ def quantization_problems(
     config_path = str(ckpt.folder / "config.json")
     qcfg = ckpt.config.get("quantization_config")
     if not isinstance(qcfg, dict):
-        if misplaced := _ignored_quantization_config(ckpt):
-            return misplaced
         quantized = quantized_tensors(ckpt)
         if quantized:
             return [
@@ -234,17 +231,3 @@ def _scale_problems(
                 )
             )
     return problems
-
-
-def _ignored_quantization_config(ckpt: Checkpoint) -> list[Problem]:
-    """A speculators draft's top-level quantization_config, which vLLM never reads."""
-    if not ckpt.speculators_format or "quantization_config" not in ckpt.stored_config:
-        return []
-    return [
-        Problem(
-            str(ckpt.folder / "config.json"),
-            "a top-level quantization_config in a speculators-format draft is ignored by vLLM "
-            f"(it reads {speculators.LAYER_CONFIG}.quantization_config)",
-            "move it there: `eaglequant fix-config` does",
-        )
-    ]

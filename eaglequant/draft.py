@@ -374,7 +374,7 @@ def require_bf16_draft(ckpt: Checkpoint) -> DraftDims:
     if problems:
         raise InputError(str(problems[0]))
     already = quantized_tensors(ckpt)
-    if already or "quantization_config" in ckpt.config | ckpt.stored_config:
+    if already or "quantization_config" in ckpt.config:
         first = already[0] if already else "quantization_config"
         raise InputError(
             f"{ckpt.folder}: already quantized ('{first}'); export takes the BF16 draft — "

@@ -1,7 +1,7 @@
 """``eaglequant fix-config``: repair an exported FP8 draft's exclude list (the article's FAQ 1).
 
-A speculators-format draft's quantization config is also moved to where vLLM
-reads it (``transformer_layer_config``) when it sits at the top level.
+A speculators-format draft's quantization config is written back at the top level,
+where vLLM reads it first.
 
 Rewrites ``quantization_config.exclude`` into regexes vLLM matches, either in
 place (config.json replaced atomically) or into a new folder whose weights are
@@ -40,8 +40,7 @@ def fix_config(src: Path, out: Path | None = None, overwrite: bool = False) -> F
     if out is not None:
         check_output_path(out, [src], overwrite)
     ckpt = read_checkpoint(src)
-    # vLLM's view first; a speculators draft's ignored top-level copy is moved where vLLM reads
-    qcfg = ckpt.config.get("quantization_config") or ckpt.stored_config.get("quantization_config")
+    qcfg = ckpt.config.get("quantization_config")  # the one vLLM reads, in either format
     if not isinstance(qcfg, dict) or not isinstance(qcfg.get("exclude", []), list):
         raise InputError(
             f"{src / CONFIG_FILE}: no quantization_config with an exclude list; "

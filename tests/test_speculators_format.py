@@ -158,7 +158,7 @@ def test_export_keeps_the_speculators_format_and_quantizes_identically(
             assert written.read_raw(name) == source.read_raw(name), name
     stored_in = json.loads((spec / "config.json").read_text())
     stored_out = json.loads((outs["spec"] / "config.json").read_text())
-    qcfg = stored_out["transformer_layer_config"].pop("quantization_config")
+    qcfg = stored_out.pop("quantization_config")  # top level: where vLLM reads it first
     assert stored_out == stored_in  # speculators_config and every other key intact
     assert qcfg["exclude"] == ["re:.*fc.*", "re:.*lm_head.*"]
     plain_qcfg = json.loads((outs["eagle3"] / "config.json").read_text())["quantization_config"]
@@ -167,34 +167,48 @@ def test_export_keeps_the_speculators_format_and_quantizes_identically(
     assert code == 0 and "no problems found" in output, output
 
 
+@pytest.mark.parametrize("where", ["top", "layer", "both"])
+def test_quantization_config_is_read_where_vllm_reads_it(tmp_path: Path, where: str) -> None:
+    """vLLM's get_config: the top-level quantization_config if any, else the layer config's."""
+    from vllm.transformers_utils.config import get_config
+
+    folder = write_random_draft(tmp_path / "s", draft_config(), speculators_verifier="t")
+    stored = json.loads((folder / "config.json").read_text())
+    top, layer = {"quant_method": "quark", "exclude": ["top"]}, {"quant_method": "quark"}
+    if where in ("top", "both"):
+        stored["quantization_config"] = top
+    if where in ("layer", "both"):
+        stored["transformer_layer_config"]["quantization_config"] = layer | {"exclude": ["layer"]}
+    (folder / "config.json").write_text(json.dumps(stored))
+    theirs = get_config(str(folder), trust_remote_code=False).quantization_config
+    ours = read_checkpoint(folder).config["quantization_config"]
+    assert ours["exclude"] == theirs["exclude"] == (["layer"] if where == "layer" else ["top"])
+
+
 @pytest.mark.slow
-def test_fix_config_moves_an_ignored_top_level_quantization_config(
-    tmp_path: Path,
-) -> None:
+def test_fix_config_rewrites_a_layer_config_quantization_config(tmp_path: Path) -> None:
+    """A speculators draft whose quantization config sits in transformer_layer_config (vLLM
+    reads it there too) with bare excludes: inspect shows vLLM quantizing fc, fix-config
+    writes the regex form at the top level, where vLLM reads it first."""
     src = write_random_draft(tmp_path / "s", draft_config(), speculators_verifier="t")
     out = tmp_path / "fp8"
     code, output = _invoke(["export", str(src), str(out), "--calib", "none"])
     assert code == 0, output
     stored = json.loads((out / "config.json").read_text())
-    stored["quantization_config"] = stored["transformer_layer_config"].pop("quantization_config")
-    stored["quantization_config"]["exclude"] = ["fc", "lm_head"]
+    qcfg = stored.pop("quantization_config")
+    stored["transformer_layer_config"]["quantization_config"] = qcfg | {
+        "exclude": ["fc", "lm_head"]
+    }
     (out / "config.json").write_text(json.dumps(stored))
-    code, output = _invoke(["inspect", str(out)])
+    code, output = _invoke(["inspect", str(out), "--json"])
     assert code == 1, output
-    assert (
-        "a top-level quantization_config in a speculators-format draft is ignored by vLLM "
-        "(it reads transformer_layer_config.quantization_config); move it there: "
-        "`eaglequant fix-config` does" in " ".join(output.split())
-    ), output
-    assert "form: speculators format, EAGLE-3 Llama" in output
+    fates = {f["vllm_name"]: f["quantized"] for f in json.loads(output)["fates"]}
+    assert fates["model.fc"]
     code, output = _invoke(["fix-config", str(out)])
     assert code == 0, output
     fixed = json.loads((out / "config.json").read_text())
-    assert "quantization_config" not in fixed
-    assert fixed["transformer_layer_config"]["quantization_config"]["exclude"] == [
-        "re:.*fc.*",
-        "re:.*lm_head.*",
-    ]
+    assert "quantization_config" not in fixed["transformer_layer_config"]
+    assert fixed["quantization_config"]["exclude"] == ["re:.*fc.*", "re:.*lm_head.*"]
     code, output = _invoke(["inspect", str(out)])
     assert code == 0 and "no problems found" in output, output
 

@@ -6,8 +6,9 @@ A speculators config nests the decoder's Llama config under
 verifier) at the top. vLLM (``transformers_utils/configs/speculators/``)
 flattens it: the layer config, plus the EAGLE-3 fields, ``norm_before_residual``
 defaulting to *true*, the architecture chosen by the layer config's
-``model_type``. Everything vLLM reads, ``quantization_config`` included, comes
-from that flat view; a top-level ``quantization_config`` is ignored by vLLM.
+``model_type``. Its ``quantization_config`` is the top-level one when there is
+one (vLLM's ``get_config`` sets it from the raw file after the flattening),
+else the layer config's.
 Tensors are stored as ``layers.0.*`` where the EAGLE-3 layout has ``midlayer.*``
 (a Qwen3 draft too, in either format: vLLM's Qwen3 drafter has no other name).
 
@@ -85,6 +86,8 @@ def flat_config(config: dict[str, Any]) -> dict[str, Any]:
     flat["architectures"] = [EAGLE3_ARCHITECTURES[flat.get("model_type", "llama")]]
     if config.get("eagle_aux_hidden_state_layer_ids"):
         flat["eagle_aux_hidden_state_layer_ids"] = config["eagle_aux_hidden_state_layer_ids"]
+    if config.get("quantization_config") is not None:
+        flat["quantization_config"] = config["quantization_config"]
     return flat
 
 
@@ -118,22 +121,15 @@ def stored_name(canonical: str, prefix: str) -> str:
     return canonical
 
 
-def quantization_config(config: dict[str, Any]) -> Any:
-    """The quantization config vLLM reads from ``config`` (None when it reads none)."""
-    return flat_config(config).get("quantization_config")
-
-
 def with_quantization_config(config: dict[str, Any], qcfg: dict[str, Any]) -> dict[str, Any]:
-    """``config`` with ``qcfg`` where vLLM reads it (in the layer config of a speculators draft).
+    """``config`` with ``qcfg`` at the top level, where vLLM reads it first in either format.
 
-    A top-level copy in a speculators config, which vLLM would ignore, is dropped.
+    A speculators layer config's own copy, which vLLM would then never read, is dropped.
     """
-    config = dict(config)
-    if not is_speculators(config):
-        config["quantization_config"] = qcfg
-        return config
-    config.pop("quantization_config", None)
-    config[LAYER_CONFIG] = {**config[LAYER_CONFIG], "quantization_config": qcfg}
+    config = {**config, "quantization_config": qcfg}
+    layer = config.get(LAYER_CONFIG)
+    if is_speculators(config) and isinstance(layer, dict) and "quantization_config" in layer:
+        config[LAYER_CONFIG] = {k: v for k, v in layer.items() if k != "quantization_config"}
     return config
 
 
