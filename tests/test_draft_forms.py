@@ -16,7 +16,7 @@ from click.testing import CliRunner
 
 from eaglequant.cli import main
 from eaglequant.devtools.synthetic import draft_config, write_random_draft
-from eaglequant.draft import structure_problems
+from eaglequant.draft import MIDLAYER_LINEARS, structure_problems
 from eaglequant.io.checkpoint import read_checkpoint
 from eaglequant.model.load import load_draft_module
 from tests.conftest import edit_config, tree_digest
@@ -241,3 +241,49 @@ def test_attention_bias_reaches_the_module_and_passes_through_export(tmp_path: P
         name = f"midlayer.self_attn.{proj}.bias"
         assert written.read_raw(name) == source.read_raw(name)
         assert written.tensors[f"midlayer.self_attn.{proj}.weight"].dtype == "F8_E4M3"
+
+
+FORMS = {
+    "eagle3": {},
+    "plain-llama": {"architectures": ["LlamaForCausalLM"]},
+    "norm_before_residual": {"norm_before_residual": True},
+    "norm_output": {"norm_output": True},
+    "norm_before_fc": {"norm_before_fc": True},
+    "fc_norm": {"fc_norm": True},
+    "attention_bias": {"attention_bias": True},
+    "qwen3": {"architectures": ["Eagle3Qwen3ForCausalLM"], "model_type": "qwen3"},
+    "plain-qwen3": {"architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3"},
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("form", sorted(FORMS))
+def test_export_of_each_form_tensor_by_tensor(tmp_path: Path, form: str) -> None:
+    """Every form exported: the same stored names, the midlayer linears FP8 with per-tensor
+    weight scales max|W|/448 (dequantized within one FP8 step), every other tensor
+    byte-identical, the config the input's plus the quantization config."""
+    draft = write_random_draft(tmp_path / "d", draft_config(**FORMS[form]), seed=8)
+    out = tmp_path / "fp8"
+    code, output = _invoke(["export", str(draft), str(out), "--calib", "none"])
+    assert code == 0, output
+    source, written = read_checkpoint(draft), read_checkpoint(out)
+    quantized = {f"{name}.weight" for name in MIDLAYER_LINEARS}
+    for name, info in source.tensors.items():
+        assert written.tensors[name].name == info.name
+        if name not in quantized:
+            assert written.read_raw(name) == source.read_raw(name), name
+            continue
+        layer = name.removesuffix(".weight")
+        weight = source.load_tensor(name).float()
+        scale = written.load_tensor(f"{layer}.weight_scale").float()
+        torch.testing.assert_close(scale, weight.abs().max() / 448.0, rtol=1e-6, atol=0)
+        dequantized = written.load_tensor(name).float() * scale
+        assert written.tensors[name].dtype == "F8_E4M3"
+        assert (dequantized - weight).abs().max() <= weight.abs().max() / 16
+        assert written.tensors[f"{layer}.input_scale"].shape == ()
+    assert set(written.tensors) == set(source.tensors) | {
+        f"{n}{s}" for n in MIDLAYER_LINEARS for s in (".weight_scale", ".input_scale")
+    }
+    config = json.loads((out / "config.json").read_text())
+    assert config.pop("quantization_config")["exclude"] == ["re:.*fc.*", "re:.*lm_head.*"]
+    assert config == json.loads((draft / "config.json").read_text())
