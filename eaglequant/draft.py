@@ -32,9 +32,9 @@ NOT_YET = {
     "Eagle3DeepseekV2ForCausalLM": "an MLA EAGLE-3 draft",
     "Eagle3DeepseekV3ForCausalLM": "an MLA EAGLE-3 draft",
 }
-# Forward variants of vLLM's llama_eagle3.py: implemented by the torch module, or refused
-# (calibrating with other math than vLLM runs would give scales for another network).
-VARIANTS = ("norm_before_residual", "norm_output", "norm_before_fc", "fc_norm")
+# Forward variants of vLLM's llama_eagle3.py, each implemented by the torch module (calibrating
+# with other math than vLLM runs would give scales for another network); inspect names them.
+VARIANTS = ("norm_before_residual", "norm_output", "norm_before_fc", "fc_norm", "attention_bias")
 ATTENTION_PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj")
 MLP_PROJECTIONS = ("gate_proj", "up_proj", "down_proj")
 MIDLAYER_LINEARS = tuple(f"midlayer.self_attn.{p}" for p in ATTENTION_PROJECTIONS) + tuple(

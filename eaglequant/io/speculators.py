@@ -14,7 +14,7 @@ Tensors are stored as ``layers.0.*`` where the EAGLE-3 layout has ``midlayer.*``
 
 :func:`flat_config` gives vLLM's view, :func:`layer_prefix`, :func:`canonical_name`
 and :func:`stored_name` translate tensor names, :func:`with_quantization_config`
-writes a quantization config where vLLM reads it for the config's form.
+writes a quantization config at the top level, where vLLM reads it first.
 """
 
 from __future__ import annotations
