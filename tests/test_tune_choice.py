@@ -247,3 +247,22 @@ def test_a_given_schedule_is_reported_even_where_one_choice_won_everywhere() -> 
         "no k beat no speculation beyond the run-to-run spread anywhere; "
         "the schedule fell behind no speculation at concurrency 1"
     )
+
+
+def test_under_data_parallelism_the_schedule_is_not_served_and_the_best_single_k_wins() -> None:
+    """vLLM turns per-batch-size schedules off with data_parallel_size > 1: the sweep says so
+    and recommends the best single choice instead of a schedule it could not measure."""
+    from dataclasses import replace
+
+    from eaglequant.engine.config import EngineOptions
+
+    request = replace(REQUEST, engine=EngineOptions(engine_args={"data_parallel_size": 2}))
+    summary = summarize(request, _results(SWEEP), 200)
+    assert summary["schedule"]["not_measured_because"] == (
+        "vLLM turns per-batch-size schedules off under data parallelism"
+    )
+    assert not summary["schedule"]["measured"] and not summary["recommendation"]["schedule"]
+    assert "num_speculative_tokens_per_batch_size" not in summary["serve_command"]
+    assert summary["recommendation"]["reason"].startswith(
+        "vLLM turns per-batch-size schedules off under data parallelism; "
+    )
