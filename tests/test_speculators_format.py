@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import copy
 import json
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -165,6 +166,16 @@ def test_export_keeps_the_speculators_format_and_quantizes_identically(
     assert qcfg == plain_qcfg
     code, output = _invoke(["inspect", str(outs["spec"]), "--target-layers", "4"])
     assert code == 0 and "no problems found" in output, output
+    # validate's checks before any engine, and the card, read the format as vLLM does
+    from eaglequant.validate.validate import ValidateRequest, check_inputs
+
+    request = ValidateRequest(
+        target=pair["target"], draft=outs["spec"], baseline=spec, prompts=["x"], max_tokens=4
+    )
+    check_inputs(replace(request, hidden_states=capture))
+    code, output = _invoke(["card", str(outs["spec"]), "--base-model", "org/target"])
+    assert code == 0, output
+    assert "re:.*fc.*" in (outs["spec"] / "README.md").read_text()
 
 
 @pytest.mark.parametrize("where", ["top", "layer", "both"])

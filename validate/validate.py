@@ -43,7 +43,7 @@ from eaglequant.engine.config import (
 )
 from eaglequant.engine.process import ChildRun, run_child
 from eaglequant.errors import EngineFailed, InputError
-from eaglequant.io.checkpoint import read_checkpoint, read_config
+from eaglequant.io.checkpoint import read_checkpoint
 from eaglequant.io.records import jsonl_records, read_utf8
 from eaglequant.manifest import MANIFEST_FILE, read_json_object
 from eaglequant.recipe import ValidationSpec, load_recipe
@@ -140,21 +140,21 @@ def check_inputs(request: ValidateRequest) -> None:
     """Everything that can be checked before any engine starts."""
     if not request.target.is_dir():
         raise InputError(f"{request.target}: no such target folder; pass the target model's folder")
+    dims = {}
     for folder in (request.draft, request.baseline):
-        ckpt = read_checkpoint(folder)
+        ckpt = read_checkpoint(folder)  # as vLLM reads it, in any draft format
         problems = [p for p in structure_problems(ckpt) if not p.loadable]
         if problems:
             raise InputError(str(problems[0]))
-        check_target_fits(
-            request.target, dims_from_config(ckpt.config, str(folder / "config.json"))
-        )
-    if "quantization_config" not in read_config(request.draft):
-        raise InputError(
-            f"{request.draft}: has no quantization_config; pass the FP8 draft to validate"
-        )
+        dims[folder] = dims_from_config(ckpt.config, str(folder / "config.json"))
+        check_target_fits(request.target, dims[folder])
+        if folder == request.draft and "quantization_config" not in ckpt.config:
+            raise InputError(
+                f"{request.draft}: has no quantization_config; pass the FP8 draft to validate"
+            )
     check_engine_args(request.engine.engine_args, probe_vllm(sys.executable).engine_args)
     if request.hidden_states is not None:
-        check_capture(request.hidden_states, dims_from_config(read_config(request.baseline)))
+        check_capture(request.hidden_states, dims[request.baseline])
     else:
         check_engine(request.capture)
 

@@ -19,7 +19,7 @@ import yaml
 
 from eaglequant.errors import InputError
 from eaglequant.exclusions import predict_fates
-from eaglequant.io.checkpoint import read_config
+from eaglequant.io.checkpoint import read_checkpoint
 from eaglequant.manifest import read_json_object, read_manifest
 from eaglequant.render.reports import PLOTS, tune_markdown, validation_markdown
 from eaglequant.serving import schedule_config, speculative_config
@@ -32,7 +32,7 @@ def write_card(
     tune_dir: Path | None = None,
     license_id: str | None = None,
 ) -> Path:
-    config = read_config(folder)
+    config = read_checkpoint(folder).config  # as vLLM reads it, in any draft format
     if "quantization_config" not in config:
         raise InputError(f"{folder}: no quantization_config; run the card on an exported FP8 draft")
     manifest = read_manifest(folder)
