@@ -242,8 +242,8 @@ def test_trained_speculators_draft_with_norm_before_residual_validates(tmp_path:
         target=TOY / "target",
         draft=out,
         baseline=bf16,
-        prompts=read_prompts(TOY / "prompts.jsonl")[:8],
-        max_tokens=32,
+        prompts=read_prompts(TOY / "prompts.jsonl"),  # all 32 x 48: FP8/BF16 measured 0.986
+        max_tokens=48,
         engine_timeout_s=300,
         lossless="strict",
     )
