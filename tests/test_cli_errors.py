@@ -298,6 +298,24 @@ def test_nan_found_by_the_copy_is_reported_before_quark(
     _put_nan(tiny_draft, tensor)
     code, output = _run(["export", str(tiny_draft), str(tmp_path / "o"), *recipe])
     _assert_clean_failure(code, output, f"tensor '{tensor}' holds 1 NaN/Inf")
+    assert list(tmp_path.iterdir()) == [tiny_draft]  # Quark's worker and scratch are gone
+
+
+def test_quark_worker_that_dies_is_one_line(
+    tiny_draft: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from eaglequant.quantize import file_to_file
+
+    monkeypatch.setattr(file_to_file, "WORKER", "eaglequant.no_such_worker")
+    code, output = _run(["export", str(tiny_draft), str(tmp_path / "o"), "--recipe", "ptpc-fp8"])
+    assert code == 1, output
+    assert (
+        output.strip()
+        .splitlines()[-1]
+        .startswith("error: Quark's direct_quantize_checkpoint failed: WorkerDied: ")
+    )
+    assert "No module named eaglequant.no_such_worker" in output
+    assert list(tmp_path.iterdir()) == [tiny_draft]
 
 
 def test_capture_layers_are_parsed_by_the_cli(pair: dict[str, Path], tmp_path: Path) -> None:
