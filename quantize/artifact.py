@@ -27,6 +27,7 @@ from eaglequant.io.readback import ReadBack, sha256_file
 from eaglequant.io.safetensors_header import TensorInfo
 from eaglequant.io.writer import LayoutWriter, copy_extra_files, write_text
 from eaglequant.manifest import MANIFEST_FILE, write_manifest
+from eaglequant.quantize.file_to_file import BACKGROUND_NICE
 from eaglequant.quantize.timing import timed
 from eaglequant.recipe import Recipe
 
@@ -78,7 +79,7 @@ class Artifact:
         """Plan the output with Quark's tensors still pending and copy everything else now."""
         blobs = passthrough_blobs(source) + predicted_quantized(source, recipe)
         artifact = cls(folder, source, plan_layout(blobs, max_shard_size), max_shard_size)
-        artifact.writer.start_background()
+        artifact.writer.start_background(nice=BACKGROUND_NICE)
         return artifact
 
     @property

@@ -179,6 +179,8 @@ def _run(
             scratch_parent=scratch,
             out=request.out,
         )
+        if file_to_file is not None:
+            file_to_file.close()  # its scratch folder goes now, not after the manifest
     with stage("measure"):
         measurement = pipeline.measure_export(
             plan.ckpt, model, quark.tensors, recipe, calib.held_out

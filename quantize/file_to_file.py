@@ -28,12 +28,15 @@ from eaglequant.draft import MIDLAYER_LINEARS
 from eaglequant.errors import EagleQuantError, OutputError, QuarkFailed
 from eaglequant.io.checkpoint import Checkpoint
 from eaglequant.io.layout import blob_from_file
-from eaglequant.io.writer import write_checkpoint_weights, write_text
+from eaglequant.io.writer import lower_thread_priority, write_checkpoint_weights, write_text
 from eaglequant.recipe import Recipe
 
 SCRATCH_PREFIX = ".eaglequant-quark-"
 SOURCE, RESULT, REPORT, LOG = "midlayer-bf16", "quark-out", "report.json", "quark.log"
 WORKER = "eaglequant.quantize.quark_worker"
+# How much nicer the export's background threads (copy, checks, read-back, staging) run
+# than Quark's worker: its single-threaded import is the critical path and keeps a core.
+BACKGROUND_NICE = 10
 
 
 class FileToFile:
@@ -49,13 +52,17 @@ class FileToFile:
         self.recipe, self.out = recipe, out
         self.scratch = Path(tempfile.mkdtemp(prefix=SCRATCH_PREFIX, dir=scratch_parent))
         self.timings: dict[str, float] = {}
-        with (self.scratch / LOG).open("wb") as log:
-            self.process = subprocess.Popen(
-                [sys.executable, "-m", WORKER, str(self.scratch)],
-                stdin=subprocess.PIPE,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-            )
+        try:
+            with (self.scratch / LOG).open("wb") as log:
+                self.process = subprocess.Popen(
+                    [sys.executable, "-m", WORKER, str(self.scratch)],
+                    stdin=subprocess.PIPE,
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                )
+        except BaseException:
+            shutil.rmtree(self.scratch, ignore_errors=True)
+            raise
         self._staging_error: BaseException | None = None
         self._staging = threading.Thread(target=self._stage, args=(ckpt,), daemon=True)
         self._staging.start()
@@ -80,6 +87,7 @@ class FileToFile:
         return self.scratch / RESULT
 
     def close(self) -> None:
+        """Stop the worker if it still runs, remove the scratch folder (again: a no-op)."""
         if self.process.poll() is None:
             self.process.kill()
             self.process.wait()
@@ -88,6 +96,7 @@ class FileToFile:
 
     def _stage(self, ckpt: Checkpoint) -> None:
         """A model folder holding only the midlayer's linear weights (and the config)."""
+        lower_thread_priority(BACKGROUND_NICE)
         started = time.perf_counter()
         try:
             folder = self.scratch / SOURCE

@@ -292,7 +292,7 @@ def test_nan_found_by_the_copy_is_reported_before_quark(
         raise AssertionError("Quark ran although the copy had already found the NaN")
 
     # The copy finishes before the first stage, as it does on a small draft.
-    monkeypatch.setattr(LayoutWriter, "start_background", LayoutWriter._run)
+    monkeypatch.setattr(LayoutWriter, "start_background", lambda self, nice=0: self._run())
     monkeypatch.setattr(quark_backend, "quantize_static", quark_ran)
     monkeypatch.setattr(quark_backend, "quantize_file_to_file", quark_ran)
     _put_nan(tiny_draft, tensor)
