@@ -77,6 +77,30 @@ def write_capture(draft: Path, capture: Path, tokens: int) -> None:
     save_capture(capture, CalibrationData(ids, aux, "synthetic"), {"synthetic": True})
 
 
+def machine() -> dict[str, str]:
+    """The CPU model and the instruction set torch dispatches to (``ATEN_CPU_CAPABILITY``)."""
+    info = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
+    fields = dict(line.split(":", 1) for line in info.splitlines() if ":" in line)
+    fields = {key.strip(): value.strip() for key, value in fields.items()}
+    cpu = f"{fields.get('model name', '?')} (family {fields.get('cpu family', '?')} model "
+    cpu += f"{fields.get('model', '?')})"
+    probe = "import torch; print(torch.backends.cpu.get_cpu_capability())"
+    capability = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, check=True
+    ).stdout.strip()
+    return {"cpu": cpu, "cpu_capability": capability}
+
+
+def stage_sums(stages: dict[str, float], wall: float) -> str:
+    """The export's own stages (plain names) against its total and the measured wall time."""
+    serial = sum(v for k, v in stages.items() if "." not in k and k != "total")
+    total = stages.get("total", serial)
+    return (
+        f"stages sum {serial:.1f}s, total {total:.1f}s, wall {wall:.1f}s "
+        f"({serial / wall:.1%} of wall; rename and exit after the manifest {wall - total:.1f}s)"
+    )
+
+
 def settle(*folders: Path) -> None:
     """Flush earlier runs' writes, then drop ``folders``' files from the page cache.
 
@@ -182,6 +206,7 @@ def run(shape: str, tokens: int, static: bool = True) -> dict[str, Any]:
         "shape": shape,
         "input_bytes": folder_bytes(draft),
         "cpus": os.cpu_count(),
+        **machine(),
         "cache": "input evicted from the page cache and earlier writes flushed before each run",
     }
     with tempfile.TemporaryDirectory(dir=cache) as tmp:
@@ -262,12 +287,14 @@ def print_table(results: dict) -> None:  # type: ignore[type-arg]
         rows.append(("export fp8-static (calibrated)", results["static_export"]))
     gigabytes = results["input_bytes"] / 1e9, results["output_bytes"] / 1e9
     print(f"shape {results['shape']}: input {gigabytes[0]:.2f} GB, output {gigabytes[1]:.2f} GB")
+    print(f"{results.get('cpu')}, {results['cpus']} cores, torch {results.get('cpu_capability')}")
     print(f"{'run':36} {'x floor':>8} {'wall s':>8} {'peak RSS GiB':>13}")
     for name, row in rows:
         ratio = row["wall_s"] / floor
         print(f"{name:36} {ratio:8.2f} {row['wall_s']:8.2f} {row['peak_rss_gib']:13.2f}")
     print(f"ptpc output equals Quark's tensor for tensor: {results['ptpc_equals_quark']}")
     print(f"ptpc export stages: {results['ptpc_stages_s']}")
+    print(f"ptpc {stage_sums(results['ptpc_stages_s'], results['ptpc_export']['wall_s'])}")
     if "static_stages_s" in results:
         print_static(results, floor)
     print(f"--help {results['help']['wall_s']:.3f}s, inspect {results['inspect']['wall_s']:.3f}s")

@@ -35,3 +35,9 @@ class EngineFailed(EagleQuantError):
     """An engine the tool started (vLLM, the target) failed or died before finishing (exit 1)."""
 
     exit_code = 1
+
+
+class QuarkFailed(EagleQuantError):
+    """Quark's own flow, run by the export in its worker process, failed (exit 1)."""
+
+    exit_code = 1

@@ -111,8 +111,13 @@ def load_recipe(name_or_path: str = DEFAULT_RECIPE) -> Recipe:
         raise InputError(f"{path}: not valid YAML ({exc}); fix the recipe file") from exc
     if not isinstance(data, dict):
         raise InputError(f"{path}: a recipe must be a YAML mapping of keys to values")
-    recipe = _build(Recipe, data, str(path), "")
-    _check_values(recipe, path)
+    return recipe_from_dict(data, str(path))
+
+
+def recipe_from_dict(data: dict[str, Any], origin: str) -> Recipe:
+    """A recipe from its YAML or :meth:`Recipe.to_dict` form, checked; errors name ``origin``."""
+    recipe = _build(Recipe, data, origin, "")
+    _check_values(recipe, origin)
     return recipe
 
 
@@ -153,7 +158,7 @@ def _convert(hint: Any, value: Any, path: str, key: str) -> Any:
     return value
 
 
-def _check_values(recipe: Recipe, path: Path) -> None:
+def _check_values(recipe: Recipe, path: str) -> None:
     calib = recipe.calibration
     for key in ("steps", "samples", "seq_len", "batch_size"):
         if getattr(calib, key) < 1:

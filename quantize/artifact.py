@@ -2,11 +2,13 @@
 
 The layout is planned before Quark runs: Quark's tensors are predicted by name,
 dtype and shape, so every pass-through tensor is copied into its final place
-(and checked for NaN/Inf) in a background thread while torch and Quark are
-still being imported. Quark's real tensors are then dropped into their slots
-(the folder is re-planned if they differ from the prediction), the config and
-the source's other files are written, every byte is read back and hashed, and
-the manifest goes in last. :class:`Artifact` holds the one writer throughout.
+(and checked for NaN/Inf), read back, hashed up to the first pending tensor of
+its file and fsynced in a background thread while torch and Quark are still
+being imported. Quark's real tensors are then dropped into their slots (the
+folder is re-planned if they differ from the prediction), the config and the
+source's other files are written, the read-back is completed, and the manifest
+goes in last. :class:`Artifact` holds the one writer throughout; its
+``timings`` say where the writing's time went.
 """
 
 from __future__ import annotations
@@ -21,10 +23,12 @@ from eaglequant.errors import CheckFailed
 from eaglequant.exclusions import DEFAULT_TARGET_LAYERS, predict_fates
 from eaglequant.io.checkpoint import CONFIG_FILE, Checkpoint, read_checkpoint
 from eaglequant.io.layout import Layout, TensorBlob, blob_from_file, blob_from_tensor, plan_layout
-from eaglequant.io.readback import readback, sha256_file
+from eaglequant.io.readback import ReadBack, sha256_file
 from eaglequant.io.safetensors_header import TensorInfo
 from eaglequant.io.writer import LayoutWriter, copy_extra_files, write_text
 from eaglequant.manifest import MANIFEST_FILE, write_manifest
+from eaglequant.quantize.file_to_file import BACKGROUND_NICE
+from eaglequant.quantize.timing import timed
 from eaglequant.recipe import Recipe
 
 if TYPE_CHECKING:
@@ -61,7 +65,11 @@ class Artifact:
 
     def __init__(self, folder: Path, source: Checkpoint, layout: Layout, max_shard_size: int):
         self.folder, self.source, self.max_shard_size = folder, source, max_shard_size
-        self.writer = LayoutWriter(folder, layout, check_source=_check_finite)
+        self.writer = LayoutWriter(
+            folder, layout, check_source=_check_finite, after_known=self._settle_known
+        )
+        self.readback = ReadBack(folder, layout)
+        self.timings: dict[str, float] = {}
         self.quantized: dict[str, bytes] = {}
         self.files: list[str] = []
 
@@ -72,7 +80,7 @@ class Artifact:
         """Plan the output with Quark's tensors still pending and copy everything else now."""
         blobs = passthrough_blobs(source) + predicted_quantized(source, recipe)
         artifact = cls(folder, source, plan_layout(blobs, max_shard_size), max_shard_size)
-        artifact.writer.start_background()
+        artifact.writer.start_background(nice=BACKGROUND_NICE)
         return artifact
 
     @property
@@ -86,6 +94,16 @@ class Artifact:
     def cancel(self) -> None:
         self.writer.cancel()
 
+    def _settle_known(self) -> None:
+        """In the writer's thread, once the known bytes are in: read them back, then fsync.
+
+        One reading thread: the other core is Quark's, still importing.
+        """
+        with timed(self.timings, "background.readback"):
+            self.readback.advance(stop=self.writer.cancelled)
+        with timed(self.timings, "background.fsync"):
+            self.writer.sync()
+
     def finish(self, quantized: dict[str, torch.Tensor], config: dict[str, Any]) -> None:
         """Drop Quark's tensors into their planned places (re-plan if Quark wrote others).
 
@@ -93,12 +111,16 @@ class Artifact:
         """
         stored = {self.source.stored_name(name): tensor for name, tensor in quantized.items()}
         blobs = {name: blob_from_tensor(name, tensor) for name, tensor in stored.items()}
-        self.writer.wait()  # every pass-through copy and its NaN/Inf check, whichever way
+        with timed(self.timings, "write.wait_background"):
+            self.writer.wait()  # every pass-through copy, its checks, read-back and fsync
         pending = [p.blob for f in self.layout.files for p in f.placements if p.blob.pending]
         if _signature(pending) == _signature(list(blobs.values())):
-            self.writer.finish({name: blob.data for name, blob in blobs.items()})  # type: ignore[misc]
+            data = {name: blob.data for name, blob in blobs.items()}
+            self.writer.finish(data, durable=False)  # type: ignore[arg-type]
         else:
             self._replan(list(blobs.values()))
+        with timed(self.timings, "write.fsync"):
+            self.writer.sync()
         write_text(self.folder / CONFIG_FILE, json.dumps(config, indent=2) + "\n")
         extra = copy_extra_files(self.source.folder, self.folder, NOT_COPIED)
         self.files = self.layout.file_names + extra
@@ -109,8 +131,9 @@ class Artifact:
             (self.folder / shard.name).unlink()
         layout = plan_layout(passthrough_blobs(self.source) + quantized, self.max_shard_size)
         self.writer = LayoutWriter(self.folder, layout)
+        self.readback = ReadBack(self.folder, layout)
         self.writer.write_known()
-        self.writer.finish({})
+        self.writer.finish({}, durable=False)
 
     def verify(self) -> dict[str, str]:
         """Re-open the folder: the inspect checks, then every byte read back and hashed.
@@ -127,7 +150,7 @@ class Artifact:
         for fate in fates:
             if fate.quantized == (fate.vllm_name in UNQUANTIZED_IN_VLLM):
                 problems.append(f"vLLM would build {fate.vllm_name} as {fate.scheme}")
-        digests, byte_problems = readback(self.folder, self.layout, self.quantized)
+        digests, byte_problems = self.readback.finish(self.quantized)
         problems += byte_problems
         replaced = {f"{n}.weight" for n in MIDLAYER_LINEARS}
         kept = {info.name for name, info in self.source.tensors.items() if name not in replaced}

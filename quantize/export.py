@@ -1,11 +1,19 @@
 """``eaglequant export``: the orchestrator, one checklist from BF16 draft to FP8 folder.
 
-check (no heavy imports) -> start the output folder (pass-through copy in the
-background) -> load -> calibrate -> quantize with Quark -> measure -> write
-(config with regex exclusions, shards, index) -> verify by reading back ->
-manifest. Everything is written into a temporary sibling of the output folder
-and renamed into place only when the read-back checks pass. A failure of the
-background copy (a NaN in ``lm_head``) is reported at the next stage boundary.
+check (no heavy imports) -> start: Quark's worker for the dynamic recipes (it
+imports Quark on its own core from here on) and the output folder (pass-through
+copy, NaN/Inf check, read-back and fsync in the background) -> import torch ->
+load -> calibrate -> quantize with Quark -> measure -> write (config with regex
+exclusions, shards, index) -> verify by reading back -> manifest. Everything is
+written into a temporary sibling of the output folder and renamed into place
+only when the read-back checks pass. A failure of the background copy (a NaN in
+``lm_head``) is reported at the next stage boundary.
+
+The stage report (the manifest's ``timings_s``) covers the process from its
+start: the plain names are this process's stages one after the other and add
+up to ``total`` (the wall time up to the manifest; only the rename and the exit
+come after it); ``stage.part`` names are parts of a stage; ``background.*`` ran
+beside them (the copy thread, Quark's worker).
 """
 
 from __future__ import annotations
@@ -25,7 +33,9 @@ from eaglequant.io.output import atomic_output_dir, check_output_path
 from eaglequant.io.speculators import with_quantization_config
 from eaglequant.manifest import build_manifest
 from eaglequant.quantize.artifact import Artifact
+from eaglequant.quantize.file_to_file import FileToFile
 from eaglequant.quantize.sources import CalibrationSource
+from eaglequant.quantize.timing import timed
 from eaglequant.recipe import Recipe
 
 Progress = Callable[[str], None]
@@ -92,58 +102,104 @@ def plan_export(request: ExportRequest) -> ExportPlan:
     return ExportPlan(ckpt, dims, aux_ids, module_needed, steps)
 
 
-def export_draft(request: ExportRequest, progress: Progress = lambda _msg: None) -> ExportResult:
-    """Run the whole export; see the module docstring for the steps."""
-    plan = plan_export(request)
+def export_draft(
+    request: ExportRequest, progress: Progress = lambda _msg: None, *, started: float | None = None
+) -> ExportResult:
+    """Run the whole export; see the module docstring for the steps.
+
+    ``started``: when the process started (:func:`~eaglequant.quantize.timing.process_started`,
+    the CLI passes it); the stage report then begins with the start-up before this call.
+    """
+    timings: dict[str, float] = {}
+    if started is not None:
+        timings["startup"] = round(time.perf_counter() - started, 3)
+    began = started if started is not None else time.perf_counter()
+    stage = _Stages(timings, progress)
+    with timed(timings, "plan"):  # quiet: an error here is the only line printed
+        plan = plan_export(request)
     if request.dry_run:
         return ExportResult(request.out, plan, dry_run=True)
-    recipe = request.recipe
-    timings: dict[str, float] = {}
     with atomic_output_dir(request.out, request.overwrite) as temp:
-        artifact = Artifact.start(temp, plan.ckpt, recipe, request.max_shard_size)
-        stage = _Stages(timings, progress, before_each=artifact.raise_if_failed)
+        artifact, file_to_file = None, None
         try:
-            from eaglequant.quantize import pipeline  # torch and co., while the copy runs
-
-            with stage("load"):
-                device = pipeline.resolve_device(request.device)
-                model = pipeline.load(plan.ckpt, module_needed=plan.module_needed, device=device)
-            with stage("calibrate"):
-                calib = pipeline.calibrate(
-                    model,
-                    request.calibration,
-                    recipe.calibration,
-                    plan.dims,
-                    plan.aux_layer_ids,
-                    scratch_parent=temp.parent,
-                    progress=progress,
-                )
-            with stage("quantize"):
-                quark = pipeline.quantize(
-                    plan.ckpt,
-                    model,
-                    recipe,
-                    calib.batches,
-                    scratch_parent=temp.parent,
-                    out=request.out,
-                )
-            with stage("measure"):
-                measurement = pipeline.measure_export(
-                    plan.ckpt, model, quark.tensors, recipe, calib.held_out
-                )
-                del model  # not needed to write: free it before the read-back
-            with stage("write"):
-                artifact.finish(
-                    quark.tensors,
-                    output_config(plan.ckpt.stored_config, quark.quantization_config, recipe),
-                )
-            with stage("verify"):
-                files = artifact.verify()
+            with timed(timings, "start"):
+                file_to_file = _start_quark(request, plan, temp.parent)
+                artifact = Artifact.start(temp, plan.ckpt, request.recipe, request.max_shard_size)
+            stage.before_each = artifact.raise_if_failed
+            manifest = _run(request, plan, artifact, file_to_file, stage, progress, temp.parent)
+            timings["total"] = round(time.perf_counter() - began, 3)
+            artifact.write_manifest(manifest)
         finally:
-            artifact.cancel()
-        timings["background_copy"] = round(artifact.writer.background_s, 3)
+            if artifact is not None:
+                artifact.cancel()
+            if file_to_file is not None:
+                file_to_file.close()
+    return ExportResult(request.out, plan, manifest=manifest)
+
+
+def _start_quark(request: ExportRequest, plan: ExportPlan, scratch: Path) -> FileToFile | None:
+    """Dynamic activations: Quark's worker, importing Quark from now on (static: None)."""
+    if request.recipe.needs_calibration:
+        return None
+    return FileToFile(plan.ckpt, request.recipe, scratch, request.out)
+
+
+def _run(
+    request: ExportRequest,
+    plan: ExportPlan,
+    artifact: Artifact,
+    file_to_file: FileToFile | None,
+    stage: _Stages,
+    progress: Progress,
+    scratch: Path,
+) -> dict[str, Any]:
+    """The stages after the start, up to the manifest (returned, not yet written)."""
+    recipe, timings = request.recipe, stage.timings
+    with stage("import"):
+        from eaglequant.quantize import pipeline  # torch and co., beside Quark's import
+    with stage("load"):
+        device = pipeline.resolve_device(request.device)
+        model = pipeline.load(plan.ckpt, module_needed=plan.module_needed, device=device)
+    with stage("calibrate"):
+        calib = pipeline.calibrate(
+            model,
+            request.calibration,
+            recipe.calibration,
+            plan.dims,
+            plan.aux_layer_ids,
+            scratch_parent=scratch,
+            progress=progress,
+        )
+    with stage("quantize"):
+        quark = pipeline.quantize(
+            plan.ckpt,
+            model,
+            recipe,
+            calib.batches,
+            file_to_file=file_to_file,
+            scratch_parent=scratch,
+            out=request.out,
+        )
+        if file_to_file is not None:
+            file_to_file.close()  # its scratch folder goes now, not after the manifest
+    with stage("measure"):
+        measurement = pipeline.measure_export(
+            plan.ckpt, model, quark.tensors, recipe, calib.held_out
+        )
+        del model  # not needed to write: free it before the read-back
+    with stage("write"):
+        config = output_config(plan.ckpt.stored_config, quark.quantization_config, recipe)
+        artifact.finish(quark.tensors, config)
+    with stage("verify"):
+        files = artifact.verify()
+    with stage("manifest"):
         timings.update({f"quantize.{name}": value for name, value in quark.timings.items()})
-        manifest = build_manifest(
+        timings["background.copy"] = round(artifact.writer.background_s, 3)
+        timings.update(artifact.timings)
+        if file_to_file is not None:
+            for name in ("quark_import", "stage_midlayer"):
+                timings[f"background.{name}"] = file_to_file.timings[name]
+        return build_manifest(
             source=request.src,
             recipe=recipe.to_dict(),
             calibration=_calibration_record(request, plan, calib, measurement),
@@ -153,17 +209,14 @@ def export_draft(request: ExportRequest, progress: Progress = lambda _msg: None)
             files=files,
             device=pipeline.describe_device(device),
         )
-        artifact.write_manifest(manifest)
-    return ExportResult(request.out, plan, manifest=manifest)
 
 
 class _Stages:
-    """Times each stage, reports it through ``progress``, runs ``before_each`` first."""
+    """Times each stage into ``timings``, reports it through ``progress``, runs ``before_each``."""
 
-    def __init__(
-        self, timings: dict[str, float], progress: Progress, before_each: Callable[[], None]
-    ) -> None:
-        self.timings, self.progress, self.before_each = timings, progress, before_each
+    def __init__(self, timings: dict[str, float], progress: Progress) -> None:
+        self.timings, self.progress = timings, progress
+        self.before_each: Callable[[], None] = lambda: None
 
     def __call__(self, name: str) -> _Stage:
         return _Stage(self, name)
@@ -188,8 +241,7 @@ class _Stage:
 def output_config(
     source: dict[str, Any], quark_qcfg: dict[str, Any], recipe: Recipe
 ) -> dict[str, Any]:
-    """The input config plus Quark's quantization_config where vLLM reads it for this format,
-    exclusions as vLLM-matching regex."""
+    """The input config plus Quark's quantization_config (top level), exclusions as regex."""
     qcfg = dict(quark_qcfg)
     qcfg["exclude"] = rewrite_exclude(list(recipe.exclude))
     export = dict(qcfg.get("export") or {})

@@ -20,11 +20,12 @@ from eaglequant.capture.run import capture_into
 from eaglequant.capture.sequences import tokenize_data
 from eaglequant.capture.store import CalibrationData, load_capture, read_info
 from eaglequant.draft import DraftDims
-from eaglequant.errors import InputError, OutputError
+from eaglequant.errors import InputError
 from eaglequant.io.checkpoint import Checkpoint
 from eaglequant.model.eagle3 import Eagle3Draft
 from eaglequant.model.load import load_draft_module, load_reference_midlayer
 from eaglequant.quantize import quark_backend
+from eaglequant.quantize.file_to_file import FileToFile, quark_write_error
 from eaglequant.quantize.measure import Measurement, measure
 from eaglequant.quantize.sources import CalibrationSource
 from eaglequant.recipe import CalibrationSpec, Recipe
@@ -154,34 +155,33 @@ def quantize(
     recipe: Recipe,
     batches: list[dict[str, torch.Tensor]] | None,
     *,
+    file_to_file: FileToFile | None,
     scratch_parent: Path,
     out: Path,
 ) -> quark_backend.QuarkResult:
-    """Quark: calibrated static flow, or the file-to-file flow for dynamic activations.
+    """Quark: the file-to-file flow already under way for dynamic activations, else the
+    calibrated static flow.
 
-    Quark writes into a scratch folder under ``scratch_parent``; ``out`` names the
-    export's output in an I/O error.
+    The static flow writes into a scratch folder under ``scratch_parent``; ``out``
+    names the export's output in an I/O error.
     """
+    if file_to_file is not None:
+        return quark_backend.quantize_file_to_file(file_to_file)
     from safetensors import SafetensorError
 
+    assert model is not None
     with quark_backend.scratch_dir(scratch_parent) as scratch:
         try:
-            if not recipe.needs_calibration:
-                return quark_backend.quantize_file_to_file(ckpt, recipe, Path(scratch))
-            assert model is not None
             model.unroll_steps = recipe.calibration.steps
             result = quark_backend.quantize_static(model, recipe, batches, Path(scratch))
-            # Quark replaced the midlayer's linears in place; measure against the original
-            # (freed first: two midlayers at once would not fit at full size).
-            del model.midlayer
-            gc.collect()
-            model.midlayer = load_reference_midlayer(ckpt).to(next(model.fc.parameters()).device)
-            return result
         except SafetensorError as exc:  # Quark's own writing into the scratch folder
-            raise OutputError(
-                f"{out}: I/O error while writing Quark's output in {scratch}: {exc}; "
-                "nothing was written and the input is untouched, free space and rerun"
-            ) from exc
+            raise quark_write_error(out, scratch, str(exc)) from exc
+    # Quark replaced the midlayer's linears in place; measure against the original
+    # (freed first: two midlayers at once would not fit at full size).
+    del model.midlayer
+    gc.collect()
+    model.midlayer = load_reference_midlayer(ckpt).to(next(model.fc.parameters()).device)
+    return result
 
 
 def measure_export(

@@ -6,7 +6,8 @@
   float32 (a BF16 model makes Quark divide in BF16 before the FP8 cast).
 * Dynamic activations (``ptpc-fp8``, ``fp8-dynamic``): Quark's file-to-file
   flow ``ModelQuantizer.direct_quantize_checkpoint`` on a scratch folder that
-  holds only the midlayer's linear weights, the flow AMD's published card used.
+  holds only the midlayer's linear weights, the flow AMD's published card used,
+  run in a worker process started with the export (:mod:`.file_to_file`).
 
 Either way only the midlayer's quantized tensors and Quark's
 ``quantization_config`` are taken from Quark's output; everything else is
@@ -16,13 +17,11 @@ passed through from the input byte for byte by the writer.
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import os
 import tempfile
 import time
 from collections.abc import Iterable, Iterator
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -30,11 +29,10 @@ from typing import Any
 import torch
 
 from eaglequant.draft import MIDLAYER_LINEARS, SCALE_SUFFIXES
-from eaglequant.io.checkpoint import Checkpoint, read_checkpoint
-from eaglequant.io.layout import blob_from_file
-from eaglequant.io.writer import write_checkpoint_weights, write_text
+from eaglequant.io.checkpoint import read_checkpoint
 from eaglequant.model.eagle3 import Eagle3Draft
 from eaglequant.model.load import release_file_pages
+from eaglequant.quantize.file_to_file import SCRATCH_PREFIX, FileToFile
 from eaglequant.recipe import FP8_E4M3_MAX, Recipe
 
 UNQUANTIZED_MODULES = ("fc", "lm_head", "embed_tokens")
@@ -174,36 +172,10 @@ def _set_fixed_input_scales(model: torch.nn.Module, scale: float) -> None:
             quantizer.scale.data.fill_(scale)
 
 
-def quantize_file_to_file(ckpt: Checkpoint, recipe: Recipe, scratch: Path) -> QuarkResult:
-    """Quark's ``direct_quantize_checkpoint`` on the midlayer linears alone.
-
-    The midlayer's input folder is written (by the kernel) while Quark is imported.
-    """
-    source, result = scratch / "midlayer-bf16", scratch / "quark-out"
-    with ThreadPoolExecutor(max_workers=1) as pool:
-        staged = pool.submit(_stage_midlayer, ckpt, source)
-        timings = {"import_quark": import_quark()}
-        staged.result()
-    from quark.torch import ModelQuantizer
-
-    started = time.perf_counter()
-    ModelQuantizer(quark_config(recipe)).direct_quantize_checkpoint(
-        str(source), str(result), device="cpu"
-    )
-    timings["quark_file_to_file"] = round(time.perf_counter() - started, 3)
-    return _collect(result, timings)
-
-
-def _stage_midlayer(ckpt: Checkpoint, folder: Path) -> None:
-    """A model folder holding only the midlayer's linear weights (and the flat config).
-
-    Named in the EAGLE-3 layout whatever the input's format: Quark's output is read by those names.
-    """
-    folder.mkdir()
-    names = [f"{name}.weight" for name in MIDLAYER_LINEARS]
-    blobs = [blob_from_file(ckpt.tensors[name], name) for name in names]
-    write_checkpoint_weights(folder, blobs, 10**15)
-    write_text(folder / "config.json", json.dumps(ckpt.config))
+def quantize_file_to_file(file_to_file: FileToFile) -> QuarkResult:
+    """Quark's ``direct_quantize_checkpoint`` on the midlayer linears alone, in its worker."""
+    folder = file_to_file.run()
+    return _collect(folder, {"quark_file_to_file": file_to_file.timings["quark_file_to_file"]})
 
 
 def _collect(folder: Path, timings: dict[str, float]) -> QuarkResult:
@@ -217,4 +189,4 @@ def _collect(folder: Path, timings: dict[str, float]) -> QuarkResult:
 
 def scratch_dir(parent: Path) -> tempfile.TemporaryDirectory[str]:
     """A scratch folder for Quark's own output, removed afterwards."""
-    return tempfile.TemporaryDirectory(prefix=".eaglequant-quark-", dir=parent)
+    return tempfile.TemporaryDirectory(prefix=SCRATCH_PREFIX, dir=parent)

@@ -76,3 +76,20 @@ def test_missing_midlayer_tensor(tmp_path: Path, tiny_draft: Path) -> None:
     save_file(tensors, str(tiny_draft / "model.safetensors"), metadata={"format": "pt"})
     with pytest.raises(InputError, match="tensor 'midlayer.self_attn.k_proj.weight' is missing"):
         require_bf16_draft(read_checkpoint(tiny_draft))
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32, torch.float64])
+def test_file_check_counts_nan_and_inf_as_torch_does(tmp_path: Path, dtype: torch.dtype) -> None:
+    from eaglequant.model.finite import check_finite
+
+    values = torch.randn(1000, dtype=torch.float64).to(dtype) * 1e3
+    values[[3, 500, 999]] = torch.tensor([float("nan"), float("inf"), -float("inf")], dtype=dtype)
+    values[7] = torch.finfo(dtype).max  # all exponent bits but one: finite
+    save_file(
+        {"w": values, "ok": values.nan_to_num(0.0, 0.0, 0.0)}, str(tmp_path / "m.safetensors")
+    )
+    tensors = read_header(tmp_path / "m.safetensors").tensors
+    check_finite(tensors["ok"])
+    expected = int((~torch.isfinite(values)).sum())
+    with pytest.raises(InputError, match=f"tensor 'w' holds {expected} NaN/Inf"):
+        check_finite(tensors["w"])

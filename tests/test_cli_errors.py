@@ -292,12 +292,30 @@ def test_nan_found_by_the_copy_is_reported_before_quark(
         raise AssertionError("Quark ran although the copy had already found the NaN")
 
     # The copy finishes before the first stage, as it does on a small draft.
-    monkeypatch.setattr(LayoutWriter, "start_background", LayoutWriter._run)
+    monkeypatch.setattr(LayoutWriter, "start_background", lambda self, nice=0: self._run())
     monkeypatch.setattr(quark_backend, "quantize_static", quark_ran)
     monkeypatch.setattr(quark_backend, "quantize_file_to_file", quark_ran)
     _put_nan(tiny_draft, tensor)
     code, output = _run(["export", str(tiny_draft), str(tmp_path / "o"), *recipe])
     _assert_clean_failure(code, output, f"tensor '{tensor}' holds 1 NaN/Inf")
+    assert list(tmp_path.iterdir()) == [tiny_draft]  # Quark's worker and scratch are gone
+
+
+def test_quark_worker_that_dies_is_one_line(
+    tiny_draft: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from eaglequant.quantize import file_to_file
+
+    monkeypatch.setattr(file_to_file, "WORKER", "eaglequant.no_such_worker")
+    code, output = _run(["export", str(tiny_draft), str(tmp_path / "o"), "--recipe", "ptpc-fp8"])
+    assert code == 1, output
+    assert (
+        output.strip()
+        .splitlines()[-1]
+        .startswith("error: Quark's direct_quantize_checkpoint failed: WorkerDied: ")
+    )
+    assert "No module named eaglequant.no_such_worker" in output
+    assert list(tmp_path.iterdir()) == [tiny_draft]
 
 
 def test_capture_layers_are_parsed_by_the_cli(pair: dict[str, Path], tmp_path: Path) -> None:

@@ -170,6 +170,10 @@ def test_ptpc_equals_quarks_own_file_to_file_flow(pair: dict[str, Path], tmp_pat
     qcfg = json.loads((out / "config.json").read_text())["quantization_config"]
     assert qcfg["global_quant_config"]["input_tensors"]["is_dynamic"] is True
     assert qcfg["exclude"] == ["re:.*fc.*", "re:.*lm_head.*"]
+    timings = json.loads((out / "eaglequant.json").read_text())["timings_s"]
+    stages = [v for k, v in timings.items() if "." not in k and k not in ("startup", "total")]
+    assert sum(stages) == pytest.approx(timings["total"] - timings["startup"], abs=0.1)
+    assert timings["background.quark_import"] > 0 and timings["quantize.quark_file_to_file"] > 0
 
 
 def test_wrong_layout_prediction_is_replanned(

@@ -16,7 +16,7 @@ from eaglequant.errors import InputError, OutputError
 from eaglequant.io.checkpoint import read_checkpoint
 from eaglequant.io.layout import TensorBlob, blob_from_file, blob_from_tensor, plan_layout
 from eaglequant.io.output import atomic_output_dir, check_output_path
-from eaglequant.io.readback import readback, sha256_file
+from eaglequant.io.readback import ReadBack, readback, sha256_file
 from eaglequant.io.writer import LayoutWriter, write_checkpoint_weights
 from tests.conftest import tree_digest
 
@@ -170,6 +170,31 @@ def test_readback_hashes_files_and_finds_changed_bytes(sharded_draft: Path, tmp_
         "tensor 'extra' is not byte-identical to its quantized bytes",
         "tensor 'fc.weight' is not byte-identical to its input",
     ]
+
+
+def test_readback_resumes_after_the_pending_bytes(sharded_draft: Path, tmp_path: Path) -> None:
+    """Read back early up to each file's first pending tensor, finish once it is written."""
+    src = read_checkpoint(sharded_draft)
+    blobs = [blob_from_file(t) for t in src.tensors.values()]
+    blobs.append(TensorBlob("midlayer.zz", "F32", (4,)))  # sorts among the midlayer tensors
+    layout = plan_layout(blobs, max_shard_size=20_000)
+    writer = LayoutWriter(tmp_path, layout)
+    writer.write_known()
+    early = ReadBack(tmp_path, layout)
+    early.advance()
+    shard, placed = layout.placement("midlayer.zz")
+    file = next(f for f in early.files if f.path.name == shard.name)
+    assert file.checked == shard.placements.index(placed)  # stopped at the pending tensor
+    assert all(f.checked == len(f.shard.placements) for f in early.files if f is not file)
+    given = {"midlayer.zz": bytes(range(16))}
+    writer.finish(given)
+    digests, problems = early.finish(given)
+    assert problems == []
+    assert digests == readback(tmp_path, layout, given)[0]
+    assert digests == {f.name: sha256_file(tmp_path / f.name) for f in layout.files}
+    stopped = ReadBack(tmp_path, layout)
+    stopped.advance(stop=lambda: True)
+    assert all(f.checked == 0 for f in stopped.files)  # headers only
 
 
 def test_replanned_artifact_reports_the_layout_it_wrote(tiny_draft: Path, tmp_path: Path) -> None:

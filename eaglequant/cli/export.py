@@ -147,6 +147,7 @@ def export(
     if out is None:
         raise InputError("missing OUT: eaglequant export SRC OUT")
     from eaglequant.quantize.export import ExportRequest, export_draft
+    from eaglequant.quantize.timing import process_started
 
     request = ExportRequest(
         src=src,
@@ -173,7 +174,7 @@ def export(
         dry_run=dry_run,
         device=device,
     )
-    result = export_draft(request, progress=progress)
+    result = export_draft(request, progress=progress, started=process_started())
     if base_model and not dry_run:
         from eaglequant.render.card import write_card
 

@@ -9,7 +9,9 @@ working, then drop the quantized bytes into their places (:class:`LayoutWriter`)
 from __future__ import annotations
 
 import os
+import sys
 import threading
+import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
@@ -53,7 +55,9 @@ class LayoutWriter:
     thread are raised from ``finish`` (or at once by ``raise_if_failed``);
     ``cancel()`` stops it (between chunks).
     ``check_source(info)`` runs on each pass-through tensor right after its copy,
-    while its bytes are still in the page cache (the export checks for NaN/Inf).
+    while its bytes are still in the page cache (the export checks for NaN/Inf);
+    ``after_known()`` runs in the background thread once every known byte is
+    written (the export makes them durable and reads them back there).
     """
 
     def __init__(
@@ -61,16 +65,23 @@ class LayoutWriter:
         folder: Path,
         layout: Layout,
         check_source: Callable[[TensorInfo], None] | None = None,
+        after_known: Callable[[], None] | None = None,
     ) -> None:
         self.folder, self.layout = folder, layout
-        self.check_source = check_source
+        self.check_source, self.after_known = check_source, after_known
         self._cancel = threading.Event()
         self._thread: threading.Thread | None = None
         self._error: BaseException | None = None
-        self.background_s = 0.0
+        self.background_s = 0.0  # the background copy and its checks, without after_known
 
-    def start_background(self) -> None:
-        self._thread = threading.Thread(target=self._run, name="eaglequant-writer", daemon=True)
+    def start_background(self, nice: int = 0) -> None:
+        """Write (and check) in a thread, ``nice`` steps below the caller's priority."""
+
+        def run() -> None:
+            lower_thread_priority(nice)
+            self._run()
+
+        self._thread = threading.Thread(target=run, name="eaglequant-writer", daemon=True)
         self._thread.start()
 
     def write_known(self) -> None:
@@ -83,14 +94,18 @@ class LayoutWriter:
                     self.check_source(placed.blob.source)
 
     def _run(self) -> None:
-        import time
-
         started = time.perf_counter()
         try:
             self.write_known()
+            self.background_s = time.perf_counter() - started
+            if self.after_known is not None and not self.cancelled():
+                self.after_known()
         except BaseException as exc:  # re-raised in the caller's thread by wait()
             self._error = exc
-        self.background_s = time.perf_counter() - started
+            self.background_s = time.perf_counter() - started
+
+    def cancelled(self) -> bool:
+        return self._cancel.is_set()
 
     def wait(self) -> None:
         if self._thread is not None:
@@ -130,10 +145,21 @@ class LayoutWriter:
         if self.layout.index is not None:
             write_text(self.folder / INDEX_FILE, self.layout.index)
         for shard in self.layout.files:
-            path = self.folder / shard.name
-            os.chmod(path, FILE_MODE)
-            if durable:
-                _fsync(path)
+            os.chmod(self.folder / shard.name, FILE_MODE)
+        if durable:
+            self.sync()
+
+    def sync(self) -> None:
+        """fsync every weight file (after a background copy: only what was written since)."""
+        for shard in self.layout.files:
+            _fsync(self.folder / shard.name)
+
+
+def lower_thread_priority(nice: int) -> None:
+    """Make the calling thread ``nice`` steps nicer (Linux: per thread; elsewhere, or 0: no-op)."""
+    if nice and sys.platform == "linux":
+        tid = threading.get_native_id()
+        os.setpriority(os.PRIO_PROCESS, tid, os.getpriority(os.PRIO_PROCESS, tid) + nice)
 
 
 def _write_known(folder: Path, shard: ShardFile, cancel: threading.Event) -> None:

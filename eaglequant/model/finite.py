@@ -1,23 +1,35 @@
-"""NaN/Inf check of one stored tensor, chunk by chunk, from its file or once loaded (torch only)."""
+"""NaN/Inf check of one stored tensor: chunk by chunk from its file (numpy), or once loaded."""
 
 from __future__ import annotations
 
 import math
 
+import numpy as np
 import torch
 
 from eaglequant.errors import InputError
-from eaglequant.io.layout import torch_dtypes
 from eaglequant.io.safetensors_header import DTYPE_SIZES, FLOAT_DTYPES, TensorInfo
 
 FINITE_CHECK_BYTES = 64 * 1024 * 1024
+# Each float dtype's exponent bits (as its unsigned integer): NaN or Inf exactly when all set.
+EXPONENT_BITS: dict[str, tuple[type[np.unsignedinteger], int]] = {
+    "F16": (np.uint16, 0x7C00),
+    "BF16": (np.uint16, 0x7F80),
+    "F32": (np.uint32, 0x7F800000),
+    "F64": (np.uint64, 0x7FF0000000000000),
+}
 
 
 def check_finite(info: TensorInfo) -> None:
-    """Count NaN/Inf chunk by chunk, read straight from the file (nothing stays in memory)."""
+    """Count NaN/Inf chunk by chunk, read straight from the file (nothing stays in memory).
+
+    On the bit patterns with numpy, in the calling thread alone: about 3x the rate
+    of torch's two-thread ``abs().max()`` here, and it runs beside Quark's worker
+    without an OpenMP team waiting for a core that Quark holds.
+    """
     if info.dtype not in FLOAT_DTYPES:
         return
-    dtype = torch_dtypes()[info.dtype]
+    bits, mask = EXPONENT_BITS[info.dtype]
     step = FINITE_CHECK_BYTES - FINITE_CHECK_BYTES % 8
     bad, buffer = 0, bytearray(min(step, info.nbytes))
     with info.file.open("rb", buffering=0) as handle:
@@ -26,8 +38,8 @@ def check_finite(info: TensorInfo) -> None:
             handle.seek(info.start + offset)
             if handle.readinto(memoryview(buffer)[:size]) != size:
                 raise InputError(f"{info.file}: ended early while reading '{info.name}'")
-            count = size // DTYPE_SIZES[info.dtype]
-            bad += count_nonfinite(torch.frombuffer(buffer, dtype=dtype, count=count))
+            values = np.frombuffer(buffer, dtype=bits, count=size // DTYPE_SIZES[info.dtype])
+            bad += int(np.count_nonzero((values & mask) == mask))
     _raise_if_bad(info, bad)
 
 

@@ -1,0 +1,135 @@
+"""Quark's file-to-file flow in a worker process started with the export (parent side).
+
+``import quark.torch`` costs one core tens of seconds (most of it Quark's scan
+of every transformers modeling file, see the README's Benchmarks). The
+dynamic-activation recipes therefore start Quark in a child process as the
+export starts: there it imports on its own core, without this process's GIL,
+while this process plans, copies, checks, fsyncs and reads back the
+pass-through tensors and stages the midlayer's weights. The child then takes
+one request (the staged folder, the recipe), runs
+``ModelQuantizer.direct_quantize_checkpoint`` and leaves its timings in a JSON
+file (:mod:`.quark_worker` is the child's side). Light: nothing heavy is
+imported here.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from eaglequant.draft import MIDLAYER_LINEARS
+from eaglequant.errors import EagleQuantError, OutputError, QuarkFailed
+from eaglequant.io.checkpoint import Checkpoint
+from eaglequant.io.layout import blob_from_file
+from eaglequant.io.writer import lower_thread_priority, write_checkpoint_weights, write_text
+from eaglequant.recipe import Recipe
+
+SCRATCH_PREFIX = ".eaglequant-quark-"
+SOURCE, RESULT, REPORT, LOG = "midlayer-bf16", "quark-out", "report.json", "quark.log"
+WORKER = "eaglequant.quantize.quark_worker"
+# How much nicer the export's background threads (copy, checks, read-back, staging) run
+# than Quark's worker: its single-threaded import is the critical path and keeps a core.
+BACKGROUND_NICE = 10
+
+
+class FileToFile:
+    """The midlayer's file-to-file quantization, under way from the export's start.
+
+    Creating one makes the scratch folder, starts the worker (which imports
+    Quark) and stages the midlayer's linear weights in a thread; ``run`` hands
+    the worker its request and waits; ``close`` stops the worker if it still
+    runs and removes the scratch folder.
+    """
+
+    def __init__(self, ckpt: Checkpoint, recipe: Recipe, scratch_parent: Path, out: Path) -> None:
+        self.recipe, self.out = recipe, out
+        self.scratch = Path(tempfile.mkdtemp(prefix=SCRATCH_PREFIX, dir=scratch_parent))
+        self.timings: dict[str, float] = {}
+        try:
+            with (self.scratch / LOG).open("wb") as log:
+                self.process = subprocess.Popen(
+                    [sys.executable, "-m", WORKER, str(self.scratch)],
+                    stdin=subprocess.PIPE,
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                )
+        except BaseException:
+            shutil.rmtree(self.scratch, ignore_errors=True)
+            raise
+        self._staging_error: BaseException | None = None
+        self._staging = threading.Thread(target=self._stage, args=(ckpt,), daemon=True)
+        self._staging.start()
+
+    def run(self) -> Path:
+        """Wait for the staged midlayer, let Quark quantize it; the folder Quark wrote."""
+        self._staging.join()
+        if self._staging_error is not None:
+            raise self._staging_error
+        assert self.process.stdin is not None
+        request = {"recipe": self.recipe.to_dict()}
+        try:
+            self.process.stdin.write(json.dumps(request).encode() + b"\n")
+            self.process.stdin.close()
+        except BrokenPipeError:
+            pass  # the worker already died: its report or log says why
+        self.process.wait()
+        report = self._report()
+        self.timings.update(report.get("timings", {}))
+        if "error" in report:
+            raise self._failure(report)
+        return self.scratch / RESULT
+
+    def close(self) -> None:
+        """Stop the worker if it still runs, remove the scratch folder (again: a no-op)."""
+        if self.process.poll() is None:
+            self.process.kill()
+            self.process.wait()
+        self._staging.join()
+        shutil.rmtree(self.scratch, ignore_errors=True)
+
+    def _stage(self, ckpt: Checkpoint) -> None:
+        """A model folder holding only the midlayer's linear weights (and the config)."""
+        lower_thread_priority(BACKGROUND_NICE)
+        started = time.perf_counter()
+        try:
+            folder = self.scratch / SOURCE
+            folder.mkdir()
+            # named in the EAGLE-3 layout whatever the input's format: Quark's output is read so
+            names = [f"{name}.weight" for name in MIDLAYER_LINEARS]
+            blobs = [blob_from_file(ckpt.tensors[name], name) for name in names]
+            write_checkpoint_weights(folder, blobs, 10**15)
+            write_text(folder / "config.json", json.dumps(ckpt.config))
+        except BaseException as exc:  # re-raised by run()
+            self._staging_error = exc
+        self.timings["stage_midlayer"] = round(time.perf_counter() - started, 3)
+
+    def _report(self) -> dict[str, Any]:
+        path = self.scratch / REPORT
+        if path.is_file():
+            return dict(json.loads(path.read_text()))
+        lines = (self.scratch / LOG).read_text(errors="replace").strip().splitlines()
+        last = lines[-1] if lines else f"exit status {self.process.returncode}"
+        return {"error": "WorkerDied", "message": last}
+
+    def _failure(self, report: dict[str, Any]) -> EagleQuantError:
+        if report.get("io"):
+            return quark_write_error(self.out, self.scratch, report["message"])
+        return QuarkFailed(
+            f"Quark's direct_quantize_checkpoint failed: {report['error']}: "
+            f"{report['message'][:300]}; nothing was published"
+        )
+
+
+def quark_write_error(out: Path, scratch: Path | str, message: str) -> OutputError:
+    """Quark could not write its output into the scratch folder (a full disk)."""
+    return OutputError(
+        f"{out}: I/O error while writing Quark's output in {scratch}: {message}; "
+        "nothing was written and the input is untouched, free space and rerun"
+    )

@@ -1,0 +1,39 @@
+"""The export's clock: named spans into a timings dict, and when this process started.
+
+Every span is ``time.perf_counter`` seconds; :func:`process_started` puts the
+interpreter's own start-up on the same clock, so a stage report can begin at
+the process's first instant instead of at the first line of the export.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+
+@contextlib.contextmanager
+def timed(timings: dict[str, float], name: str) -> Iterator[None]:
+    """Record the seconds the ``with`` block took as ``timings[name]`` (also when it raises)."""
+    started = time.perf_counter()
+    try:
+        yield
+    finally:
+        timings[name] = round(time.perf_counter() - started, 3)
+
+
+def process_started() -> float | None:
+    """When this process started, on the ``perf_counter`` clock; None without ``/proc``.
+
+    From ``/proc/self/stat`` (field 22, clock ticks since boot), so it covers the
+    interpreter's start and every import before the caller ran.
+    """
+    try:
+        stat = Path("/proc/self/stat").read_text()
+    except OSError:
+        return None
+    ticks = int(stat.rsplit(")", 1)[1].split()[19])
+    age = time.clock_gettime(time.CLOCK_BOOTTIME) - ticks / os.sysconf("SC_CLK_TCK")
+    return time.perf_counter() - max(age, 0.0)
