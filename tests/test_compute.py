@@ -6,17 +6,22 @@ draft unrolled 3 steps on 1024 tokens. Tolerance: every midlayer input range
 BF16's half-spacing, and each step's top-1 agreement at least 0.998 (measured
 here: equal ranges, agreement 1.0). Without the float32 path's rounding of
 its outputs to BF16 the ranges move by ~1e-3 and agreement drops to ~0.99;
-the test runs that mutant too and requires it to fail.
+the test runs that mutant too and requires it to fail. A slow test exports
+the tiny pair's draft on each path and compares the written input scales and
+the manifest's top-1 agreement.
 """
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
 import torch
+from safetensors import safe_open
 
 from eaglequant.devtools.synthetic import draft_config, write_random_draft
+from eaglequant.draft import MIDLAYER_LINEARS
 from eaglequant.errors import InputError
 from eaglequant.io.checkpoint import read_checkpoint
 from eaglequant.model import compute
@@ -114,3 +119,31 @@ def test_unknown_path_is_an_input_error(monkeypatch: pytest.MonkeyPatch) -> None
     monkeypatch.setenv(compute.GEMM_ENV, "fp16")
     with pytest.raises(InputError, match="EAGLEQUANT_GEMM='fp16': use auto, bf16 or float32"):
         compute.cpu_gemm_path()
+
+
+@pytest.mark.slow
+def test_exports_forced_to_either_path_agree(
+    pair: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Input scales within RANGE_RTOL, top-1 agreement (384 held-out tokens) within 1/200."""
+    from tests import test_export as export
+
+    capture = tmp_path / "capture"
+    export._capture(
+        pair, capture, "--draft", str(pair["draft"]), "--samples", "14", "--seq-len", "48"
+    )
+    written = {}
+    for path in compute.GEMM_PATHS:
+        monkeypatch.setenv(compute.GEMM_ENV, path)
+        out = tmp_path / path
+        calibration = ["--calib-hidden-states", str(capture), "--calib-samples", "6"]
+        export._export([str(pair["draft"]), str(out), *calibration])
+        manifest = json.loads((out / "eaglequant.json").read_text())
+        assert path in manifest["device"]["gemm"]
+        with safe_open(str(out / "model.safetensors"), framework="pt") as handle:
+            scales = {n: float(handle.get_tensor(f"{n}.input_scale")) for n in MIDLAYER_LINEARS}
+        written[path] = scales, manifest["top1_agreement_by_step"]
+    (native_scales, native_top1), (upcast_scales, upcast_top1) = written.values()
+    for name, scale in native_scales.items():
+        assert abs(upcast_scales[name] - scale) <= RANGE_RTOL * scale, name
+    assert all(abs(a - b) <= 1 / 200 for a, b in zip(native_top1, upcast_top1, strict=True))
