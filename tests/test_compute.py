@@ -92,7 +92,8 @@ def test_linear_rounds_to_bf16_and_top1_is_its_first_argmax(
     path: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv(compute.GEMM_ENV, path)
-    monkeypatch.setattr(compute, "UPCAST_ELEMENTS", 3 * 40)  # 3 rows a block: blocks meet ties
+    for blocks in ("UPCAST_ELEMENTS", "VIEW_ELEMENTS"):  # 3 rows a block: blocks meet ties
+        monkeypatch.setattr(compute, blocks, 3 * 40)
     generator = torch.Generator().manual_seed(0)
     x = torch.randn(2, 5, 40, generator=generator)
     weight = torch.randn(50, 40, generator=generator).bfloat16()

@@ -29,7 +29,8 @@ from eaglequant.errors import InputError
 
 GEMM_ENV = "EAGLEQUANT_GEMM"  # auto (default), bf16 or float32
 GEMM_PATHS = ("bf16", "float32")
-UPCAST_ELEMENTS = 1 << 22  # weight values upcast at a time (16 MiB in float32: stays in cache)
+UPCAST_ELEMENTS = 1 << 23  # weight values upcast at a time into one reused 32 MiB buffer
+VIEW_ELEMENTS = 1 << 26  # weight values per GEMM in the weight's own dtype (BF16 GEMMs want many)
 PROBE_SHAPE = (512, 4096, 1024)  # tokens (a micro-batch), inputs, outputs: 4.3 GFLOP
 _TAKEN: set[str] = set()  # the paths this process's BF16 GEMMs on the CPU took
 
@@ -88,21 +89,23 @@ def paths_taken() -> list[str]:
     return sorted(_TAKEN)
 
 
-def row_blocks(weight: torch.Tensor) -> list[slice]:
-    """Slices of ``weight``'s rows, :data:`UPCAST_ELEMENTS` values each (at least one row)."""
-    rows = max(1, UPCAST_ELEMENTS // max(weight.shape[1], 1))
+def row_blocks(weight: torch.Tensor, elements: int) -> list[slice]:
+    """Slices of ``weight``'s rows, ``elements`` values each (at least one row)."""
+    rows = max(1, elements // max(weight.shape[1], 1))
     return [slice(start, start + rows) for start in range(0, weight.shape[0], rows)]
 
 
-def weight_blocks(weight: torch.Tensor, dtype: torch.dtype) -> Iterator[tuple[slice, torch.Tensor]]:
-    """``weight``'s row blocks in ``dtype``: views when it is the weight's, else one reused buffer.
+def weight_blocks(
+    weight: torch.Tensor, dtype: torch.dtype, copy: bool = False
+) -> Iterator[tuple[slice, torch.Tensor]]:
+    """``weight``'s row blocks in ``dtype``: views in its own dtype, else copies into one buffer.
 
     A full-size weight is never held a second time at a higher precision.
     """
-    blocks = row_blocks(weight)
-    if dtype == weight.dtype:
-        yield from ((rows, weight[rows]) for rows in blocks)
+    if dtype == weight.dtype and not copy:
+        yield from ((rows, weight[rows]) for rows in row_blocks(weight, VIEW_ELEMENTS))
         return
+    blocks = row_blocks(weight, UPCAST_ELEMENTS)
     buffer = weight.new_empty(blocks[0].stop - blocks[0].start, weight.shape[1], dtype=dtype)
     for rows in blocks:
         block = weight[rows]
@@ -114,10 +117,9 @@ def upcast_linear(
 ) -> torch.Tensor:
     """``F.linear(x, weight * row_scale)`` in ``x``'s dtype, a block of weight rows at a time."""
     out = x.new_empty(*x.shape[:-1], weight.shape[0])
-    for rows, block in weight_blocks(weight, x.dtype):
+    for rows, block in weight_blocks(weight, x.dtype, copy=row_scale is not None):
         if row_scale is not None:
-            scale = row_scale if row_scale.dim() == 0 else row_scale[rows]
-            block = block.mul_(scale) if block.dtype != weight.dtype else block * scale
+            block.mul_(row_scale if row_scale.dim() == 0 else row_scale[rows])
         out[..., rows] = F.linear(x, block)
     return out
 
