@@ -50,6 +50,7 @@ SHAPES = {
 }
 EQ = [sys.executable, "-m", "eaglequant.cli"]
 HELD_OUT = 8  # the default recipe's held-out sequences, on top of the calibration tokens
+MIN_RATE = 0.6  # the static export's arithmetic must run at >= 60% of the reference GEMM rate
 
 
 def prepare(shape: str, cache: Path, tokens: int) -> tuple[Path, Path]:
@@ -319,6 +320,8 @@ def static_export(draft: Path, capture: Path, tokens: int, out: Path) -> dict[st
         "static_device": manifest["device"],
         "static_stages_s": manifest["timings_s"],
         "static_calibration": calib,
+        "static_layers": manifest["layers"],
+        "static_top1_agreement": manifest["top1_agreement_by_step"],
         "static_flop": {
             "calibration": draft_flop(dims, calib["tokens"], seq, steps, scored_steps=steps - 1),
             "measurement": 2 * draft_flop(dims, calib["held_out_tokens"], seq, steps, steps)
@@ -398,11 +401,12 @@ def print_static(results: dict, floor: float) -> None:  # type: ignore[type-arg]
             f"{name}: {work / 1e12:.1f} TFLOP in {seconds:.1f}s = {achieved:.0f} GFLOP/s, "
             f"{achieved / rate:.0%} of the reference GEMM rate {rate:.0f} GFLOP/s"
         )
-    budget = 3 * floor + (flop["calibration"] + flop["measurement"]) / rate / 1e9
+    arithmetic = (flop["calibration"] + flop["measurement"]) / rate / 1e9
     wall = results["static_export"]["wall_s"]
     print(
-        f"static target 3 x floor + arithmetic at the reference rate = {budget:.1f}s; "
-        f"measured {wall:.1f}s; peak RSS "
+        f"static target 3 x floor + arithmetic at {MIN_RATE:.0%} of the reference rate = "
+        f"{3 * floor + arithmetic / MIN_RATE:.1f}s (at the full rate "
+        f"{3 * floor + arithmetic:.1f}s); measured {wall:.1f}s; peak RSS "
         f"{results['static_export']['peak_rss_gib'] * 2**30 / results['input_bytes']:.2f}x input"
     )
 
