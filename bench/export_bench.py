@@ -12,9 +12,10 @@ peak RSS of that process tree):
    its stage timings, FLOP counts and the GEMM path it took (BF16 or float32);
 4. ``eaglequant --help`` and ``eaglequant inspect`` latency;
 5. the CPU (model, torch's capability, native BF16 or not) and its GEMM rates
-   on a hidden x hidden weight: float32 ``torch.mm`` (2048 rows), BF16
-   ``F.linear`` and ``torch.mm`` (256 rows; 16 where BF16 is not native: a
-   scalar loop), and the export's own float32-from-BF16 ``lm_head`` top-1.
+   on a hidden x hidden weight, best of before and after the runs: float32
+   ``torch.mm`` (2048 rows), BF16 ``F.linear`` and ``torch.mm`` (256 rows; 8
+   where BF16 is not native: a scalar loop), and the export's own
+   float32-from-BF16 ``lm_head`` top-1.
 
 ``--static-only`` skips the ptpc comparison (2, and Quark's import). The
 environment passes to every run, so ``ATEN_CPU_CAPABILITY=avx2
@@ -204,7 +205,19 @@ def run(shape: str, tokens: int, static: bool = True, ptpc: bool = True) -> dict
             results.update(static_export(draft, capture, tokens, scratch / "static"))
         out_bytes = results.get("output_bytes") or results["static_output_bytes"]
         results["io_floor"] = io_floor(draft, out_bytes, scratch)
+    best_rates(results["cpu"], cpu_in_child(SHAPES[shape]["hidden"]))
     return results
+
+
+def best_rates(cpu: dict[str, Any], again: dict[str, Any]) -> None:
+    """Keep each GEMM's best of the rates measured before and after the runs.
+
+    Another process on the same cores halves a measurement; the machine's rate is the best.
+    """
+    cpu["gemm_gflops_runs"] = [cpu["gemm_gflops"], again["gemm_gflops"]]
+    cpu["gemm_gflops"] = {
+        k: max(r[k] for r in cpu["gemm_gflops_runs"]) for k in again["gemm_gflops"]
+    }
 
 
 def ptpc_export(draft: Path, scratch: Path) -> dict[str, Any]:
