@@ -22,12 +22,8 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from eaglequant.draft import MIDLAYER_LINEARS
-from eaglequant.model.eagle3 import (
-    Eagle3Draft,
-    StepOutput,
-    micro_batches,
-    upcast_linear,
-)
+from eaglequant.model.compute import upcast_linear
+from eaglequant.model.eagle3 import Eagle3Draft, StepOutput, micro_batches
 from eaglequant.recipe import FP8_E4M3_MAX, Recipe
 
 FP8 = torch.float8_e4m3fn

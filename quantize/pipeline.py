@@ -22,6 +22,7 @@ from eaglequant.capture.store import CalibrationData, load_capture, read_info
 from eaglequant.draft import DraftDims
 from eaglequant.errors import InputError
 from eaglequant.io.checkpoint import Checkpoint
+from eaglequant.model import compute
 from eaglequant.model.eagle3 import Eagle3Draft
 from eaglequant.model.load import load_draft_module, load_reference_midlayer
 from eaglequant.quantize import quark_backend
@@ -61,7 +62,12 @@ def describe_device(device: torch.device) -> dict[str, Any]:
         hip = getattr(torch.version, "hip", None)
         name = torch.cuda.get_device_name(device)
         return {"type": "cuda", "name": name, "runtime": f"rocm {hip}" if hip else "cuda"}
-    return {"type": "cpu", "threads": torch.get_num_threads()}
+    return {
+        "type": "cpu",
+        "threads": torch.get_num_threads(),
+        "capability": torch.backends.cpu.get_cpu_capability(),
+        "gemm": compute.paths_taken(),  # how fc and lm_head computed: bf16 and/or float32
+    }
 
 
 def load(ckpt: Checkpoint, *, module_needed: bool, device: torch.device) -> Eagle3Draft | None:

@@ -35,9 +35,8 @@ from torch import nn
 from transformers import LlamaConfig, PreTrainedModel
 
 from eaglequant.draft import DraftDims, dims_from_config
+from eaglequant.model import compute
 
-SCORE_CHUNK = 256  # tokens per lm_head call when only the top-1 is kept
-UPCAST_ROWS = 2048  # weight rows converted at a time by upcast_linear
 MICRO_BATCH_TOKENS = 512  # tokens per unrolled forward in calibration and measurement
 
 
@@ -56,24 +55,7 @@ class UpcastLinear(nn.Module):
         self.weight = nn.Parameter(weight, requires_grad=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return upcast_linear(x, self.weight)
-
-
-def upcast_linear(
-    x: torch.Tensor, weight: torch.Tensor, row_scale: torch.Tensor | None = None
-) -> torch.Tensor:
-    """``F.linear(x, weight * row_scale)`` in ``x``'s dtype, upcasting a block of rows at a time.
-
-    A full-size weight is never held a second time at the higher precision.
-    """
-    outputs = []
-    for start in range(0, weight.shape[0], UPCAST_ROWS):
-        rows = slice(start, start + UPCAST_ROWS)
-        block = weight[rows].to(x.dtype, copy=True)
-        if row_scale is not None:
-            block.mul_(row_scale if row_scale.dim() == 0 else row_scale[rows])
-        outputs.append(F.linear(x, block))
-    return torch.cat(outputs, -1)
+        return compute.upcast_linear(x, self.weight)
 
 
 class RMSNorm(nn.Module):
@@ -250,19 +232,21 @@ class Eagle3Draft(PreTrainedModel):
         steps take the draft's own predicted tokens, as vLLM does, unless
         ``forced_ids`` (b, t+steps-1: the tokens at positions 1..) are given
         (training: the token a correct draft would have produced). Without
-        ``keep_logits`` only each step's top-1 is kept (computed a few hundred
-        tokens at a time: full-vocabulary logits are large); without
+        ``keep_logits`` only each step's top-1 is kept (computed a block of
+        vocabulary rows at a time: full-vocabulary logits are large); without
         ``score_last`` the last step skips ``lm_head``.
 
-        ``fc``, ``lm_head`` and the embeddings compute in their own dtype (BF16
-        as loaded for export, as vLLM runs them); the midlayer in its own
-        (float32 for Quark). Results are float32.
+        ``fc`` and ``lm_head`` compute as vLLM does in their own dtype (BF16
+        as loaded for export: BF16 inputs and outputs; :mod:`compute` picks
+        BF16 or float32 GEMMs for this CPU), the embeddings are looked up in
+        theirs; the midlayer computes in its own (float32 for Quark). Results
+        are float32.
         """
         embed = embed if embed is not None else self.embed_tokens
         assert embed is not None, "a draft without embed_tokens needs the target's embeddings"
         b, t, _ = aux_hidden.shape
         base = torch.arange(t, device=aux_hidden.device).expand(b, t)
-        hidden = linear_in_own_dtype(self.fc, self.fc_input(aux_hidden))
+        hidden = compute.linear(self.fc_input(aux_hidden), self.fc.weight)
         tokens = next_ids
         keys: list[torch.Tensor] = []
         values: list[torch.Tensor] = []
@@ -303,25 +287,15 @@ class Eagle3Draft(PreTrainedModel):
     def _score(self, out: StepOutput, keep_logits: bool) -> StepOutput:
         normed = self.norm(out.prenorm)
         if keep_logits:
-            logits = linear_in_own_dtype(self.lm_head, normed)
+            logits = compute.linear(normed, self.lm_head.weight)
             return StepOutput(logits, logits.argmax(-1), out.prenorm)
-        rows = normed.reshape(-1, normed.shape[-1])
-        top1 = [
-            linear_in_own_dtype(self.lm_head, rows[i : i + SCORE_CHUNK]).argmax(-1)
-            for i in range(0, rows.shape[0], SCORE_CHUNK)
-        ]
-        return StepOutput(None, torch.cat(top1).reshape(normed.shape[:-1]), out.prenorm)
+        return StepOutput(None, compute.top1(normed, self.lm_head.weight), out.prenorm)
 
 
 def micro_batches(sequences: int, length: int) -> list[slice]:
     """Row slices of at most :data:`MICRO_BATCH_TOKENS` tokens (at least one sequence)."""
     per = max(1, MICRO_BATCH_TOKENS // max(length, 1))
     return [slice(i, i + per) for i in range(0, sequences, per)]
-
-
-def linear_in_own_dtype(linear: nn.Linear, x: torch.Tensor) -> torch.Tensor:
-    """``linear(x)`` computed in the layer's weight dtype, returned as float32."""
-    return linear(x.to(linear.weight.dtype)).float()
 
 
 def _ttt_mask(blocks: int, t: int, device: torch.device) -> torch.Tensor:

@@ -1,0 +1,150 @@
+"""The BF16 and float32 GEMM paths give the draft the same calibration statistics.
+
+Both paths are forced on this machine (``EAGLEQUANT_GEMM``) over a tiny BF16
+draft unrolled 3 steps on 1024 tokens. Tolerance: every midlayer input range
+(what a static input scale is: amax / 448) within 2e-4 relative, a tenth of
+BF16's half-spacing, and each step's top-1 agreement at least 0.998 (measured
+here: equal ranges, agreement 1.0). Without the float32 path's rounding of
+its outputs to BF16 the ranges move by ~1e-3 and agreement drops to ~0.99;
+the test runs that mutant too and requires it to fail. A slow test exports
+the tiny pair's draft on each path and compares the written input scales and
+the manifest's top-1 agreement.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors import safe_open
+
+from eaglequant.devtools.synthetic import draft_config, write_random_draft
+from eaglequant.draft import MIDLAYER_LINEARS
+from eaglequant.errors import InputError
+from eaglequant.io.checkpoint import read_checkpoint
+from eaglequant.model import compute
+from eaglequant.model.eagle3 import Eagle3Draft
+from eaglequant.model.load import load_draft_module
+from eaglequant.model.ranges import input_amax
+
+RANGE_RTOL = 2e-4
+MIN_AGREEMENT = 0.998
+STEPS = 3
+
+
+@pytest.fixture
+def bf16_draft(tmp_path: Path) -> Eagle3Draft:
+    return load_draft_module(read_checkpoint(write_random_draft(tmp_path / "d", draft_config())))
+
+
+def _batches(model: Eagle3Draft) -> list[dict[str, torch.Tensor]]:
+    generator = torch.Generator().manual_seed(1)
+    dims = model.dims
+    return [
+        {
+            "aux_hidden": 2 * torch.randn(4, 64, dims.fc_in, generator=generator),
+            "next_ids": torch.randint(0, dims.vocab, (4, 64), generator=generator),
+        }
+        for _ in range(4)
+    ]
+
+
+@torch.no_grad()
+def _statistics(
+    model: Eagle3Draft, batches: list[dict[str, torch.Tensor]]
+) -> tuple[dict[str, float], torch.Tensor]:
+    """Each midlayer input's range and every step's top-1 (steps, tokens)."""
+    ranges = input_amax(model, batches, STEPS)
+    top1 = []
+    for batch in batches:
+        steps = model.unroll(batch["aux_hidden"], batch["next_ids"], STEPS, keep_logits=False)
+        top1.append(torch.stack([step.top1.flatten() for step in steps]))  # type: ignore[union-attr]
+    return ranges, torch.cat(top1, 1)
+
+
+def _within_tolerance(
+    a: tuple[dict[str, float], torch.Tensor], b: tuple[dict[str, float], torch.Tensor]
+) -> bool:
+    ranges_close = all(abs(a[0][n] - b[0][n]) <= RANGE_RTOL * b[0][n] for n in b[0])
+    agreement = (a[1] == b[1]).float().mean(1)
+    return ranges_close and bool((agreement >= MIN_AGREEMENT).all())
+
+
+@pytest.mark.parametrize("rounding", ["bf16", "mutant: float32 outputs not rounded"])
+def test_both_paths_give_the_same_ranges_and_top1(
+    bf16_draft: Eagle3Draft, rounding: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    batches = _batches(bf16_draft)
+    monkeypatch.setenv(compute.GEMM_ENV, "bf16")
+    native = _statistics(bf16_draft, batches)
+    monkeypatch.setenv(compute.GEMM_ENV, "float32")
+    if rounding != "bf16":
+        monkeypatch.setattr(compute, "round_as", lambda values, _dtype: values.float())
+    upcast = _statistics(bf16_draft, batches)
+    assert {"bf16", "float32"} <= set(compute.paths_taken())
+    assert _within_tolerance(upcast, native) == (rounding == "bf16")
+
+
+@pytest.mark.parametrize("path", compute.GEMM_PATHS)
+def test_linear_rounds_to_bf16_and_top1_is_its_first_argmax(
+    path: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv(compute.GEMM_ENV, path)
+    for blocks in ("UPCAST_ELEMENTS", "VIEW_ELEMENTS"):  # 3 rows a block: blocks meet ties
+        monkeypatch.setattr(compute, blocks, 3 * 40)
+    generator = torch.Generator().manual_seed(0)
+    x = torch.randn(2, 5, 40, generator=generator)
+    weight = torch.randn(50, 40, generator=generator).bfloat16()
+    weight[7] = weight[30] = 8 * x[0, 0] / x[0, 0].norm()  # token 0's top-1, tied across blocks
+    out = compute.linear(x, weight)
+    assert out.dtype == torch.float32 and torch.equal(out, out.bfloat16().float())
+    exact = torch.nn.functional.linear(x.bfloat16().double(), weight.double())
+    assert torch.allclose(out.double(), exact, rtol=2**-8, atol=1e-5)
+    top1 = compute.top1(x, weight)
+    assert torch.equal(top1, out.argmax(-1)) and top1[0, 0] == 7
+
+
+def test_upcast_linear_scales_rows_without_touching_the_weight() -> None:
+    weight = torch.randn(10, 6)
+    before = weight.clone()
+    scale = torch.arange(1.0, 11.0).reshape(-1, 1)
+    x = torch.randn(3, 6)
+    out = compute.upcast_linear(x, weight, scale)
+    torch.testing.assert_close(out, torch.nn.functional.linear(x, before * scale))
+    assert torch.equal(weight, before)
+
+
+def test_unknown_path_is_an_input_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(compute.GEMM_ENV, "fp16")
+    with pytest.raises(InputError, match="EAGLEQUANT_GEMM='fp16': use auto, bf16 or float32"):
+        compute.cpu_gemm_path()
+
+
+@pytest.mark.slow
+def test_exports_forced_to_either_path_agree(
+    pair: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Input scales within RANGE_RTOL, top-1 agreement (384 held-out tokens) within 1/200."""
+    from tests import test_export as export
+
+    capture = tmp_path / "capture"
+    export._capture(
+        pair, capture, "--draft", str(pair["draft"]), "--samples", "14", "--seq-len", "48"
+    )
+    written = {}
+    for path in compute.GEMM_PATHS:
+        monkeypatch.setenv(compute.GEMM_ENV, path)
+        out = tmp_path / path
+        calibration = ["--calib-hidden-states", str(capture), "--calib-samples", "6"]
+        export._export([str(pair["draft"]), str(out), *calibration])
+        manifest = json.loads((out / "eaglequant.json").read_text())
+        assert path in manifest["device"]["gemm"]
+        with safe_open(str(out / "model.safetensors"), framework="pt") as handle:
+            scales = {n: float(handle.get_tensor(f"{n}.input_scale")) for n in MIDLAYER_LINEARS}
+        written[path] = scales, manifest["top1_agreement_by_step"]
+    (native_scales, native_top1), (upcast_scales, upcast_top1) = written.values()
+    for name, scale in native_scales.items():
+        assert abs(upcast_scales[name] - scale) <= RANGE_RTOL * scale, name
+    assert all(abs(a - b) <= 1 / 200 for a, b in zip(native_top1, upcast_top1, strict=True))
