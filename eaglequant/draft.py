@@ -19,9 +19,9 @@ from eaglequant.io.checkpoint import Checkpoint, read_config
 from eaglequant.io.safetensors_header import FLOAT_DTYPES
 
 EAGLE3_ARCHITECTURES = ("LlamaForCausalLMEagle3", "Eagle3LlamaForCausalLM")
-# A plain Llama config over EAGLE-3 tensors (the EAGLE-3 authors' checkpoints): with
-# method eagle3 vLLM serves it as Eagle3LlamaForCausalLM.
-PLAIN_LLAMA = "LlamaForCausalLM"
+# A plain Llama (or Qwen3) config over EAGLE-3 tensors (the EAGLE-3 authors' checkpoints):
+# with method eagle3 vLLM serves it as Eagle3<arch>.
+PLAIN = ("LlamaForCausalLM", "Qwen3ForCausalLM")
 # Qwen3 drafts (Eagle3Qwen3ForCausalLM, or Qwen3ForCausalLM renamed to it): Llama's
 # layer plus per-head RMSNorms on queries and keys (q_norm, k_norm) before RoPE.
 QWEN3 = "Eagle3Qwen3ForCausalLM"
@@ -136,7 +136,7 @@ def draft_form(ckpt: Checkpoint) -> str:
     family = "Qwen3" if QWEN3 in speculators.vllm_architectures(ckpt.config) else "Llama"
     if ckpt.speculators_format:
         form = f"speculators format, EAGLE-3 {family}"
-    elif architectures and architectures[0] in (PLAIN_LLAMA, "Qwen3ForCausalLM"):
+    elif architectures and architectures[0] in PLAIN:
         form = f"plain {family} config, EAGLE-3 tensors"
     else:
         form = f"EAGLE-3 {family}"
@@ -280,7 +280,7 @@ def _architecture_problems(config: dict[str, Any], tensors: set[str], where: str
         ]
     eagle3 = any(a in (*EAGLE3_ARCHITECTURES, QWEN3) for a in architectures)
     plain = (
-        bool({PLAIN_LLAMA, "Qwen3ForCausalLM"} & set(architectures))
+        bool(set(PLAIN) & set(architectures))
         and {
             "fc.weight",
             *MIDLAYER_WEIGHTS,
