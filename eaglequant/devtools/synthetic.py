@@ -7,12 +7,13 @@ Tensors are generated and written one at a time, so even a full-size
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
 from eaglequant.draft import dims_from_config, expected_shapes, optional_shapes
 from eaglequant.io import speculators
-from eaglequant.io.layout import TensorBlob, blob_from_tensor
+from eaglequant.io.layout import blob_from_tensor
 from eaglequant.io.writer import write_checkpoint_weights, write_text
 
 
@@ -70,7 +71,6 @@ def write_random_draft(
     """
     import torch
 
-    folder.mkdir(parents=True, exist_ok=True)
     dims = dims_from_config(config)
     generator = torch.Generator().manual_seed(seed)
     shapes = expected_shapes(dims) | optional_shapes(dims)
@@ -81,11 +81,28 @@ def write_random_draft(
         "d2t": target_ids - torch.arange(dims.draft_vocab),
         "t2d": vocab_mask(target_ids, dims.vocab),
     }
-    blobs: list[TensorBlob] = []
+    tensors = (
+        (name, maps[name] if name in maps else _random_weight(shape, generator))
+        for name, shape in sorted(shapes.items())
+    )
+    return write_draft(folder, config, tensors, max_shard_size, speculators_verifier)
+
+
+def write_draft(
+    folder: Path,
+    config: dict[str, Any],
+    tensors: Iterable[tuple[str, Any]],
+    max_shard_size: int,
+    speculators_verifier: str | None = None,
+) -> Path:
+    """Write ``tensors`` (EAGLE-3 names) and ``config`` (flat) as a draft folder (created).
+
+    With ``speculators_verifier`` (the target's name or path) the folder is in the
+    speculators format, the same tensors under its names.
+    """
+    folder.mkdir(parents=True, exist_ok=True)
     prefix = speculators.layer_prefix(config, speculators_verifier is not None)
-    for name, shape in sorted(shapes.items()):
-        tensor = maps[name] if name in maps else _random_weight(shape, generator)
-        blobs.append(blob_from_tensor(speculators.stored_name(name, prefix), tensor))
+    blobs = [blob_from_tensor(speculators.stored_name(n, prefix), t) for n, t in tensors]
     write_checkpoint_weights(folder, blobs, max_shard_size)
     if speculators_verifier is not None:
         config = speculators.from_flat_config(config, verifier=speculators_verifier)

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from eaglequant.devtools.synthetic import draft_config
+from eaglequant.devtools.synthetic import draft_config, write_draft
 
 AUX_LAYER_IDS = (1, 2, 3)
 
@@ -345,22 +345,11 @@ def _save_draft(
     """The trained draft in BF16: EAGLE-3 layout, or the speculators format with ``verifier``."""
     import torch
 
-    from eaglequant.io import speculators
-    from eaglequant.io.layout import blob_from_tensor
-    from eaglequant.io.writer import write_checkpoint_weights, write_text
-
-    folder.mkdir(parents=True, exist_ok=True)
-    blobs = [
-        blob_from_tensor(
-            speculators.stored_name(name, speculators.layer_prefix(config, verifier is not None)),
-            t.to(torch.bfloat16) if t.is_floating_point() else t,
-        )
+    tensors = (
+        (name, t.to(torch.bfloat16) if t.is_floating_point() else t)
         for name, t in sorted(draft.state_dict().items())
-    ]
-    write_checkpoint_weights(folder, blobs, 5 * 10**9)
-    if verifier is not None:
-        config = speculators.from_flat_config(config, verifier=verifier)
-    write_text(folder / "config.json", json.dumps(config, indent=2) + "\n")
+    )
+    write_draft(folder, config, tensors, 5 * 10**9, speculators_verifier=verifier)
 
 
 def _save_pair(
