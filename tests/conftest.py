@@ -91,6 +91,13 @@ def no_embed_draft(tmp_path: Path) -> Path:
     return write_random_draft(tmp_path / "no-embed", config, seed=2, with_embeddings=False)
 
 
+def toy_prompts_file(path: Path, count: int, key: str = "prompt") -> Path:
+    """The first ``count`` toy prompts as one JSON object a line (they hold newlines)."""
+    texts = [json.loads(line)["text"] for line in (TOY / "prompts.jsonl").read_text().splitlines()]
+    path.write_text("".join(json.dumps({key: t}) + "\n" for t in texts[:count]))
+    return path
+
+
 def edit_config(folder: Path, **changes: object) -> None:
     path = folder / "config.json"
     config = json.loads(path.read_text())

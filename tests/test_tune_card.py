@@ -15,7 +15,7 @@ from eaglequant.cli import main
 from eaglequant.engine.config import EngineOptions
 from eaglequant.errors import InputError
 from eaglequant.validate.tune import TuneRequest, check_request, engine_flags
-from tests.conftest import TOY
+from tests.conftest import TOY, toy_prompts_file
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
@@ -141,9 +141,7 @@ SCHEDULE = [[1, 1, 0], [2, 4, 2]]
 @pytest.fixture(scope="module")
 def tune_out(tmp_path_factory: pytest.TempPathFactory, fp8_draft: Path) -> Path:
     out = tmp_path_factory.mktemp("tune") / "results"
-    prompts = out.parent / "prompts.jsonl"
-    texts = [json.loads(line)["text"] for line in (TOY / "prompts.jsonl").read_text().splitlines()]
-    prompts.write_text("".join(json.dumps({"prompt": t}) + "\n" for t in texts[:8]))
+    prompts = toy_prompts_file(out.parent / "prompts.jsonl", 8)
     result = CliRunner().invoke(
         main,
         [

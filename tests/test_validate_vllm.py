@@ -25,7 +25,7 @@ from eaglequant.validate.validate import (
     run_engine,
     validate,
 )
-from tests.conftest import TOY
+from tests.conftest import TOY, toy_prompts_file
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 PROMPTS = 8
@@ -205,9 +205,7 @@ def test_tensor_parallel_two_gives_the_same_outputs_and_acceptance(
 ) -> None:
     """validate --tensor-parallel-size 2 on 2 CPU workers: the TP=1 runs' greedy outputs and
     acceptance; engine arguments reach every engine."""
-    prompts = tmp_path / "prompts.jsonl"  # the toy prompts hold newlines: one JSON object each
-    texts = read_prompts(TOY / "prompts.jsonl")[:PROMPTS]
-    prompts.write_text("".join(json.dumps({"text": t}) + "\n" for t in texts))
+    prompts = toy_prompts_file(tmp_path / "prompts.jsonl", PROMPTS, key="text")
     report_path = tmp_path / "report.json"
     args = ["validate", "--target", str(TOY / "target"), "--draft", str(good_fp8)]
     args += ["--baseline", str(TOY / "draft"), "--prompts", str(prompts)]

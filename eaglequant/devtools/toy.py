@@ -339,6 +339,50 @@ def make_draft(
     return summary
 
 
+def deepen_target(src: Path, dst: Path, extra_layers: int, seed: int = 0) -> Path:
+    """Copy the Llama target in ``src`` to ``dst`` with ``extra_layers`` more layers that add zero.
+
+    Each new layer (after the last one, so every auxiliary layer id keeps its
+    hidden states) has random q/k/v/gate/up weights and zero ``o_proj`` and
+    ``down_proj``: it costs a real layer's compute and KV cache but adds exactly
+    zero to the residual, so the deeper target computes the same next tokens and
+    the draft trained for ``src`` keeps its acceptance. It is the toy's stand-in
+    for a target whose forward pass costs far more than a draft step, the case
+    speculative decoding exists for.
+    """
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    config = json.loads((src / "config.json").read_text())
+    last = config["num_hidden_layers"] - 1
+    tensors = load_file(str(src / "model.safetensors"))
+    generator = torch.Generator().manual_seed(seed)
+    prefix = f"model.layers.{last}."
+    template = {k[len(prefix) :]: v for k, v in tensors.items() if k.startswith(prefix)}
+    for layer in range(last + 1, last + 1 + extra_layers):
+        for name, like in template.items():
+            tensors[f"model.layers.{layer}.{name}"] = _added_layer_tensor(name, like, generator)
+    config["num_hidden_layers"] = last + 1 + extra_layers
+    dst.mkdir(parents=True, exist_ok=True)
+    for item in src.iterdir():
+        if item.is_file() and item.name not in ("config.json", "model.safetensors"):
+            (dst / item.name).write_bytes(item.read_bytes())
+    save_file(tensors, str(dst / "model.safetensors"), metadata={"format": "pt"})
+    (dst / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+    return dst
+
+
+def _added_layer_tensor(name: str, like: Any, generator: Any) -> Any:
+    """A deepened layer's tensor: the residual writers are zero, norms copied, the rest random."""
+    import torch
+
+    if name.endswith(("o_proj.weight", "down_proj.weight")):
+        return torch.zeros_like(like)
+    if "norm" in name:
+        return like.clone()
+    return (torch.randn(like.shape, generator=generator) * 0.02).to(like.dtype)
+
+
 def _save_draft(
     folder: Path, draft: Any, config: dict[str, Any], verifier: str | None = None
 ) -> None:
