@@ -10,7 +10,7 @@ export VLLM_CPU_KVCACHE_SPACE ?= 1
 export VLLM_TARGET_DEVICE ?= cpu
 export TOKENIZERS_PARALLELISM ?= false
 
-.PHONY: install demo test test-fast lint bench bench-small bench-capture toy clean
+.PHONY: install demo test test-fast lint bench bench-small bench-capture bench-tune toy clean
 
 install: $(STAMP)
 
@@ -48,6 +48,9 @@ bench-small: install
 
 bench-capture: install
 	$(BIN)/python bench/capture_bench.py
+
+bench-tune: install
+	$(BIN)/python bench/tune_bench.py
 
 toy: install
 	$(BIN)/eaglequant toy $(TOY) --overwrite

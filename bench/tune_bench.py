@@ -1,0 +1,63 @@
+"""Tune benchmark: ``eaglequant tune`` on the toy draft with the toy target and a deeper copy of it.
+
+Speculation pays where a target step costs many draft steps. The toy target
+(4 layers, the draft's size) is too cheap for that on a CPU; the deeper copy
+(``devtools.toy.deepen_target``: 56 more layers that add exactly zero, so the
+same next tokens and the same acceptance) is not. Both are swept with the same
+draft, ks, concurrencies, prompts and repeats, in float32 (fast GEMMs on every
+x86 CPU), and each sweep's Markdown table, schedule and recommendation are
+printed side by side; ``--out`` gets both results.json files.
+
+    python bench/tune_bench.py [--k 2,3] [--concurrency 1,4,8] [--repeats 3] [--out DIR]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+TOY = HERE.parent / "examples" / "toy"
+CACHE = HERE / ".cache"
+ADDED_LAYERS = 56
+
+
+def sweep(target: Path, out: Path, prompts: Path, args: argparse.Namespace) -> dict:
+    eaglequant = Path(sys.executable).parent / "eaglequant"
+    cmd = [str(eaglequant), "tune", "--target", str(target), "--draft", str(TOY / "draft")]
+    cmd += ["--k", args.k, "--concurrency", args.concurrency, "--repeats", str(args.repeats)]
+    cmd += ["--isl", "64", "--osl", str(args.osl), "--prompts", str(prompts)]
+    cmd += ["--num-prompts", str(args.num_prompts), "--serve-arg", "--enforce-eager"]
+    cmd += ["--engine-arg", "dtype=float32", "--engine-arg", "max_num_seqs=8", "--out", str(out)]
+    subprocess.run(cmd, check=True)
+    return json.loads((out / "results.json").read_text())
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--k", default="2,3")
+    parser.add_argument("--concurrency", default="1,4,8")
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--num-prompts", type=int, default=16)
+    parser.add_argument("--osl", type=int, default=32)
+    parser.add_argument("--out", type=Path, default=HERE / "results-tune")
+    args = parser.parse_args()
+    from eaglequant.devtools.toy import deepen_target
+
+    texts = [json.loads(line)["text"] for line in (TOY / "prompts.jsonl").read_text().splitlines()]
+    CACHE.mkdir(parents=True, exist_ok=True)
+    prompts = CACHE / "tune-prompts.jsonl"
+    prompts.write_text("".join(json.dumps({"prompt": t}) + "\n" for t in texts))
+    deep = deepen_target(TOY / "target", CACHE / "toy-deep-target", ADDED_LAYERS)
+    for name, target in (("toy-target", TOY / "target"), ("deep-target", deep)):
+        summary = sweep(target, args.out / name, prompts, args)
+        print(f"\n# {name}: recommended {summary['recommendation']}\n", flush=True)
+    for name in ("toy-target", "deep-target"):
+        print(f"\n# {name}\n\n" + (args.out / name / "results.md").read_text())
+
+
+if __name__ == "__main__":
+    main()
