@@ -5,7 +5,7 @@ of every transformers modeling file, see the README's Benchmarks). The
 dynamic-activation recipes therefore start Quark in a child process as the
 export starts: there it imports on its own core, without this process's GIL,
 while this process plans, copies, checks, fsyncs and reads back the
-pass-through tensors and stages the midlayer's weights. The child then takes
+pass-through tensors and stages the decoder layers' weights. The child then takes
 one request (the staged folder, the recipe), runs
 ``ModelQuantizer.direct_quantize_checkpoint`` and leaves its timings in a JSON
 file (:mod:`.quark_worker` is the child's side). Light: nothing heavy is
@@ -40,10 +40,10 @@ BACKGROUND_NICE = 10
 
 
 class FileToFile:
-    """The midlayer's file-to-file quantization, under way from the export's start.
+    """The decoder layers' file-to-file quantization, under way from the export's start.
 
     Creating one makes the scratch folder, starts the worker (which imports
-    Quark) and stages the midlayer's linear weights in a thread; ``run`` hands
+    Quark) and stages the decoder layers' linear weights in a thread; ``run`` hands
     the worker its request and waits; ``close`` stops the worker if it still
     runs and removes the scratch folder.
     """
@@ -96,7 +96,7 @@ class FileToFile:
         shutil.rmtree(self.scratch, ignore_errors=True)
 
     def _stage(self, ckpt: Checkpoint) -> None:
-        """A model folder holding only the midlayer's linear weights (and the config)."""
+        """A model folder holding only the decoder layers' linear weights (and the config)."""
         lower_thread_priority(BACKGROUND_NICE)
         started = time.perf_counter()
         try:

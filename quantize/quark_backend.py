@@ -6,10 +6,10 @@
   float32 (a BF16 model makes Quark divide in BF16 before the FP8 cast).
 * Dynamic activations (``ptpc-fp8``, ``fp8-dynamic``): Quark's file-to-file
   flow ``ModelQuantizer.direct_quantize_checkpoint`` on a scratch folder that
-  holds only the midlayer's linear weights, the flow AMD's published card used,
+  holds only the decoder layers' linear weights, the flow AMD's published card used,
   run in a worker process started with the export (:mod:`.file_to_file`).
 
-Either way only the midlayer's quantized tensors and Quark's
+Either way only the decoder layers' quantized tensors and Quark's
 ``quantization_config`` are taken from Quark's output; everything else is
 passed through from the input byte for byte by the writer.
 """
@@ -104,7 +104,7 @@ def quantize_static(
     batches: Iterable[dict[str, torch.Tensor]] | None,
     scratch: Path,
 ) -> QuarkResult:
-    """Calibrate ``model`` (float32 Eagle3Draft) with Quark and export its FP8 midlayer.
+    """Calibrate ``model`` (float32 Eagle3Draft) with Quark and export its FP8 decoder layers.
 
     ``batches`` None means no calibration data: every static input scale is set
     from the recipe's ``fixed_input_amax`` instead.
@@ -125,7 +125,7 @@ def quantize_static(
     timings["quark_calibration"] = round(time.perf_counter() - started, 3)
     release_file_pages(model)
     frozen = quantizer.freeze(quantized)
-    # Quark's export writes the whole state dict; only the midlayer is wanted, so the
+    # Quark's export writes the whole state dict; only the decoder layers are wanted, so the
     # unquantized gigabytes (fc, lm_head, embed_tokens) are detached while it runs.
     detached = {name: getattr(frozen, name) for name in UNQUANTIZED_MODULES}
     try:
@@ -174,7 +174,7 @@ def _set_fixed_input_scales(model: torch.nn.Module, scale: float) -> None:
 
 
 def quantize_file_to_file(file_to_file: FileToFile) -> QuarkResult:
-    """Quark's ``direct_quantize_checkpoint`` on the midlayer linears alone, in its worker."""
+    """Quark's ``direct_quantize_checkpoint`` on the decoder layers' linears alone (its worker)."""
     folder = file_to_file.run()
     timings = {"quark_file_to_file": file_to_file.timings["quark_file_to_file"]}
     return _collect(folder, file_to_file.linears, timings)

@@ -214,7 +214,7 @@ class Eagle3Draft(PreTrainedModel):
     def forward(self, aux_hidden: torch.Tensor, next_ids: torch.Tensor) -> torch.Tensor:
         """Calibration forward: ``unroll_steps`` steps; returns the last step's pre-norm state.
 
-        Only what feeds the midlayer is computed: the last step is not scored.
+        Only what feeds the decoder layers is computed: the last step is not scored.
         Runs a few sequences at a time (:data:`MICRO_BATCH_TOKENS`): the
         min/max a static scale needs does not depend on how rows are batched.
         """
@@ -268,7 +268,7 @@ class Eagle3Draft(PreTrainedModel):
         ``fc`` and ``lm_head`` compute as vLLM does in their own dtype (BF16
         as loaded for export: BF16 inputs and outputs; :mod:`compute` picks
         BF16 or float32 GEMMs for this CPU), the embeddings are looked up in
-        theirs; the midlayer computes in its own (float32 for Quark). Results
+        theirs; the decoder layers compute in their own (float32 for Quark). Results
         are float32.
         """
         embed = embed if embed is not None else self.embed_tokens
@@ -306,7 +306,9 @@ class Eagle3Draft(PreTrainedModel):
         residual = residual + layer.attend(x, positions, caches[0])
         stream = residual + layer.mlp(layer.post_attention_layernorm(residual))
         for i in range(1, self.dims.layers):  # by number: keys may be replaced out of order
-            stream = self.layers[str(i)].later_forward(stream, positions, caches[i])
+            later = self.layers[str(i)]
+            assert isinstance(later, MidLayer)
+            stream = later.later_forward(stream, positions, caches[i])
         return StepOutput(None, None, stream)
 
     def _score(self, out: StepOutput, keep_logits: bool) -> StepOutput:
