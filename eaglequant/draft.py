@@ -337,6 +337,16 @@ def _architecture_problems(config: dict[str, Any], tensors: set[str], where: str
                 "add head_dim to the config",
             )
         ]
+    if QWEN3 in speculators.vllm_architectures(config) and config.get("use_sliding_window"):
+        return [
+            Problem(
+                where,
+                "a Qwen3 draft with use_sliding_window: vLLM runs the layers its layer_types "
+                "(or max_window_layers) name with a sliding window, which eaglequant's module "
+                "does not",
+                "quantize it with another tool, or drop the sliding window if it was not trained",
+            )
+        ]
     layers = config.get("num_hidden_layers")
     if not isinstance(layers, int) or isinstance(layers, bool) or layers < 1:
         return [

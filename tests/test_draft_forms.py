@@ -101,6 +101,11 @@ def test_qwen3_drafts_are_read_with_layers_0_names_and_q_k_norms(tmp_path: Path)
             "hidden_size / num_attention_heads; add head_dim to the config",
         ),
         (
+            lambda folder: edit_config(folder, use_sliding_window=True),
+            "a Qwen3 draft with use_sliding_window: vLLM runs the layers its layer_types (or "
+            "max_window_layers) name with a sliding window, which eaglequant's module does not",
+        ),
+        (
             lambda folder: _rename_tensors(folder, "layers.0.", "midlayer."),
             "tensor 'midlayer.hidden_norm.weight': vLLM loads this draft's decoder layer as "
             "layers.0.*, not midlayer.*; rename the midlayer.* tensors to layers.0.*",
