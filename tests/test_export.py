@@ -142,6 +142,42 @@ def test_capture_then_export_scales_equal_independent_float32_amax(
             dequant = handle.get_tensor(f"{name}.weight").float() * weight_scale
             weight = bf16.get_submodule(name).weight
             assert (dequant - weight).abs().max() <= weight.abs().max() / 16
+    _check_six_sees_every_layer(pair, draft, out, capture, linears[-1], tmp_path)
+
+
+def _check_six_sees_every_layer(
+    pair: dict[str, Path], draft: Path, out: Path, capture: Path, last: str, tmp_path: Path
+) -> None:
+    """validate's check 6 on the export passes, and fails naming the last layer's linear
+    when its input scale is 1000x too small."""
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    from eaglequant.capture.run import CaptureEngine
+    from eaglequant.validate.plausibility import PlausibilityInputs, plausibility_problems
+
+    def problems(fp8: Path) -> list[str]:
+        inputs = PlausibilityInputs(
+            target=pair["target"],
+            draft=fp8,
+            baseline=draft,
+            prompts=[],
+            generated=None,
+            k=3,
+            tolerance=4.0,
+            capture=CaptureEngine(name="transformers"),
+            hidden_states=capture,
+        )
+        return plausibility_problems(inputs)[0]
+
+    assert problems(out) == []
+    bad = shutil.copytree(out, tmp_path / "bad")
+    tensors = load_file(str(bad / "model.safetensors"))
+    tensors[f"{last}.input_scale"] = tensors[f"{last}.input_scale"] / 1000
+    save_file(tensors, str(bad / "model.safetensors"), metadata={"format": "pt"})
+    found = problems(bad)
+    assert len(found) == 1 and found[0].startswith(f"{last}.input_scale x 448"), found
 
 
 def test_calib_none_uses_recipe_range(pair: dict[str, Path], tmp_path: Path) -> None:
