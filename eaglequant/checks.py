@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from eaglequant.draft import (
-    MIDLAYER_LINEARS,
+    KEEP_UNQUANTIZED,
     Problem,
     dims_from_config,
     draft_form,
@@ -24,6 +24,7 @@ from eaglequant.draft import (
 from eaglequant.exclusions import (
     DEFAULT_TARGET_LAYERS,
     LayerFate,
+    draft_layer_count,
     matches,
     predict_fates,
     vllm_linear_names,
@@ -139,7 +140,7 @@ def quantization_problems(
 def _exclude_problems(
     ckpt: Checkpoint, qcfg: dict[str, Any], config_path: str, target_layers: int
 ) -> list[Problem]:
-    names = list(vllm_linear_names(target_layers))
+    names = list(vllm_linear_names(target_layers, draft_layer_count(ckpt.config)))
     problems = []
     for entry in qcfg.get("exclude") or []:
         if entry.startswith("re:") or any(matches(n, entry) for n in names):
@@ -207,7 +208,7 @@ def _scale_problems(
     source: str, fate: LayerFate, ckpt: Checkpoint, scales: dict[str, list[float]]
 ) -> list[Problem]:
     needed = [f"{source}.weight_scale"]
-    if fate.scheme.endswith("static") and source in MIDLAYER_LINEARS:
+    if fate.scheme.endswith("static") and source not in KEEP_UNQUANTIZED:
         needed.append(f"{source}.input_scale")
     problems = []
     for name in needed:

@@ -1,10 +1,11 @@
 """What an EAGLE-3 Llama draft checkpoint must contain, checks against it, and its target's fit.
 
-A draft is one decoder layer (``midlayer.*``) whose attention takes the token
-embedding and the fused target hidden state side by side (2*hidden inputs),
-``fc`` fusing the target's auxiliary hidden states, ``norm``, ``lm_head`` over
-the draft vocabulary, and optionally ``embed_tokens`` and the ``d2t``/``t2d``
-vocabulary maps. Shapes follow from ``config.json``.
+A draft is a first decoder layer (``midlayer.*``) whose attention takes the token
+embedding and the fused target hidden state side by side (2*hidden inputs), then
+``num_hidden_layers - 1`` plain decoder layers (``layers.1.*``, …: hidden inputs,
+vLLM's ``llama_eagle3.py``), ``fc`` fusing the target's auxiliary hidden states,
+``norm``, ``lm_head`` over the draft vocabulary, and optionally ``embed_tokens``
+and the ``d2t``/``t2d`` vocabulary maps. Shapes follow from ``config.json``.
 """
 
 from __future__ import annotations
@@ -37,19 +38,35 @@ NOT_YET = {
 VARIANTS = ("norm_before_residual", "norm_output", "norm_before_fc", "fc_norm", "attention_bias")
 ATTENTION_PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj")
 MLP_PROJECTIONS = ("gate_proj", "up_proj", "down_proj")
-MIDLAYER_LINEARS = tuple(f"midlayer.self_attn.{p}" for p in ATTENTION_PROJECTIONS) + tuple(
-    f"midlayer.mlp.{p}" for p in MLP_PROJECTIONS
-)
-NORMS = (
-    "midlayer.input_layernorm",
-    "midlayer.hidden_norm",
-    "midlayer.post_attention_layernorm",
-    "norm",
-)
+# The first decoder layer's prefix; layer i >= 1 is ``layers.i`` (vLLM maps only midlayer.).
+FIRST_LAYER = "midlayer"
+LAYER_NORMS = ("input_layernorm", "post_attention_layernorm")
+# Built by vLLM in every layer, used by the first only: required there, optional after.
+HIDDEN_NORM = "hidden_norm"
 SCALE_SUFFIXES = (".weight_scale", ".input_scale")
-MIDLAYER_WEIGHTS = tuple(f"{name}.weight" for name in MIDLAYER_LINEARS)
 # Must stay BF16: vLLM builds them with the draft's quantization config unless excluded.
 KEEP_UNQUANTIZED = ("fc", "lm_head")
+
+
+def layer_prefixes(layers: int) -> tuple[str, ...]:
+    """Each decoder layer's module prefix in the EAGLE-3 layout: ``midlayer``, ``layers.1``, …"""
+    return (FIRST_LAYER, *(f"layers.{i}" for i in range(1, layers)))
+
+
+def layer_linears(prefix: str) -> tuple[str, ...]:
+    """The seven linears of the decoder layer at ``prefix``."""
+    return tuple(f"{prefix}.self_attn.{p}" for p in ATTENTION_PROJECTIONS) + tuple(
+        f"{prefix}.mlp.{p}" for p in MLP_PROJECTIONS
+    )
+
+
+def draft_linears(layers: int) -> tuple[str, ...]:
+    """Every decoder layer's linears (what Quark quantizes), layer by layer."""
+    return tuple(name for prefix in layer_prefixes(layers) for name in layer_linears(prefix))
+
+
+MIDLAYER_LINEARS = layer_linears(FIRST_LAYER)  # the first layer's, which every draft has
+MIDLAYER_WEIGHTS = tuple(f"{name}.weight" for name in MIDLAYER_LINEARS)
 
 
 @dataclass(frozen=True)
@@ -74,10 +91,15 @@ class DraftDims:
     fc_norm: bool = False  # one RMSNorm (fc_norm.i) per auxiliary state before fc
     attention_bias: bool = False  # q/k/v/o projections carry a bias
     qk_norm: bool = False  # Qwen3: q_norm / k_norm per head before RoPE
+    layers: int = 1  # num_hidden_layers: the first layer, then plain decoder layers
 
     @property
     def fc_in(self) -> int:
         return self.num_aux * self.target_hidden
+
+    @property
+    def linears(self) -> tuple[str, ...]:
+        return draft_linears(self.layers)
 
 
 def aux_layer_ids(config: dict[str, Any]) -> tuple[int, ...] | None:
@@ -120,6 +142,7 @@ def dims_from_config(config: dict[str, Any], where: str = "config.json") -> Draf
         fc_norm=bool(config.get("fc_norm", False)),
         attention_bias=bool(config.get("attention_bias", False)),
         qk_norm=QWEN3 in speculators.vllm_architectures(config),
+        layers=_positive_int(config, "num_hidden_layers", where),
     )
 
 
@@ -140,6 +163,8 @@ def draft_form(ckpt: Checkpoint) -> str:
         form = f"plain {family} config, EAGLE-3 tensors"
     else:
         form = f"EAGLE-3 {family}"
+    layers = ckpt.config.get("num_hidden_layers")
+    form += f", {layers} layers" if isinstance(layers, int) and layers > 1 else ""
     return form + (f" ({', '.join(flags)})" if flags else "")
 
 
@@ -156,32 +181,44 @@ def _positive_int(config: dict[str, Any], key: str, where: str, default: int | N
 
 def expected_shapes(dims: DraftDims) -> dict[str, tuple[int, ...]]:
     """Required tensor name -> shape for a BF16 draft."""
-    h, q_out, kv_out = dims.hidden, dims.heads * dims.head_dim, dims.kv_heads * dims.head_dim
-    shapes: dict[str, tuple[int, ...]] = {f"{n}.weight": (h,) for n in NORMS}
-    shapes |= {
-        "midlayer.self_attn.q_proj.weight": (q_out, 2 * h),
-        "midlayer.self_attn.k_proj.weight": (kv_out, 2 * h),
-        "midlayer.self_attn.v_proj.weight": (kv_out, 2 * h),
-        "midlayer.self_attn.o_proj.weight": (h, q_out),
-        "midlayer.mlp.gate_proj.weight": (dims.intermediate, h),
-        "midlayer.mlp.up_proj.weight": (dims.intermediate, h),
-        "midlayer.mlp.down_proj.weight": (h, dims.intermediate),
-        "fc.weight": (h, dims.fc_in),
-        "lm_head.weight": (dims.draft_vocab, h),
+    h = dims.hidden
+    shapes: dict[str, tuple[int, ...]] = {
+        "norm.weight": (h,),
+        f"{FIRST_LAYER}.{HIDDEN_NORM}.weight": (h,),
     }
+    for i, prefix in enumerate(layer_prefixes(dims.layers)):
+        shapes |= _layer_shapes(dims, prefix, 2 * h if i == 0 else h)
+    shapes |= {"fc.weight": (h, dims.fc_in), "lm_head.weight": (dims.draft_vocab, h)}
     return shapes | variant_shapes(dims)
+
+
+def _layer_shapes(dims: DraftDims, prefix: str, attn_in: int) -> dict[str, tuple[int, ...]]:
+    """One decoder layer's norms and linears; the first layer's attention takes 2*hidden."""
+    h, q_out, kv_out = dims.hidden, dims.heads * dims.head_dim, dims.kv_heads * dims.head_dim
+    shapes: dict[str, tuple[int, ...]] = {f"{prefix}.{n}.weight": (h,) for n in LAYER_NORMS}
+    return shapes | {
+        f"{prefix}.self_attn.q_proj.weight": (q_out, attn_in),
+        f"{prefix}.self_attn.k_proj.weight": (kv_out, attn_in),
+        f"{prefix}.self_attn.v_proj.weight": (kv_out, attn_in),
+        f"{prefix}.self_attn.o_proj.weight": (h, q_out),
+        f"{prefix}.mlp.gate_proj.weight": (dims.intermediate, h),
+        f"{prefix}.mlp.up_proj.weight": (dims.intermediate, h),
+        f"{prefix}.mlp.down_proj.weight": (h, dims.intermediate),
+    }
 
 
 def variant_shapes(dims: DraftDims) -> dict[str, tuple[int, ...]]:
     """The norms and biases the forward variants add (required when their flag is on)."""
     shapes: dict[str, tuple[int, ...]] = {}
-    if dims.qk_norm:
-        shapes |= {f"midlayer.self_attn.{n}.weight": (dims.head_dim,) for n in ("q_norm", "k_norm")}
-    if dims.attention_bias:
-        q_out, kv_out = dims.heads * dims.head_dim, dims.kv_heads * dims.head_dim
-        sizes = {"q_proj": q_out, "k_proj": kv_out, "v_proj": kv_out, "o_proj": dims.hidden}
-        for proj, size in sizes.items():  # vLLM builds o_proj's bias too (llama.py)
-            shapes[f"midlayer.self_attn.{proj}.bias"] = (size,)
+    q_out, kv_out = dims.heads * dims.head_dim, dims.kv_heads * dims.head_dim
+    sizes = {"q_proj": q_out, "k_proj": kv_out, "v_proj": kv_out, "o_proj": dims.hidden}
+    for prefix in layer_prefixes(dims.layers):  # every layer's attention, as vLLM builds it
+        if dims.qk_norm:
+            shapes |= {
+                f"{prefix}.self_attn.{n}.weight": (dims.head_dim,) for n in ("q_norm", "k_norm")
+            }
+        if dims.attention_bias:  # vLLM builds o_proj's bias too (llama.py)
+            shapes |= {f"{prefix}.self_attn.{p}.bias": (size,) for p, size in sizes.items()}
     if dims.norm_before_fc:
         shapes["input_norm.weight"] = (dims.fc_in,)
     if dims.fc_norm:
@@ -190,8 +227,9 @@ def variant_shapes(dims: DraftDims) -> dict[str, tuple[int, ...]]:
 
 
 def optional_shapes(dims: DraftDims) -> dict[str, tuple[int, ...]]:
-    """Optional tensor name -> shape."""
-    return {
+    """Optional tensor name -> shape (a later layer's ``hidden_norm``: vLLM builds it, unused)."""
+    later = layer_prefixes(dims.layers)[1:]
+    return {f"{p}.{HIDDEN_NORM}.weight": (dims.hidden,) for p in later} | {
         "embed_tokens.weight": (dims.vocab, dims.hidden),
         "d2t": (dims.draft_vocab,),
         "t2d": (dims.vocab,),
@@ -232,13 +270,7 @@ def structure_problems(ckpt: Checkpoint) -> list[Problem]:
     required, optional = expected_shapes(dims), optional_shapes(dims)
     for name, shape in required.items():
         if name not in ckpt.tensors:
-            problems.append(
-                Problem(
-                    str(ckpt.folder),
-                    f"tensor '{ckpt.stored_name(name)}' is missing",
-                    "re-export the draft",
-                )
-            )
+            problems.append(_missing(ckpt, name, dims.layers))
             continue
         problems += _shape_problem(ckpt, name, shape)
     for name, shape in optional.items():
@@ -305,16 +337,40 @@ def _architecture_problems(config: dict[str, Any], tensors: set[str], where: str
                 "add head_dim to the config",
             )
         ]
-    if config.get("num_hidden_layers") != 1:
+    if QWEN3 in speculators.vllm_architectures(config) and config.get("use_sliding_window"):
         return [
             Problem(
                 where,
-                f"num_hidden_layers is {config.get('num_hidden_layers')!r}: a multi-layer draft, "
-                "which vLLM serves but eaglequant does not handle yet",
-                "pass a single-layer EAGLE-3 draft",
+                "a Qwen3 draft with use_sliding_window: vLLM runs the layers its layer_types "
+                "(or max_window_layers) name with a sliding window, which eaglequant's module "
+                "does not",
+                "quantize it with another tool, or drop the sliding window if it was not trained",
+            )
+        ]
+    layers = config.get("num_hidden_layers")
+    if not isinstance(layers, int) or isinstance(layers, bool) or layers < 1:
+        return [
+            Problem(
+                where,
+                f"num_hidden_layers is {layers!r}: vLLM builds that many draft layers "
+                "(LlamaConfig's default 32 when absent)",
+                "set it to the draft's number of decoder layers (a positive integer)",
             )
         ]
     return []
+
+
+def _missing(ckpt: Checkpoint, name: str, layers: int) -> Problem:
+    """A required tensor is absent; a later layer's names the config's layer count."""
+    stored = ckpt.stored_name(name)
+    if name.startswith(FIRST_LAYER) or not name.startswith("layers."):
+        return Problem(str(ckpt.folder), f"tensor '{stored}' is missing", "re-export the draft")
+    return Problem(
+        str(ckpt.folder),
+        f"tensor '{stored}' is missing, which num_hidden_layers {layers} requires "
+        "(vLLM builds that many draft layers)",
+        "set num_hidden_layers to the draft's layer count, or re-export the draft",
+    )
 
 
 def _shape_problem(ckpt: Checkpoint, name: str, shape: tuple[int, ...]) -> list[Problem]:
@@ -331,7 +387,8 @@ def _shape_problem(ckpt: Checkpoint, name: str, shape: tuple[int, ...]) -> list[
 
 
 def _unexpected_tensor_problems(ckpt: Checkpoint, known: set[str]) -> list[Problem]:
-    quant_parts = {f"{linear}{suffix}" for linear in MIDLAYER_LINEARS for suffix in SCALE_SUFFIXES}
+    linears = dims_from_config(ckpt.config).linears
+    quant_parts = {f"{linear}{suffix}" for linear in linears for suffix in SCALE_SUFFIXES}
     problems = []
     for name in sorted(ckpt.tensors):
         if name in known or name in quant_parts:

@@ -3,12 +3,13 @@
 vLLM (``quantization/quark/utils.py``) matches each ``exclude`` entry against
 its own module names: ``re:<pattern>`` with ``re.match``, anything else by
 string equality. For an EAGLE-3 draft those names are ``model.fc``,
-``lm_head`` and ``model.layers.<N>.self_attn.qkv_proj`` (checked through its
+``lm_head`` and ``model.layers.<N+i>.self_attn.qkv_proj`` (checked through its
 shards ``q_proj``/``k_proj``/``v_proj``), ``…o_proj``, ``…mlp.gate_up_proj``
-(shards ``gate_proj``/``up_proj``), ``…down_proj``, with N the target's layer
-count. Quark writes bare names such as ``fc``, which equal no vLLM name, so
-vLLM quietly builds ``fc`` as FP8. This module predicts each layer's fate and
-rewrites exclusions into regexes that vLLM matches.
+(shards ``gate_proj``/``up_proj``), ``…down_proj`` for draft layer i (``midlayer``
+is 0, ``layers.i`` after it), with N the target's layer count. Quark writes bare
+names such as ``fc``, which equal no vLLM name, so vLLM quietly builds ``fc`` as
+FP8. This module predicts each layer's fate and rewrites exclusions into regexes
+that vLLM matches.
 """
 
 from __future__ import annotations
@@ -17,6 +18,8 @@ import fnmatch
 import re
 from dataclasses import dataclass
 from typing import Any
+
+from eaglequant.draft import layer_prefixes
 
 # Bare names that the published reference card writes as these exact regexes.
 CARD_REGEX = {"fc": "re:.*fc.*", "lm_head": "re:.*lm_head.*"}
@@ -44,7 +47,8 @@ def _as_regex(entry: str) -> str:
         return CARD_REGEX[entry]
     is_glob = any(ch in entry for ch in "*?[")
     body = fnmatch.translate(entry) if is_glob else re.escape(entry) + r"$"
-    # A checkpoint name ('midlayer.…') is 'model.layers.<N>.…' inside vLLM.
+    # A checkpoint name ('midlayer.…') is 'model.layers.<N>.…' inside vLLM (the
+    # target's layer count N is not known here: it covers that name in every draft layer).
     body = body.replace(re.escape("midlayer."), r"layers\.\d+\.")
     return f"re:(.*\\.)?{body}"
 
@@ -60,21 +64,28 @@ class LayerFate:
     reason: str
 
 
-def vllm_linear_names(target_layers: int) -> dict[str, tuple[str, ...]]:
-    """vLLM module name -> the checkpoint modules it is built from."""
-    layer = f"model.layers.{target_layers}"
-    return {
-        f"{layer}.self_attn.qkv_proj": tuple(
-            f"midlayer.self_attn.{p}" for p in FUSED_SHARDS["qkv_proj"]
-        ),
-        f"{layer}.self_attn.o_proj": ("midlayer.self_attn.o_proj",),
-        f"{layer}.mlp.gate_up_proj": tuple(
-            f"midlayer.mlp.{p}" for p in FUSED_SHARDS["gate_up_proj"]
-        ),
-        f"{layer}.mlp.down_proj": ("midlayer.mlp.down_proj",),
-        "model.fc": ("fc",),
-        "lm_head": ("lm_head",),
-    }
+def vllm_linear_names(target_layers: int, draft_layers: int = 1) -> dict[str, tuple[str, ...]]:
+    """vLLM module name -> the checkpoint modules it is built from, every draft layer's."""
+    names: dict[str, tuple[str, ...]] = {}
+    for i, source in enumerate(layer_prefixes(draft_layers)):
+        layer = f"model.layers.{target_layers + i}"  # vLLM's start_layer_id: after the target's
+        names |= {
+            f"{layer}.self_attn.qkv_proj": tuple(
+                f"{source}.self_attn.{p}" for p in FUSED_SHARDS["qkv_proj"]
+            ),
+            f"{layer}.self_attn.o_proj": (f"{source}.self_attn.o_proj",),
+            f"{layer}.mlp.gate_up_proj": tuple(
+                f"{source}.mlp.{p}" for p in FUSED_SHARDS["gate_up_proj"]
+            ),
+            f"{layer}.mlp.down_proj": (f"{source}.mlp.down_proj",),
+        }
+    return names | {"model.fc": ("fc",), "lm_head": ("lm_head",)}
+
+
+def draft_layer_count(config: dict[str, Any]) -> int:
+    """The config's num_hidden_layers (1 when absent or invalid: the draft checks report it)."""
+    layers = config.get("num_hidden_layers")
+    return layers if isinstance(layers, int) and not isinstance(layers, bool) and layers > 0 else 1
 
 
 def matches(name: str, entry: str) -> bool:
@@ -109,7 +120,8 @@ def predict_fates(
     """Predict vLLM's treatment of every draft linear under ``config``'s quantization_config."""
     qcfg = config.get("quantization_config")
     fates = []
-    for vllm_name, sources in vllm_linear_names(target_layers).items():
+    names = vllm_linear_names(target_layers, draft_layer_count(config))
+    for vllm_name, sources in names.items():
         fates.append(_fate(vllm_name, sources, qcfg))
     return fates
 

@@ -5,7 +5,7 @@ of every transformers modeling file, see the README's Benchmarks). The
 dynamic-activation recipes therefore start Quark in a child process as the
 export starts: there it imports on its own core, without this process's GIL,
 while this process plans, copies, checks, fsyncs and reads back the
-pass-through tensors and stages the midlayer's weights. The child then takes
+pass-through tensors and stages the decoder layers' weights. The child then takes
 one request (the staged folder, the recipe), runs
 ``ModelQuantizer.direct_quantize_checkpoint`` and leaves its timings in a JSON
 file (:mod:`.quark_worker` is the child's side). Light: nothing heavy is
@@ -24,7 +24,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from eaglequant.draft import MIDLAYER_LINEARS
+from eaglequant.draft import dims_from_config
 from eaglequant.errors import EagleQuantError, OutputError, QuarkFailed
 from eaglequant.io.checkpoint import Checkpoint
 from eaglequant.io.layout import blob_from_file
@@ -40,16 +40,17 @@ BACKGROUND_NICE = 10
 
 
 class FileToFile:
-    """The midlayer's file-to-file quantization, under way from the export's start.
+    """The decoder layers' file-to-file quantization, under way from the export's start.
 
     Creating one makes the scratch folder, starts the worker (which imports
-    Quark) and stages the midlayer's linear weights in a thread; ``run`` hands
+    Quark) and stages the decoder layers' linear weights in a thread; ``run`` hands
     the worker its request and waits; ``close`` stops the worker if it still
     runs and removes the scratch folder.
     """
 
     def __init__(self, ckpt: Checkpoint, recipe: Recipe, scratch_parent: Path, out: Path) -> None:
         self.recipe, self.out = recipe, out
+        self.linears = dims_from_config(ckpt.config).linears  # every decoder layer's
         self.scratch = Path(tempfile.mkdtemp(prefix=SCRATCH_PREFIX, dir=scratch_parent))
         self.timings: dict[str, float] = {}
         try:
@@ -95,14 +96,14 @@ class FileToFile:
         shutil.rmtree(self.scratch, ignore_errors=True)
 
     def _stage(self, ckpt: Checkpoint) -> None:
-        """A model folder holding only the midlayer's linear weights (and the config)."""
+        """A model folder holding only the decoder layers' linear weights (and the config)."""
         lower_thread_priority(BACKGROUND_NICE)
         started = time.perf_counter()
         try:
             folder = self.scratch / SOURCE
             folder.mkdir()
             # named in the EAGLE-3 layout whatever the input's format: Quark's output is read so
-            names = [f"{name}.weight" for name in MIDLAYER_LINEARS]
+            names = [f"{name}.weight" for name in self.linears]
             blobs = [blob_from_file(ckpt.tensors[name], name) for name in names]
             write_checkpoint_weights(folder, blobs, 10**15)
             write_text(folder / "config.json", json.dumps(ckpt.config))

@@ -19,12 +19,12 @@ from torch import nn
 from eaglequant.capture.run import capture_into
 from eaglequant.capture.sequences import tokenize_data
 from eaglequant.capture.store import CalibrationData, load_capture, read_info
-from eaglequant.draft import DraftDims
+from eaglequant.draft import FIRST_LAYER, DraftDims, dims_from_config
 from eaglequant.errors import InputError
 from eaglequant.io.checkpoint import Checkpoint
 from eaglequant.model import compute
 from eaglequant.model.eagle3 import Eagle3Draft
-from eaglequant.model.load import load_draft_module, load_reference_midlayer
+from eaglequant.model.load import load_draft_module, load_reference_layer
 from eaglequant.quantize import quark_backend
 from eaglequant.quantize.file_to_file import FileToFile, quark_write_error
 from eaglequant.quantize.measure import Measurement, measure
@@ -182,11 +182,16 @@ def quantize(
             result = quark_backend.quantize_static(model, recipe, batches, Path(scratch))
         except SafetensorError as exc:  # Quark's own writing into the scratch folder
             raise quark_write_error(out, scratch, str(exc)) from exc
-    # Quark replaced the midlayer's linears in place; measure against the original
-    # (freed first: two midlayers at once would not fit at full size).
+    # Quark replaced the decoder layers' linears in place; measure against the originals
+    # (each freed first: two copies of a layer at once would not fit at full size).
+    device = next(model.fc.parameters()).device
     del model.midlayer
     gc.collect()
-    model.midlayer = load_reference_midlayer(ckpt).to(next(model.fc.parameters()).device)
+    model.midlayer = load_reference_layer(ckpt, FIRST_LAYER).to(device)
+    for key in list(model.layers):
+        del model.layers[key]
+        gc.collect()
+        model.layers[key] = load_reference_layer(ckpt, f"layers.{key}").to(device)
     return result
 
 
@@ -202,4 +207,5 @@ def measure_export(
             return model.linear_weight(name)
         return ckpt.load_tensor(f"{name}.weight")
 
-    return measure(model, tensors, recipe, held_out, weight_of)
+    linears = dims_from_config(ckpt.config).linears
+    return measure(model, tensors, recipe, held_out, weight_of, linears)

@@ -6,10 +6,10 @@
   float32 (a BF16 model makes Quark divide in BF16 before the FP8 cast).
 * Dynamic activations (``ptpc-fp8``, ``fp8-dynamic``): Quark's file-to-file
   flow ``ModelQuantizer.direct_quantize_checkpoint`` on a scratch folder that
-  holds only the midlayer's linear weights, the flow AMD's published card used,
+  holds only the decoder layers' linear weights, the flow AMD's published card used,
   run in a worker process started with the export (:mod:`.file_to_file`).
 
-Either way only the midlayer's quantized tensors and Quark's
+Either way only the decoder layers' quantized tensors and Quark's
 ``quantization_config`` are taken from Quark's output; everything else is
 passed through from the input byte for byte by the writer.
 """
@@ -28,7 +28,7 @@ from typing import Any
 
 import torch
 
-from eaglequant.draft import MIDLAYER_LINEARS, SCALE_SUFFIXES
+from eaglequant.draft import SCALE_SUFFIXES
 from eaglequant.io.checkpoint import read_checkpoint
 from eaglequant.model.eagle3 import Eagle3Draft
 from eaglequant.model.load import release_file_pages
@@ -36,6 +36,7 @@ from eaglequant.quantize.file_to_file import SCRATCH_PREFIX, FileToFile
 from eaglequant.recipe import FP8_E4M3_MAX, Recipe
 
 UNQUANTIZED_MODULES = ("fc", "lm_head", "embed_tokens")
+LAYER_MODULES = ("midlayer.", "layers.")  # the decoder layers, whose linears Quark quantizes
 
 
 @dataclass
@@ -103,7 +104,7 @@ def quantize_static(
     batches: Iterable[dict[str, torch.Tensor]] | None,
     scratch: Path,
 ) -> QuarkResult:
-    """Calibrate ``model`` (float32 Eagle3Draft) with Quark and export its FP8 midlayer.
+    """Calibrate ``model`` (float32 Eagle3Draft) with Quark and export its FP8 decoder layers.
 
     ``batches`` None means no calibration data: every static input scale is set
     from the recipe's ``fixed_input_amax`` instead.
@@ -124,7 +125,7 @@ def quantize_static(
     timings["quark_calibration"] = round(time.perf_counter() - started, 3)
     release_file_pages(model)
     frozen = quantizer.freeze(quantized)
-    # Quark's export writes the whole state dict; only the midlayer is wanted, so the
+    # Quark's export writes the whole state dict; only the decoder layers are wanted, so the
     # unquantized gigabytes (fc, lm_head, embed_tokens) are detached while it runs.
     detached = {name: getattr(frozen, name) for name in UNQUANTIZED_MODULES}
     try:
@@ -134,7 +135,7 @@ def quantize_static(
     finally:
         for name, module in detached.items():
             setattr(frozen, name, module)
-    return _collect(scratch, timings)
+    return _collect(scratch, model.dims.linears, timings)
 
 
 def _zero_batch(model: Eagle3Draft) -> dict[str, torch.Tensor]:
@@ -168,20 +169,21 @@ def _embeddings_for_zero_batch(model: Eagle3Draft) -> Iterator[None]:
 def _set_fixed_input_scales(model: torch.nn.Module, scale: float) -> None:
     for name, module in model.named_modules():
         quantizer = getattr(module, "_input_quantizer", None)
-        if name.startswith("midlayer.") and quantizer is not None:
+        if name.startswith(LAYER_MODULES) and quantizer is not None:
             quantizer.scale.data.fill_(scale)
 
 
 def quantize_file_to_file(file_to_file: FileToFile) -> QuarkResult:
-    """Quark's ``direct_quantize_checkpoint`` on the midlayer linears alone, in its worker."""
+    """Quark's ``direct_quantize_checkpoint`` on the decoder layers' linears alone (its worker)."""
     folder = file_to_file.run()
-    return _collect(folder, {"quark_file_to_file": file_to_file.timings["quark_file_to_file"]})
+    timings = {"quark_file_to_file": file_to_file.timings["quark_file_to_file"]}
+    return _collect(folder, file_to_file.linears, timings)
 
 
-def _collect(folder: Path, timings: dict[str, float]) -> QuarkResult:
-    """Read Quark's output folder: midlayer quantized tensors plus its quantization_config."""
+def _collect(folder: Path, linears: tuple[str, ...], timings: dict[str, float]) -> QuarkResult:
+    """Read Quark's output folder: ``linears``' quantized tensors, its quantization_config."""
     written = read_checkpoint(folder)
-    quantized = {f"{m}{part}" for m in MIDLAYER_LINEARS for part in (".weight", *SCALE_SUFFIXES)}
+    quantized = {f"{m}{part}" for m in linears for part in (".weight", *SCALE_SUFFIXES)}
     wanted = [n for n in written.tensors if n in quantized]  # biases pass through from the input
     tensors = {name: written.load_tensor(name) for name in wanted}
     return QuarkResult(tensors, written.config["quantization_config"], timings)

@@ -47,7 +47,12 @@ def _assert_clean_failure(code: int, output: str, pattern: str) -> None:
     ("change", "pattern"),
     [
         ({"architectures": ["GPT2LMHeadModel"]}, "is not an EAGLE-3 Llama draft"),
-        ({"num_hidden_layers": 2}, "num_hidden_layers is 2"),
+        (
+            {"num_hidden_layers": 2},
+            "tensor 'layers.1.input_layernorm.weight' is missing, which num_hidden_layers 2 "
+            "requires (vLLM builds that many draft layers); set num_hidden_layers",
+        ),
+        ({"num_hidden_layers": None}, "num_hidden_layers is None: vLLM builds that many"),
         ({"target_hidden_size": 100}, "tensor 'fc.weight'"),
         ({"hidden_size": None}, "missing key 'hidden_size'"),
     ],

@@ -8,6 +8,8 @@ step-1 outputs (normed and the state the next step takes) must equal vLLM's to
 float32 rounding: max |difference| <= 1e-4 of the largest magnitude (measured:
 about 1e-6). Each variant is also run with its flag flipped in the module, and
 that must fail the comparison by far: a flag the module ignored would show.
+Multi-layer drafts (legacy Llama, speculators, Qwen3) likewise, each against
+mutants that compute the layers after the first wrongly.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from safetensors.torch import load_file, save_file
 from eaglequant.devtools.synthetic import write_random_draft
 from eaglequant.draft import dims_from_config, variant_shapes
 from eaglequant.io.checkpoint import read_checkpoint
+from eaglequant.model.eagle3 import MidLayer
 from eaglequant.model.load import load_draft_module
 from tests.conftest import PYTHON, REPO, TOY, as_qwen3, as_speculators, edit_config, run_child
 
@@ -134,24 +137,34 @@ def test_module_equals_vllms_drafter(tmp_path: Path, form: str, flags: dict[str,
         assert max(flipped) > 100 * TOLERANCE, (change, flipped)
 
 
+QWEN3 = {"architectures": ["Eagle3Qwen3ForCausalLM"], "model_type": "qwen3"}
+
+
 @pytest.mark.parametrize(
-    "form",
+    ("form", "in_speculators"),
     [
-        {"architectures": ["LlamaForCausalLM"]},
-        {"architectures": ["Eagle3Qwen3ForCausalLM"], "model_type": "qwen3"},
+        ({"architectures": ["LlamaForCausalLM"]}, False),
+        (QWEN3, False),
+        ({"num_hidden_layers": 2}, False),
+        ({"num_hidden_layers": 2}, True),
+        (QWEN3 | {"num_hidden_layers": 2}, False),
     ],
+    ids=["plain-llama", "qwen3", "2-layers", "2-layers-speculators", "2-layers-qwen3"],
 )
-def test_exported_draft_loads_as_inspect_predicts(tmp_path: Path, form: dict[str, Any]) -> None:
-    """A plain Llama config over EAGLE-3 tensors, and a Qwen3 draft, exported, served by a
-    real engine: every layer built as inspect predicts (midlayer FP8, fc and lm_head BF16),
-    validate's check 3."""
+def test_exported_draft_loads_as_inspect_predicts(
+    tmp_path: Path, form: dict[str, Any], in_speculators: bool
+) -> None:
+    """A plain Llama config over EAGLE-3 tensors, a Qwen3 draft, and 2-layer drafts (legacy,
+    speculators, Qwen3), exported, served by a real engine: every layer built as inspect
+    predicts (each draft layer's linears FP8, fc and lm_head BF16), validate's check 3."""
     from click.testing import CliRunner
 
     from eaglequant.cli import main
     from eaglequant.validate.validate import ValidateRequest, layers_check, run_engine
 
     config = json.loads((TOY / "draft" / "config.json").read_text())
-    draft = write_random_draft(tmp_path / "plain", config | form)
+    verifier = str(TOY / "target") if in_speculators else None
+    draft = write_random_draft(tmp_path / "plain", config | form, speculators_verifier=verifier)
     out = tmp_path / "fp8"
     result = CliRunner().invoke(main, ["export", str(draft), str(out), "--calib", "none"])
     assert result.exit_code == 0, result.output
@@ -164,15 +177,68 @@ def test_exported_draft_loads_as_inspect_predicts(tmp_path: Path, form: dict[str
     assert engine["ok"], engine["log"][-3000:]
     layers = engine["result"]["draft_layers"]
     assert layers_check(layers).passed, layers_check(layers).detail
-    # inspect names layers as vLLM's weight prefixes (model.layers.4 after a 4-layer target);
-    # the engine's module tree counts the draft's own list (model.layers.0).
-    fates = {re.sub(r"\.layers\.\d+\.", ".layers.N.", n): q for n, q in fates.items()}
-    built = {
-        re.sub(r"\.layers\.\d+\.", ".layers.N.", layer["name"]): layer["weight_dtype"]
-        == "float8_e4m3fn"
-        for layer in layers
+    # inspect names layers as vLLM's prefixes (model.layers.4 after a 4-layer target); the
+    # engine's module tree counts the draft's own list (model.layers.0, model.layers.1, …).
+    fates = {
+        re.sub(r"\.layers\.(\d+)\.", lambda m: f".layers.{int(m[1]) - 4}.", n): q
+        for n, q in fates.items()
     }
+    built = {layer["name"]: layer["weight_dtype"] == "float8_e4m3fn" for layer in layers}
     common = [name for name in fates if name in built]
-    assert len(common) >= 5, (sorted(fates), sorted(built))  # fc, lm_head, qkv, o, gate_up…
+    in_layers = [name for name in common if ".layers." in name]
+    assert len(in_layers) == 4 * form.get("num_hidden_layers", 1), (sorted(fates), sorted(built))
+    assert len(common) >= len(in_layers) + 1, (sorted(fates), sorted(built))  # and model.fc
     assert {n: built[n] for n in common} == {n: fates[n] for n in common}
     assert built["model.fc"] is False and any(built.values())
+
+
+LATER_FORWARD = MidLayer.later_forward
+
+
+def _layer_skipped_residual(self: MidLayer, stream: torch.Tensor, *args: Any) -> torch.Tensor:
+    """Mutant: the residual vLLM's fused add-norm carries into the layer is dropped."""
+    stream = self.attend(self.input_layernorm(stream), *args)
+    return stream + self.mlp(self.post_attention_layernorm(stream))
+
+
+def _layer_forgets_keys(self: MidLayer, stream: torch.Tensor, positions: Any, _: Any) -> Any:
+    """Mutant: the layer attends to its own step only, not its earlier steps' keys (KV cache)."""
+    return LATER_FORWARD(self, stream, positions, ([], []))
+
+
+def _distinct_norms(draft: Path, drop: tuple[str, ...] = ()) -> None:
+    """Every norm weight far from 1 and different from every other (a swap would show)."""
+    path = draft / "model.safetensors"
+    tensors = {k: v for k, v in load_file(str(path)).items() if k not in drop}
+    norms = [name for name in sorted(tensors) if "norm" in name]
+    for i, name in enumerate(norms):
+        tensors[name] = (torch.linspace(0.25, 2.0, tensors[name].numel()) + 0.05 * i).to(
+            torch.bfloat16
+        )
+    save_file(tensors, str(path), metadata={"format": "pt"})
+
+
+@pytest.mark.parametrize("form", ["eagle3-llama", "speculators", "qwen3"])
+def test_multi_layer_module_equals_vllms_drafter(tmp_path: Path, form: str) -> None:
+    """A 2-layer draft: the module equals vLLM's drafter; skipping layer 1, dropping the
+    residual into it, or forgetting its earlier steps' keys misses by far."""
+    draft = tmp_path / "draft"
+    config = json.loads((TOY / "draft" / "config.json").read_text()) | {"num_hidden_layers": 2}
+    verifier = str(TOY / "target") if form == "speculators" else None
+    if form == "qwen3":
+        config |= {"architectures": ["Eagle3Qwen3ForCausalLM"], "model_type": "qwen3"}
+    write_random_draft(draft, config, seed=11, speculators_verifier=verifier)
+    # speculators writes no hidden_norm after the first layer (vLLM builds one, unused)
+    _distinct_norms(draft, ("layers.1.hidden_norm.weight",) if verifier else ())
+    if verifier:
+        edit_config(draft, norm_before_residual=None)  # absent: vLLM takes it as true
+    records = _record(draft, tmp_path)
+    diffs = _module_outputs(draft, records)
+    assert max(diffs) <= TOLERANCE, diffs
+    skipped = _module_outputs(draft, records, num_hidden_layers=1)
+    assert max(skipped) > 100 * TOLERANCE, skipped
+    for mutant in (_layer_skipped_residual, _layer_forgets_keys):
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(MidLayer, "later_forward", mutant)
+            wrong = _module_outputs(draft, records)
+        assert max(wrong) > 100 * TOLERANCE, (mutant.__name__, wrong)

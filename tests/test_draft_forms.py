@@ -16,7 +16,7 @@ from click.testing import CliRunner
 
 from eaglequant.cli import main
 from eaglequant.devtools.synthetic import draft_config, write_random_draft
-from eaglequant.draft import MIDLAYER_LINEARS, structure_problems
+from eaglequant.draft import dims_from_config, structure_problems
 from eaglequant.io.checkpoint import read_checkpoint
 from eaglequant.model.load import load_draft_module
 from tests.conftest import edit_config, tree_digest
@@ -101,6 +101,11 @@ def test_qwen3_drafts_are_read_with_layers_0_names_and_q_k_norms(tmp_path: Path)
             "hidden_size / num_attention_heads; add head_dim to the config",
         ),
         (
+            lambda folder: edit_config(folder, use_sliding_window=True),
+            "a Qwen3 draft with use_sliding_window: vLLM runs the layers its layer_types (or "
+            "max_window_layers) name with a sliding window, which eaglequant's module does not",
+        ),
+        (
             lambda folder: _rename_tensors(folder, "layers.0.", "midlayer."),
             "tensor 'midlayer.hidden_norm.weight': vLLM loads this draft's decoder layer as "
             "layers.0.*, not midlayer.*; rename the midlayer.* tensors to layers.0.*",
@@ -172,6 +177,115 @@ def test_norm_before_residual_is_vllms_formula(tiny_draft: Path) -> None:
     residual = normed + layer.self_attn.attend(q, k, v, causal)
     expected = residual + layer.mlp(layer.post_attention_layernorm(residual))
     torch.testing.assert_close(got, expected)
+
+
+LAYERED = {
+    "eagle3": ({}, None, "midlayer."),
+    "speculators": ({}, "target", "layers.0."),
+    "qwen3": (
+        {"architectures": ["Eagle3Qwen3ForCausalLM"], "model_type": "qwen3"},
+        None,
+        "layers.0.",
+    ),
+}
+
+
+@pytest.mark.parametrize("form", sorted(LAYERED))
+def test_inspect_names_every_layer_of_a_multi_layer_draft(tmp_path: Path, form: str) -> None:
+    """vLLM builds draft layer i as model.layers.<target layers + i> from the first layer's
+    stored names (midlayer.* or layers.0.*), then layers.i.*; inspect says so per linear."""
+    change, verifier, first = LAYERED[form]
+    config = draft_config(num_hidden_layers=2, **change)
+    draft = write_random_draft(tmp_path / "d", config, seed=3, speculators_verifier=verifier)
+    code, output = _invoke(["inspect", str(draft), "--json", "--target-layers", "4"])
+    assert code == 0, output
+    report = json.loads(output)
+    assert ", 2 layers" in report["form"] and report["dims"]["layers"] == 2
+    fates = {f["vllm_name"]: f["checkpoint_names"] for f in report["fates"]}
+    for index, stored in ((4, first), (5, "layers.1.")):
+        layer = f"model.layers.{index}"
+        assert fates[f"{layer}.self_attn.qkv_proj"] == [
+            f"{stored}self_attn.{p}" for p in ("q_proj", "k_proj", "v_proj")
+        ]
+        assert fates[f"{layer}.mlp.gate_up_proj"] == [
+            f"{stored}mlp.gate_proj",
+            f"{stored}mlp.up_proj",
+        ]
+        assert fates[f"{layer}.self_attn.o_proj"] == [f"{stored}self_attn.o_proj"]
+        assert fates[f"{layer}.mlp.down_proj"] == [f"{stored}mlp.down_proj"]
+    assert len(fates) == 10 and "model.layers.6.mlp.down_proj" not in fates
+
+
+@pytest.mark.parametrize(
+    ("edit", "message"),
+    [
+        (
+            lambda t: t.__setitem__(
+                "layers.2.mlp.down_proj.weight", t["layers.1.mlp.down_proj.weight"].clone()
+            ),
+            "tensor 'layers.2.mlp.down_proj.weight': is not part of an EAGLE-3 Llama draft "
+            "(vLLM would refuse to load it)",
+        ),
+        (
+            lambda t: t.__setitem__("layers.1.self_attn.k_proj.weight", torch.zeros(32, 128)),
+            "tensor 'layers.1.self_attn.k_proj.weight': has shape [32, 128], the config implies "
+            "[32, 64]",
+        ),
+        (
+            lambda t: t.pop("layers.1.post_attention_layernorm.weight"),
+            "tensor 'layers.1.post_attention_layernorm.weight' is missing, which num_hidden_layers "
+            "2 requires",
+        ),
+    ],
+)
+def test_multi_layer_drafts_vllm_would_misread_are_refused(
+    tmp_path: Path, edit: Any, message: str
+) -> None:
+    """A layer beyond num_hidden_layers, a later layer taking 2*hidden inputs (only the first
+    does), a later layer's missing norm."""
+    from safetensors.torch import load_file, save_file
+
+    draft = write_random_draft(tmp_path / "d", draft_config(num_hidden_layers=2), seed=3)
+    path = draft / "model.safetensors"
+    tensors = load_file(str(path))
+    edit(tensors)
+    save_file(tensors, str(path), metadata={"format": "pt"})
+    code, output = _invoke(["export", str(draft), str(tmp_path / "o"), "--calib", "none"])
+    assert code == 2 and output.startswith("error: ") and message in output, output
+    assert len(output.strip().splitlines()) == 1
+
+
+def test_a_later_layer_is_vllms_formula(tmp_path: Path) -> None:
+    """Step 0 of a 2-layer draft, written out from vLLM's llama_eagle3.py: layer 0 returns
+    (mlp output, residual); layer 1's input_layernorm and post_attention_layernorm are fused
+    add-norms on that residual; the final norm adds the last residual."""
+    config = draft_config(num_hidden_layers=2, norm_before_residual=True)
+    draft = write_random_draft(tmp_path / "d", config, seed=9)
+    model = load_draft_module(read_checkpoint(draft)).float()
+    first, later = model.midlayer, model.layers["1"]
+    assert later.hidden_norm is None and later.self_attn.q_proj.in_features == 64
+    with torch.no_grad():  # distinct norms, so that swapping two would show
+        for i, norm in enumerate((later.input_layernorm, later.post_attention_layernorm)):
+            norm.weight.copy_(torch.linspace(0.5, 1.5, 64) + i)
+    generator = torch.Generator().manual_seed(1)
+    aux = torch.randn(1, 5, model.dims.fc_in, generator=generator)
+    ids = torch.randint(0, model.dims.vocab, (1, 5), generator=generator)
+    got = model.unroll(aux, ids, 1)[0].prenorm
+    positions = torch.arange(5).expand(1, 5)
+    causal = torch.ones(5, 5, dtype=torch.bool).tril()
+
+    def attention(layer: Any, x: torch.Tensor) -> torch.Tensor:
+        return layer.self_attn.attend(*layer.self_attn.project(x, positions), causal)
+
+    residual = first.hidden_norm(model.fc(aux))
+    x = torch.cat([first.input_layernorm(model.embed_tokens(ids).float()), residual], -1)
+    residual = residual + attention(first, x)
+    hidden = first.mlp(first.post_attention_layernorm(residual))
+    residual = hidden + residual  # layer 1's input_layernorm(hidden, residual)
+    hidden = attention(later, later.input_layernorm(residual))
+    residual = hidden + residual  # post_attention_layernorm(hidden, residual)
+    hidden = later.mlp(later.post_attention_layernorm(residual))
+    torch.testing.assert_close(got, hidden + residual)  # model.norm(hidden, residual)'s sum
 
 
 @pytest.mark.parametrize("flag", ["norm_before_fc", "fc_norm"])
@@ -253,21 +367,30 @@ FORMS = {
     "attention_bias": {"attention_bias": True},
     "qwen3": {"architectures": ["Eagle3Qwen3ForCausalLM"], "model_type": "qwen3"},
     "plain-qwen3": {"architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3"},
+    "2-layers": {"num_hidden_layers": 2},
+    "2-layers-plain-llama": {"architectures": ["LlamaForCausalLM"], "num_hidden_layers": 2},
+    "2-layers-qwen3": {"architectures": ["Eagle3Qwen3ForCausalLM"], "model_type": "qwen3"}
+    | {"num_hidden_layers": 2, "attention_bias": True},
+    "3-layers-speculators": {"num_hidden_layers": 3, "norm_before_residual": True},
 }
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("form", sorted(FORMS))
 def test_export_of_each_form_tensor_by_tensor(tmp_path: Path, form: str) -> None:
-    """Every form exported: the same stored names, the midlayer linears FP8 with per-tensor
+    """Every form exported: the same stored names, every layer's linears FP8 with per-tensor
     weight scales max|W|/448 (dequantized within one FP8 step), every other tensor
     byte-identical, the config the input's plus the quantization config."""
-    draft = write_random_draft(tmp_path / "d", draft_config(**FORMS[form]), seed=8)
+    verifier = "target" if "speculators" in form else None
+    config = draft_config(**FORMS[form])
+    draft = write_random_draft(tmp_path / "d", config, seed=8, speculators_verifier=verifier)
     out = tmp_path / "fp8"
     code, output = _invoke(["export", str(draft), str(out), "--calib", "none"])
     assert code == 0, output
     source, written = read_checkpoint(draft), read_checkpoint(out)
-    quantized = {f"{name}.weight" for name in MIDLAYER_LINEARS}
+    linears = dims_from_config(source.config).linears
+    assert len(linears) == 7 * config["num_hidden_layers"]
+    quantized = {f"{name}.weight" for name in linears}
     for name, info in source.tensors.items():
         assert written.tensors[name].name == info.name
         if name not in quantized:
@@ -282,7 +405,7 @@ def test_export_of_each_form_tensor_by_tensor(tmp_path: Path, form: str) -> None
         assert (dequantized - weight).abs().max() <= weight.abs().max() / 16
         assert written.tensors[f"{layer}.input_scale"].shape == ()
     assert set(written.tensors) == set(source.tensors) | {
-        f"{n}{s}" for n in MIDLAYER_LINEARS for s in (".weight_scale", ".input_scale")
+        f"{n}{s}" for n in linears for s in (".weight_scale", ".input_scale")
     }
     config = json.loads((out / "config.json").read_text())
     assert config.pop("quantization_config")["exclude"] == ["re:.*fc.*", "re:.*lm_head.*"]

@@ -11,11 +11,12 @@ from click.testing import CliRunner
 from safetensors import safe_open
 
 from eaglequant.cli import main
+from eaglequant.devtools.synthetic import draft_config, write_random_draft
 from eaglequant.draft import MIDLAYER_LINEARS, dims_from_config
 from eaglequant.exclusions import predict_fates
 from eaglequant.io.checkpoint import read_checkpoint
 from eaglequant.recipe import load_recipe
-from tests.conftest import tree_digest
+from tests.conftest import VOCAB, tree_digest
 
 pytestmark = pytest.mark.slow
 PASS_THROUGH = [
@@ -44,6 +45,14 @@ def _capture(pair: dict[str, Path], out: Path, *args: str) -> None:
         command += ["--aux-layers", "1,2,3"]
     result = CliRunner().invoke(main, [*command, *args], catch_exceptions=False)
     assert result.exit_code == 0, result.output
+
+
+def _draft(pair: dict[str, Path], layers: int, tmp_path: Path) -> Path:
+    """The pair's draft, or a random one of ``layers`` layers for the same target."""
+    if layers == 1:
+        return pair["draft"]
+    config = draft_config(vocab=VOCAB, draft_vocab=256, num_hidden_layers=layers)
+    return write_random_draft(tmp_path / f"draft-{layers}", config, seed=1)
 
 
 def _calib_args(pair: dict[str, Path]) -> list[str]:
@@ -93,36 +102,36 @@ def test_static_export_round_trip(pair: dict[str, Path], tmp_path: Path) -> None
     assert inspect.exit_code == 0, inspect.output
 
 
+@pytest.mark.parametrize("layers", [1, 2])
 def test_capture_then_export_scales_equal_independent_float32_amax(
-    pair: dict[str, Path], tmp_path: Path
+    pair: dict[str, Path], tmp_path: Path, layers: int
 ) -> None:
+    """Every layer's static scales equal the module's own float32 ranges (a 2-layer draft's
+    layers.1.* too), and the export measured every layer."""
     from eaglequant.capture.store import load_capture
     from eaglequant.model.load import load_draft_module
     from eaglequant.model.ranges import input_amax
 
+    draft = _draft(pair, layers, tmp_path)
     capture = tmp_path / "capture"
-    _capture(pair, capture, "--draft", str(pair["draft"]), "--samples", "8", "--seq-len", "48")
+    _capture(pair, capture, "--draft", str(draft), "--samples", "8", "--seq-len", "48")
     assert json.loads((capture / "capture.json").read_text())["aux_layer_ids"] == [1, 2, 3]
     out = tmp_path / "fp8"
-    _export(
-        [
-            str(pair["draft"]),
-            str(out),
-            "--calib-hidden-states",
-            str(capture),
-            "--calib-samples",
-            "6",
-        ]
-    )
+    _export([str(draft), str(out), "--calib-hidden-states", str(capture), "--calib-samples", "6"])
 
-    ckpt = read_checkpoint(pair["draft"])
+    ckpt = read_checkpoint(draft)
+    linears = dims_from_config(ckpt.config).linears
+    manifest = json.loads((out / "eaglequant.json").read_text())
+    assert [layer["name"] for layer in manifest["layers"]] == list(linears)
+    assert all(layer["sqnr_db"] > 20 for layer in manifest["layers"])
     recipe = load_recipe()
     data = load_capture(capture, dims_from_config(ckpt.config))
     calib, _held = data.split(6, recipe.calibration.held_out)
     bf16 = load_draft_module(ckpt)
     amax = input_amax(bf16, calib.batches(recipe.calibration.batch_size), recipe.calibration.steps)
+    assert set(amax) == set(linears)
     with safe_open(str(out / "model.safetensors"), framework="pt") as handle:
-        for name in MIDLAYER_LINEARS:
+        for name in linears:
             input_scale = handle.get_tensor(f"{name}.input_scale")
             weight_scale = handle.get_tensor(f"{name}.weight_scale")
             expected_weight = bf16.get_submodule(name).weight.abs().max() / 448.0
@@ -133,6 +142,42 @@ def test_capture_then_export_scales_equal_independent_float32_amax(
             dequant = handle.get_tensor(f"{name}.weight").float() * weight_scale
             weight = bf16.get_submodule(name).weight
             assert (dequant - weight).abs().max() <= weight.abs().max() / 16
+    _check_six_sees_every_layer(pair, draft, out, capture, linears[-1], tmp_path)
+
+
+def _check_six_sees_every_layer(
+    pair: dict[str, Path], draft: Path, out: Path, capture: Path, last: str, tmp_path: Path
+) -> None:
+    """validate's check 6 on the export passes, and fails naming the last layer's linear
+    when its input scale is 1000x too small."""
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    from eaglequant.capture.run import CaptureEngine
+    from eaglequant.validate.plausibility import PlausibilityInputs, plausibility_problems
+
+    def problems(fp8: Path) -> list[str]:
+        inputs = PlausibilityInputs(
+            target=pair["target"],
+            draft=fp8,
+            baseline=draft,
+            prompts=[],
+            generated=None,
+            k=3,
+            tolerance=4.0,
+            capture=CaptureEngine(name="transformers"),
+            hidden_states=capture,
+        )
+        return plausibility_problems(inputs)[0]
+
+    assert problems(out) == []
+    bad = shutil.copytree(out, tmp_path / "bad")
+    tensors = load_file(str(bad / "model.safetensors"))
+    tensors[f"{last}.input_scale"] = tensors[f"{last}.input_scale"] / 1000
+    save_file(tensors, str(bad / "model.safetensors"), metadata={"format": "pt"})
+    found = problems(bad)
+    assert len(found) == 1 and found[0].startswith(f"{last}.input_scale x 448"), found
 
 
 def test_calib_none_uses_recipe_range(pair: dict[str, Path], tmp_path: Path) -> None:
@@ -149,22 +194,28 @@ def test_calib_none_uses_recipe_range(pair: dict[str, Path], tmp_path: Path) -> 
     assert manifest["calibration"]["calibrated"] is False
 
 
-def test_ptpc_equals_quarks_own_file_to_file_flow(pair: dict[str, Path], tmp_path: Path) -> None:
+@pytest.mark.parametrize("layers", [1, 2])
+def test_ptpc_equals_quarks_own_file_to_file_flow(
+    pair: dict[str, Path], tmp_path: Path, layers: int
+) -> None:
     from quark.torch import ModelQuantizer
 
     from eaglequant.quantize.quark_backend import quark_config
 
+    draft = _draft(pair, layers, tmp_path)
     out = tmp_path / "ptpc"
-    _export([str(pair["draft"]), str(out), "--recipe", "ptpc-fp8"])
+    _export([str(draft), str(out), "--recipe", "ptpc-fp8"])
     reference = tmp_path / "quark-f2f"
     ModelQuantizer(quark_config(load_recipe("ptpc-fp8"))).direct_quantize_checkpoint(
-        str(pair["draft"]), str(reference), device="cpu"
+        str(draft), str(reference), device="cpu"
     )
     mine, theirs = read_checkpoint(out), read_checkpoint(reference)
     assert set(mine.tensors) == set(theirs.tensors)
     for name in mine.tensors:
         assert mine.read_raw(name) == theirs.read_raw(name), name
         assert mine.tensors[name].dtype == theirs.tensors[name].dtype, name
+    for name in dims_from_config(mine.config).linears[6::7]:  # each layer's down_proj
+        assert mine.tensors[f"{name}.weight"].dtype == "F8_E4M3"
     assert mine.tensors["midlayer.mlp.up_proj.weight_scale"].shape == (128,)
     assert "midlayer.mlp.up_proj.input_scale" not in mine.tensors
     qcfg = json.loads((out / "config.json").read_text())["quantization_config"]

@@ -327,7 +327,8 @@ def layers_check(layers: list[dict[str, Any]]) -> Check:
             if scale in layer and not layer[scale]["finite_positive"]:
                 problems.append(f"{name}.{scale} not finite positive ({layer[scale]})")
     detail = (
-        "fc, lm_head unquantized; midlayer projections QuarkW8A8Fp8 with finite positive scales"
+        "fc, lm_head unquantized; every draft layer's projections QuarkW8A8Fp8 with finite "
+        "positive scales"
     )
     if problems:
         detail = "; ".join(problems)

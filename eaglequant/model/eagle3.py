@@ -15,6 +15,10 @@ speak the same language. The forward runs the draft the way vLLM does:
   ``hidden_norm`` output, as vLLM); ``post_attention_layernorm``; MLP; ``norm``;
   ``lm_head`` over the draft vocabulary (``d2t`` maps draft ids to target ids
   by offset).
+* a draft of several layers (``num_hidden_layers``) runs the first layer as
+  above, then plain pre-norm decoder layers (``layers.1``, …: attention over
+  hidden inputs, vLLM's fused add-norm: the residual stream adds each layer's
+  output), each with its own keys and values; ``norm`` follows the last.
 * step k>0: the draft's own previous pre-norm output (post-norm with
   ``norm_output``) replaces ``fc``'s output, its own predicted token the
   embedding, one position further on. Each query
@@ -72,14 +76,15 @@ class RMSNorm(nn.Module):
 
 
 class Attention(nn.Module):
-    def __init__(self, dims: DraftDims) -> None:
+    def __init__(self, dims: DraftDims, first: bool) -> None:
         super().__init__()
         h, hd = dims.hidden, dims.head_dim
         self.heads, self.kv_heads, self.head_dim = dims.heads, dims.kv_heads, hd
         bias = dims.attention_bias  # vLLM's qkv_proj and o_proj carry it (attention_bias)
-        self.q_proj = nn.Linear(2 * h, dims.heads * hd, bias=bias)
-        self.k_proj = nn.Linear(2 * h, dims.kv_heads * hd, bias=bias)
-        self.v_proj = nn.Linear(2 * h, dims.kv_heads * hd, bias=bias)
+        inputs = 2 * h if first else h  # the first layer takes [embedding, hidden]
+        self.q_proj = nn.Linear(inputs, dims.heads * hd, bias=bias)
+        self.k_proj = nn.Linear(inputs, dims.kv_heads * hd, bias=bias)
+        self.v_proj = nn.Linear(inputs, dims.kv_heads * hd, bias=bias)
         self.o_proj = nn.Linear(dims.heads * hd, h, bias=bias)
         self.rope_theta = dims.rope_theta
         # Qwen3: one RMSNorm over each head's query and key, before RoPE
@@ -131,13 +136,33 @@ class MLP(nn.Module):
 
 
 class MidLayer(nn.Module):
-    def __init__(self, dims: DraftDims) -> None:
+    """One decoder layer: the first (``midlayer``, with ``hidden_norm``) or a later one."""
+
+    def __init__(self, dims: DraftDims, first: bool = True) -> None:
         super().__init__()
         self.input_layernorm = RMSNorm(dims.hidden, dims.rms_norm_eps)
-        self.hidden_norm = RMSNorm(dims.hidden, dims.rms_norm_eps)
+        self.hidden_norm = RMSNorm(dims.hidden, dims.rms_norm_eps) if first else None
         self.post_attention_layernorm = RMSNorm(dims.hidden, dims.rms_norm_eps)
-        self.self_attn = Attention(dims)
+        self.self_attn = Attention(dims, first)
         self.mlp = MLP(dims)
+
+    def attend(
+        self, x: torch.Tensor, positions: torch.Tensor, cache: tuple[list[torch.Tensor], ...]
+    ) -> torch.Tensor:
+        """Attention over ``x`` whose keys and values join this layer's earlier steps'."""
+        keys, values = cache
+        q, k, v = self.self_attn.project(x, positions)
+        keys.append(k)
+        values.append(v)
+        mask = _ttt_mask(len(keys), q.shape[2], q.device)
+        return self.self_attn.attend(q, torch.cat(keys, 2), torch.cat(values, 2), mask)
+
+    def later_forward(
+        self, stream: torch.Tensor, positions: torch.Tensor, cache: tuple[list[torch.Tensor], ...]
+    ) -> torch.Tensor:
+        """A layer after the first: pre-norm attention and MLP on the residual stream."""
+        stream = stream + self.attend(self.input_layernorm(stream), positions, cache)
+        return stream + self.mlp(self.post_attention_layernorm(stream))
 
 
 @dataclass
@@ -168,6 +193,10 @@ class Eagle3Draft(PreTrainedModel):
         self.unroll_steps = 1
         self.file_mappings = FileMappings()  # filled by the loader
         self.midlayer = MidLayer(dims)
+        # layers after the first, keyed "1", "2", … so that names are layers.1.*, as stored
+        self.layers = nn.ModuleDict(
+            {str(i): MidLayer(dims, first=False) for i in range(1, dims.layers)}
+        )
         self.fc = nn.Linear(dims.fc_in, dims.hidden, bias=False)
         eps = dims.rms_norm_eps
         self.input_norm = RMSNorm(dims.fc_in, eps) if dims.norm_before_fc else None
@@ -185,7 +214,7 @@ class Eagle3Draft(PreTrainedModel):
     def forward(self, aux_hidden: torch.Tensor, next_ids: torch.Tensor) -> torch.Tensor:
         """Calibration forward: ``unroll_steps`` steps; returns the last step's pre-norm state.
 
-        Only what feeds the midlayer is computed: the last step is not scored.
+        Only what feeds the decoder layers is computed: the last step is not scored.
         Runs a few sequences at a time (:data:`MICRO_BATCH_TOKENS`): the
         min/max a static scale needs does not depend on how rows are batched.
         """
@@ -239,7 +268,7 @@ class Eagle3Draft(PreTrainedModel):
         ``fc`` and ``lm_head`` compute as vLLM does in their own dtype (BF16
         as loaded for export: BF16 inputs and outputs; :mod:`compute` picks
         BF16 or float32 GEMMs for this CPU), the embeddings are looked up in
-        theirs; the midlayer computes in its own (float32 for Quark). Results
+        theirs; the decoder layers compute in their own (float32 for Quark). Results
         are float32.
         """
         embed = embed if embed is not None else self.embed_tokens
@@ -248,11 +277,10 @@ class Eagle3Draft(PreTrainedModel):
         base = torch.arange(t, device=aux_hidden.device).expand(b, t)
         hidden = compute.linear(self.fc_input(aux_hidden), self.fc.weight)
         tokens = next_ids
-        keys: list[torch.Tensor] = []
-        values: list[torch.Tensor] = []
+        caches: list[tuple[list[torch.Tensor], ...]] = [([], []) for _ in range(self.dims.layers)]
         outputs = []
         for step in range(steps):
-            out = self._step(embed(tokens).float(), hidden, base + step, keys, values)
+            out = self._step(embed(tokens).float(), hidden, base + step, caches)
             if score_last or step < steps - 1:
                 out = self._score(out, keep_logits)
             outputs.append(out)
@@ -268,21 +296,20 @@ class Eagle3Draft(PreTrainedModel):
         embeds: torch.Tensor,
         hidden: torch.Tensor,
         positions: torch.Tensor,
-        keys: list[torch.Tensor],
-        values: list[torch.Tensor],
+        caches: list[tuple[list[torch.Tensor], ...]],
     ) -> StepOutput:
         layer = self.midlayer
+        assert layer.hidden_norm is not None
         normed = layer.hidden_norm(hidden)
         residual = normed if self.dims.norm_before_residual else hidden
         x = torch.cat([layer.input_layernorm(embeds), normed], dim=-1)
-        q, k, v = layer.self_attn.project(x, positions)
-        keys.append(k)
-        values.append(v)
-        mask = _ttt_mask(len(keys), q.shape[2], q.device)
-        attn = layer.self_attn.attend(q, torch.cat(keys, 2), torch.cat(values, 2), mask)
-        residual = residual + attn
-        x = layer.mlp(layer.post_attention_layernorm(residual))
-        return StepOutput(None, None, residual + x)
+        residual = residual + layer.attend(x, positions, caches[0])
+        stream = residual + layer.mlp(layer.post_attention_layernorm(residual))
+        for i in range(1, self.dims.layers):  # by number: keys may be replaced out of order
+            later = self.layers[str(i)]
+            assert isinstance(later, MidLayer)
+            stream = later.later_forward(stream, positions, caches[i])
+        return StepOutput(None, None, stream)
 
     def _score(self, out: StepOutput, keep_logits: bool) -> StepOutput:
         normed = self.norm(out.prenorm)

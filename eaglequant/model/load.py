@@ -1,6 +1,6 @@
 """Load a checked BF16 draft checkpoint into the torch draft module.
 
-The midlayer (what Quark quantizes) and the norms are float32, so Quark's
+The decoder layers (what Quark quantizes) and the norms are float32, so Quark's
 scales and FP8 values come from float32 math. ``fc``, ``lm_head`` and
 ``embed_tokens`` stay in the checkpoint's dtype: they are not quantized, vLLM
 runs them in BF16 too, and at full size (two 163840 x 7168 matrices) float32
@@ -17,7 +17,7 @@ import mmap
 import torch
 from transformers import LlamaConfig
 
-from eaglequant.draft import MIDLAYER_LINEARS, dims_from_config
+from eaglequant.draft import FIRST_LAYER, dims_from_config, layer_linears
 from eaglequant.errors import InputError
 from eaglequant.io.checkpoint import Checkpoint
 from eaglequant.io.layout import torch_dtypes
@@ -61,22 +61,23 @@ def release_file_pages(model: Eagle3Draft) -> None:
         mapping.madvise(mmap.MADV_DONTNEED)
 
 
-def load_reference_midlayer(ckpt: Checkpoint) -> MidLayer:
-    """The midlayer as stored (BF16 linears, float32 math): the reference after Quark's run.
+def load_reference_layer(ckpt: Checkpoint, prefix: str) -> MidLayer:
+    """The decoder layer at ``prefix`` as stored (BF16 linears, float32 math): the reference
+    after Quark's run.
 
     Half the memory of a float32 copy, the same results: every BF16 weight is exact
     in float32, and :class:`UpcastLinear` computes in float32.
     """
     with torch.device("meta"):
-        midlayer = MidLayer(dims_from_config(ckpt.config))
-    for name in MIDLAYER_LINEARS:
-        parent, child = name.removeprefix("midlayer.").rsplit(".", 1)
+        layer = MidLayer(dims_from_config(ckpt.config), first=prefix == FIRST_LAYER)
+    for name in layer_linears(prefix):
+        parent, child = name.removeprefix(f"{prefix}.").rsplit(".", 1)
         setattr(
-            midlayer.get_submodule(parent), child, UpcastLinear(ckpt.load_tensor(f"{name}.weight"))
+            layer.get_submodule(parent), child, UpcastLinear(ckpt.load_tensor(f"{name}.weight"))
         )
-    norms = {n: _load(ckpt, f"midlayer.{n}") for n in midlayer.state_dict() if "norm" in n}
-    midlayer.load_state_dict(norms, strict=False, assign=True)
-    return midlayer.eval()
+    norms = {n: _load(ckpt, f"{prefix}.{n}") for n in layer.state_dict() if "norm" in n}
+    layer.load_state_dict(norms, strict=False, assign=True)
+    return layer.eval()
 
 
 def _load(
