@@ -3,7 +3,10 @@
 * Static activation scales: ``ModelQuantizer.quantize_model`` calibrates the
   float32 draft module on the calibration batches, ``freeze`` fixes it, and
   ``export_safetensors`` writes real FP8 weights and float32 scales. The math is
-  float32 (a BF16 model makes Quark divide in BF16 before the FP8 cast).
+  float32 (a BF16 model makes Quark divide in BF16 before the FP8 cast). Only
+  while its forward passes run do the midlayer's linears hold BF16 weights
+  where BF16 GEMMs are native here (their inputs are BF16 then, as in vLLM;
+  Quark's observers take the amax in BF16, exactly, and divide in float32).
 * Dynamic activations (``ptpc-fp8``, ``fp8-dynamic``): Quark's file-to-file
   flow ``ModelQuantizer.direct_quantize_checkpoint`` on a scratch folder that
   holds only the midlayer's linear weights, the flow AMD's published card used,
@@ -30,6 +33,7 @@ import torch
 
 from eaglequant.draft import MIDLAYER_LINEARS, SCALE_SUFFIXES
 from eaglequant.io.checkpoint import read_checkpoint
+from eaglequant.model import compute
 from eaglequant.model.eagle3 import Eagle3Draft
 from eaglequant.model.load import release_file_pages
 from eaglequant.quantize.file_to_file import SCRATCH_PREFIX, FileToFile
@@ -120,7 +124,8 @@ def quantize_static(
             quantized = quantizer.quantize_model(model, [_zero_batch(model)])
         _set_fixed_input_scales(quantized, recipe.calibration.fixed_input_amax / FP8_E4M3_MAX)
     else:
-        quantized = quantizer.quantize_model(model, list(batches))
+        with _native_while_calibrating(model):
+            quantized = quantizer.quantize_model(model, list(batches))
     timings["quark_calibration"] = round(time.perf_counter() - started, 3)
     release_file_pages(model)
     frozen = quantizer.freeze(quantized)
@@ -135,6 +140,35 @@ def quantize_static(
         for name, module in detached.items():
             setattr(frozen, name, module)
     return _collect(scratch, timings)
+
+
+@contextlib.contextmanager
+def _native_while_calibrating(model: Eagle3Draft) -> Iterator[None]:
+    """Quark's forward passes with the midlayer's linear weights in the checkpoint's dtype
+    where GEMMs in it are native here (else float32 throughout).
+
+    Quark observes the weights (float32) before its first forward pass and
+    fake-quantizes them at ``freeze``, after the last: the weights turn BF16 at
+    the first forward pass and float32 again on leaving, both exact (the values
+    came from BF16), and are held once either way.
+    """
+    dtype = model.midlayer.mlp.gemm_dtype
+    device = next(model.fc.parameters()).device
+    if dtype in (None, torch.float32) or not compute.runs_natively(dtype, device):
+        yield
+        return
+
+    def convert(to: torch.dtype) -> None:
+        for name in MIDLAYER_LINEARS:
+            for param in model.get_submodule(name).parameters(recurse=False):
+                param.data = param.data.to(to)
+
+    hook = model.register_forward_pre_hook(lambda _module, _args: convert(dtype))
+    try:
+        yield
+    finally:
+        hook.remove()
+        convert(torch.float32)
 
 
 def _zero_batch(model: Eagle3Draft) -> dict[str, torch.Tensor]:

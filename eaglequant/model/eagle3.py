@@ -71,9 +71,20 @@ class RMSNorm(nn.Module):
         return (self.weight.float() * x32).to(dtype)
 
 
-class Attention(nn.Module):
-    def __init__(self, dims: DraftDims) -> None:
+class _Linears(nn.Module):
+    """A module whose linear layers compute as vLLM's in ``gemm_dtype`` (None: float32)."""
+
+    def __init__(self, gemm_dtype: torch.dtype | None) -> None:
         super().__init__()
+        self.gemm_dtype = gemm_dtype
+
+    def _linear(self, module: nn.Module, x: torch.Tensor) -> torch.Tensor:
+        return compute.module_linear(module, x, self.gemm_dtype)
+
+
+class Attention(_Linears):
+    def __init__(self, dims: DraftDims, gemm_dtype: torch.dtype | None = None) -> None:
+        super().__init__(gemm_dtype)
         h, hd = dims.hidden, dims.head_dim
         self.heads, self.kv_heads, self.head_dim = dims.heads, dims.kv_heads, hd
         bias = dims.attention_bias  # vLLM's qkv_proj and o_proj carry it (attention_bias)
@@ -91,9 +102,9 @@ class Attention(nn.Module):
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Queries, keys, values (batch, heads, seq, head_dim) with RoPE applied."""
         b, t, _ = x.shape
-        q = self.q_proj(x).view(b, t, self.heads, self.head_dim)
-        k = self.k_proj(x).view(b, t, self.kv_heads, self.head_dim)
-        v = self.v_proj(x).view(b, t, self.kv_heads, self.head_dim).transpose(1, 2)
+        q = self._linear(self.q_proj, x).view(b, t, self.heads, self.head_dim)
+        k = self._linear(self.k_proj, x).view(b, t, self.kv_heads, self.head_dim)
+        v = self._linear(self.v_proj, x).view(b, t, self.kv_heads, self.head_dim).transpose(1, 2)
         if self.q_norm is not None and self.k_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
         q, k = q.transpose(1, 2), k.transpose(1, 2)
@@ -116,28 +127,35 @@ class Attention(nn.Module):
         k, v = k.repeat_interleave(repeat, 1), v.repeat_interleave(repeat, 1)
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
         b, _, t, _ = out.shape
-        return self.o_proj(out.transpose(1, 2).reshape(b, t, self.heads * self.head_dim))
+        return self._linear(self.o_proj, out.transpose(1, 2).reshape(b, t, -1))
 
 
-class MLP(nn.Module):
-    def __init__(self, dims: DraftDims) -> None:
-        super().__init__()
+class MLP(_Linears):
+    def __init__(self, dims: DraftDims, gemm_dtype: torch.dtype | None = None) -> None:
+        super().__init__(gemm_dtype)
         self.gate_proj = nn.Linear(dims.hidden, dims.intermediate, bias=False)
         self.up_proj = nn.Linear(dims.hidden, dims.intermediate, bias=False)
         self.down_proj = nn.Linear(dims.intermediate, dims.hidden, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        gate, up = self._linear(self.gate_proj, x), self._linear(self.up_proj, x)
+        return self._linear(self.down_proj, F.silu(gate) * up)
 
 
 class MidLayer(nn.Module):
-    def __init__(self, dims: DraftDims) -> None:
+    """The draft's decoder layer; ``gemm_dtype``: what its linears compute in as vLLM's do.
+
+    The checkpoint's dtype (BF16) for an export's draft: each linear's input and
+    output are rounded to it, as in vLLM's BF16 draft; None: float32 throughout.
+    """
+
+    def __init__(self, dims: DraftDims, gemm_dtype: torch.dtype | None = None) -> None:
         super().__init__()
         self.input_layernorm = RMSNorm(dims.hidden, dims.rms_norm_eps)
         self.hidden_norm = RMSNorm(dims.hidden, dims.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(dims.hidden, dims.rms_norm_eps)
-        self.self_attn = Attention(dims)
-        self.mlp = MLP(dims)
+        self.self_attn = Attention(dims, gemm_dtype)
+        self.mlp = MLP(dims, gemm_dtype)
 
 
 @dataclass
@@ -161,13 +179,18 @@ class Eagle3Draft(PreTrainedModel):
     d2t: torch.Tensor
     t2d: torch.Tensor
 
-    def __init__(self, config: LlamaConfig, with_embeddings: bool = True) -> None:
+    def __init__(
+        self,
+        config: LlamaConfig,
+        with_embeddings: bool = True,
+        gemm_dtype: torch.dtype | None = None,
+    ) -> None:
         super().__init__(config)
         dims = dims_from_config(config.to_dict())
         self.dims = dims
         self.unroll_steps = 1
         self.file_mappings = FileMappings()  # filled by the loader
-        self.midlayer = MidLayer(dims)
+        self.midlayer = MidLayer(dims, gemm_dtype)
         self.fc = nn.Linear(dims.fc_in, dims.hidden, bias=False)
         eps = dims.rms_norm_eps
         self.input_norm = RMSNorm(dims.fc_in, eps) if dims.norm_before_fc else None
@@ -238,9 +261,10 @@ class Eagle3Draft(PreTrainedModel):
 
         ``fc`` and ``lm_head`` compute as vLLM does in their own dtype (BF16
         as loaded for export: BF16 inputs and outputs; :mod:`compute` picks
-        BF16 or float32 GEMMs for this CPU), the embeddings are looked up in
-        theirs; the midlayer computes in its own (float32 for Quark). Results
-        are float32.
+        BF16 or float32 GEMMs for this CPU), the midlayer's linears likewise in
+        its ``gemm_dtype`` (the checkpoint's, as loaded for export), the
+        embeddings are looked up in theirs; norms, attention and residuals are
+        float32. Results are float32.
         """
         embed = embed if embed is not None else self.embed_tokens
         assert embed is not None, "a draft without embed_tokens needs the target's embeddings"
