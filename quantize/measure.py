@@ -4,10 +4,10 @@ The FP8 side is simulated from the written tensors themselves (inputs cast to
 FP8 with ``input_scale`` or per-token / per-tensor dynamic scales, a GEMM of the
 FP8 values, then both scales), so what is measured is the artifact, not Quark's
 in-memory model. Both drafts compute their linears as vLLM's BF16 ones (inputs
-and outputs rounded to BF16, :func:`compute.module_linear`); the FP8 GEMM runs
-on the FP8 values held as BF16 (exact) and its product is rounded to BF16 before
-the scales apply, as a BF16 GEMM returns it (vLLM rounds once, after: this is
-at most one BF16 unit in the last place off).
+and outputs rounded to BF16, :func:`compute.module_linear`); the FP8 GEMM
+(:func:`compute.fp8_linear`) rounds its sums to BF16 before the scales apply,
+as a BF16 GEMM returns them (vLLM rounds once, after: this is at most one BF16
+unit in the last place off).
 
 Reported per quantized layer: the weight amax, the scales,
 the input range a static scale covers (``input_scale`` x 448: the amax Quark
@@ -43,9 +43,8 @@ def fp8_values(x: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
 class SimulatedFp8Linear(nn.Module):
     """An nn.Linear replacement computing with the exported FP8 tensors.
 
-    Holds the FP8 weight's values in BF16 (exact; converted once, as FP8 to BF16
-    conversion is slow on the CPU), so a full-size midlayer is never held in
-    float32; its GEMMs run as :func:`compute.linear` does.
+    Holds the FP8 weight (one byte per value) and converts it a block at a
+    time per call, so a full-size midlayer is never held a second time.
     """
 
     weight: torch.Tensor
@@ -60,7 +59,7 @@ class SimulatedFp8Linear(nn.Module):
     ) -> None:
         super().__init__()
         scale = weight_scale.float()
-        self.register_buffer("weight", weight.to(torch.bfloat16))
+        self.register_buffer("weight", weight)
         self.register_buffer("weight_scale", scale.reshape(-1) if scale.numel() > 1 else scale)
         self.input_scale = input_scale.float() if input_scale is not None else None
         self.per_token = per_token
@@ -73,7 +72,7 @@ class SimulatedFp8Linear(nn.Module):
             scale = x.abs().amax(-1, keepdim=True).clamp_min(1e-12) / FP8_E4M3_MAX
         else:
             scale = x.abs().amax().clamp_min(1e-12) / FP8_E4M3_MAX
-        return compute.linear(fp8_values(x, scale), self.weight) * (scale * self.weight_scale)
+        return compute.fp8_linear(fp8_values(x, scale), self.weight) * (scale * self.weight_scale)
 
 
 def simulated_fp8_draft(

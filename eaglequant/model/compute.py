@@ -140,6 +140,17 @@ def linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     return round_as(upcast_linear(x.float(), weight), weight.dtype)
 
 
+def fp8_linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """The GEMM of FP8 ``x`` and FP8 ``weight``, its sums rounded to BF16; float32 values.
+
+    In BF16 where BF16 GEMMs are native (FP8 values are exact in BF16; the sums
+    are rounded to BF16 as such a GEMM returns them), else in float32, rounded
+    the same. The weight stays FP8, converted a block of rows at a time.
+    """
+    dtype = torch.bfloat16 if runs_natively(torch.bfloat16, weight.device) else torch.float32
+    return round_as(upcast_linear(x.to(dtype), weight), torch.bfloat16)
+
+
 def module_linear(module: nn.Module, x: torch.Tensor, dtype: torch.dtype | None) -> torch.Tensor:
     """``module(x)`` as vLLM computes a linear layer of a ``dtype`` model; float32 values.
 
