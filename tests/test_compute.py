@@ -10,9 +10,12 @@ half-spacing, and each step's top-1 agreement at least 0.998 (measured here:
 equal ranges, agreement 1.0). Without the float32 path's rounding of its
 outputs to BF16 the ranges move by ~1e-3 and agreement drops to ~0.99; the
 test runs that mutant too and requires it to fail. The float32 path never
-hands a BF16 tensor to ``F.linear``; the BF16 path computes the BF16 midlayer
-in BF16. A slow test exports the tiny pair's draft on each path and compares
-the written input scales and the manifest's top-1 agreement.
+hands a BF16 tensor to ``F.linear`` (a mutant that calls BF16 GEMMs there
+fails); the BF16 path makes exactly the expected number of BF16 calls, the
+BF16 midlayer's included (a mutant computing it in float32 fails). Slow tests
+run Quark's calibration on each path (BF16 passes only where native, float32
+weights at ``freeze``, equal input scales) and export the tiny pair's draft on
+each path, comparing the written input scales and the manifest's top-1 agreement.
 """
 
 from __future__ import annotations
@@ -29,7 +32,7 @@ from eaglequant.draft import MIDLAYER_LINEARS
 from eaglequant.errors import InputError
 from eaglequant.io.checkpoint import read_checkpoint
 from eaglequant.model import compute
-from eaglequant.model.eagle3 import Eagle3Draft
+from eaglequant.model.eagle3 import Eagle3Draft, UpcastLinear
 from eaglequant.model.load import load_draft_module, load_reference_midlayer
 from eaglequant.model.ranges import input_amax
 from eaglequant.quantize.measure import SimulatedFp8Linear
@@ -113,9 +116,9 @@ def test_both_paths_give_the_same_ranges_and_top1(
     monkeypatch.setenv(compute.GEMM_ENV, "bf16")
     native = _statistics(bf16_draft, batches)
     midlayer_in_bf16 = bf16_draft.midlayer.mlp.down_proj.weight.dtype == torch.bfloat16
-    bf16_calls = (torch.bfloat16, torch.bfloat16)
-    # fc, lm_head and (BF16-held) the 7 midlayer linears: calls with BF16 in and weight
-    assert linear_dtypes.count(bf16_calls) >= (7 if midlayer_in_bf16 else 1) * len(batches)
+    bf16_calls = linear_dtypes.count((torch.bfloat16, torch.bfloat16))
+    # fc and lm_head: 7 calls a batch (2 passes); a BF16-held midlayer 7 linears x 3 steps x 2
+    assert bf16_calls == (7 + (7 * STEPS * 2 if midlayer_in_bf16 else 0)) * len(batches)
     linear_dtypes.clear()
     monkeypatch.setenv(compute.GEMM_ENV, "float32")
     if rounding != "bf16":
@@ -143,6 +146,34 @@ def test_linear_rounds_to_bf16_and_top1_is_its_first_argmax(
     assert torch.allclose(out.double(), exact, rtol=2**-8, atol=1e-5)
     top1 = compute.top1(x, weight)
     assert torch.equal(top1, out.argmax(-1)) and top1[0, 0] == 7
+
+
+@pytest.mark.parametrize("path", compute.GEMM_PATHS)
+@pytest.mark.parametrize("weight_dtype", [torch.float32, torch.bfloat16])
+def test_module_linear_takes_and_gives_bf16_values(
+    path: str, weight_dtype: torch.dtype, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """As vLLM's BF16 linear: the module sees BF16 values and returns BF16 values, in float32.
+
+    Float32 weights as Quark observes them; BF16 ones as the reference (``UpcastLinear``).
+    """
+    monkeypatch.setenv(compute.GEMM_ENV, path)
+    generator = torch.Generator().manual_seed(0)
+    weight = torch.randn(30, 40, generator=generator).bfloat16()
+    module: torch.nn.Module = UpcastLinear(weight)
+    if weight_dtype == torch.float32:
+        module = torch.nn.Linear(40, 30, bias=False)
+        module.weight.data = weight.float()
+    seen = []
+    module.register_forward_pre_hook(lambda _m, args: seen.append(args[0]))
+    x = torch.randn(2, 5, 40, generator=generator)
+    out = compute.module_linear(module, x, torch.bfloat16)
+    runs_in_bf16 = weight_dtype == torch.bfloat16 and path == "bf16"
+    assert seen[0].dtype == (torch.bfloat16 if runs_in_bf16 else torch.float32)
+    assert torch.equal(seen[0].float(), x.bfloat16().float())
+    assert out.dtype == torch.float32 and torch.equal(out, out.bfloat16().float())
+    exact = torch.nn.functional.linear(x.bfloat16().double(), module.weight.double())
+    torch.testing.assert_close(out.double(), exact, rtol=2**-8, atol=1e-6)
 
 
 @pytest.mark.parametrize("path", compute.GEMM_PATHS)
