@@ -152,9 +152,9 @@ def _native_while_calibrating(model: Eagle3Draft) -> Iterator[None]:
     the first forward pass and float32 again on leaving, both exact (the values
     came from BF16), and are held once either way.
     """
-    dtype = model.midlayer.mlp.gemm_dtype
+    dtype = model.gemm_dtype
     device = next(model.fc.parameters()).device
-    if dtype in (None, torch.float32) or not compute.runs_natively(dtype, device):
+    if dtype == torch.float32 or not compute.runs_natively(dtype, device):
         yield
         return
 

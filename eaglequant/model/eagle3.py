@@ -71,20 +71,11 @@ class RMSNorm(nn.Module):
         return (self.weight.float() * x32).to(dtype)
 
 
-class _Linears(nn.Module):
-    """A module whose linear layers compute as vLLM's in ``gemm_dtype`` (None: float32)."""
+class Attention(nn.Module):
+    """Self-attention; ``gemm_dtype``: its linears compute as vLLM's in it (None: as they are)."""
 
-    def __init__(self, gemm_dtype: torch.dtype | None) -> None:
+    def __init__(self, dims: DraftDims) -> None:
         super().__init__()
-        self.gemm_dtype = gemm_dtype
-
-    def _linear(self, module: nn.Module, x: torch.Tensor) -> torch.Tensor:
-        return compute.module_linear(module, x, self.gemm_dtype)
-
-
-class Attention(_Linears):
-    def __init__(self, dims: DraftDims, gemm_dtype: torch.dtype | None = None) -> None:
-        super().__init__(gemm_dtype)
         h, hd = dims.hidden, dims.head_dim
         self.heads, self.kv_heads, self.head_dim = dims.heads, dims.kv_heads, hd
         bias = dims.attention_bias  # vLLM's qkv_proj and o_proj carry it (attention_bias)
@@ -98,13 +89,15 @@ class Attention(_Linears):
         self.k_norm = RMSNorm(hd, dims.rms_norm_eps) if dims.qk_norm else None
 
     def project(
-        self, x: torch.Tensor, positions: torch.Tensor
+        self, x: torch.Tensor, positions: torch.Tensor, gemm_dtype: torch.dtype | None = None
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Queries, keys, values (batch, heads, seq, head_dim) with RoPE applied."""
         b, t, _ = x.shape
-        q = self._linear(self.q_proj, x).view(b, t, self.heads, self.head_dim)
-        k = self._linear(self.k_proj, x).view(b, t, self.kv_heads, self.head_dim)
-        v = self._linear(self.v_proj, x).view(b, t, self.kv_heads, self.head_dim).transpose(1, 2)
+        projections = self.q_proj, self.k_proj, self.v_proj
+        q, k, v = (compute.module_linear(m, x, gemm_dtype) for m in projections)
+        q = q.view(b, t, self.heads, self.head_dim)
+        k = k.view(b, t, self.kv_heads, self.head_dim)
+        v = v.view(b, t, self.kv_heads, self.head_dim).transpose(1, 2)
         if self.q_norm is not None and self.k_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
         q, k = q.transpose(1, 2), k.transpose(1, 2)
@@ -121,41 +114,43 @@ class Attention(_Linears):
         return x * cos + rotated * sin
 
     def attend(
-        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        mask: torch.Tensor,
+        gemm_dtype: torch.dtype | None = None,
     ) -> torch.Tensor:
         repeat = self.heads // self.kv_heads
         k, v = k.repeat_interleave(repeat, 1), v.repeat_interleave(repeat, 1)
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
         b, _, t, _ = out.shape
-        return self._linear(self.o_proj, out.transpose(1, 2).reshape(b, t, -1))
+        return compute.module_linear(self.o_proj, out.transpose(1, 2).reshape(b, t, -1), gemm_dtype)
 
 
-class MLP(_Linears):
-    def __init__(self, dims: DraftDims, gemm_dtype: torch.dtype | None = None) -> None:
-        super().__init__(gemm_dtype)
+class MLP(nn.Module):
+    """SwiGLU; ``gemm_dtype`` as :class:`Attention`'s."""
+
+    def __init__(self, dims: DraftDims) -> None:
+        super().__init__()
         self.gate_proj = nn.Linear(dims.hidden, dims.intermediate, bias=False)
         self.up_proj = nn.Linear(dims.hidden, dims.intermediate, bias=False)
         self.down_proj = nn.Linear(dims.intermediate, dims.hidden, bias=False)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate, up = self._linear(self.gate_proj, x), self._linear(self.up_proj, x)
-        return self._linear(self.down_proj, F.silu(gate) * up)
+    def forward(self, x: torch.Tensor, gemm_dtype: torch.dtype | None = None) -> torch.Tensor:
+        gate = compute.module_linear(self.gate_proj, x, gemm_dtype)
+        up = compute.module_linear(self.up_proj, x, gemm_dtype)
+        return compute.module_linear(self.down_proj, F.silu(gate) * up, gemm_dtype)
 
 
 class MidLayer(nn.Module):
-    """The draft's decoder layer; ``gemm_dtype``: what its linears compute in as vLLM's do.
-
-    The checkpoint's dtype (BF16) for an export's draft: each linear's input and
-    output are rounded to it, as in vLLM's BF16 draft; None: float32 throughout.
-    """
-
-    def __init__(self, dims: DraftDims, gemm_dtype: torch.dtype | None = None) -> None:
+    def __init__(self, dims: DraftDims) -> None:
         super().__init__()
         self.input_layernorm = RMSNorm(dims.hidden, dims.rms_norm_eps)
         self.hidden_norm = RMSNorm(dims.hidden, dims.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(dims.hidden, dims.rms_norm_eps)
-        self.self_attn = Attention(dims, gemm_dtype)
-        self.mlp = MLP(dims, gemm_dtype)
+        self.self_attn = Attention(dims)
+        self.mlp = MLP(dims)
 
 
 @dataclass
@@ -179,18 +174,13 @@ class Eagle3Draft(PreTrainedModel):
     d2t: torch.Tensor
     t2d: torch.Tensor
 
-    def __init__(
-        self,
-        config: LlamaConfig,
-        with_embeddings: bool = True,
-        gemm_dtype: torch.dtype | None = None,
-    ) -> None:
+    def __init__(self, config: LlamaConfig, with_embeddings: bool = True) -> None:
         super().__init__(config)
         dims = dims_from_config(config.to_dict())
         self.dims = dims
         self.unroll_steps = 1
         self.file_mappings = FileMappings()  # filled by the loader
-        self.midlayer = MidLayer(dims, gemm_dtype)
+        self.midlayer = MidLayer(dims)
         self.fc = nn.Linear(dims.fc_in, dims.hidden, bias=False)
         eps = dims.rms_norm_eps
         self.input_norm = RMSNorm(dims.fc_in, eps) if dims.norm_before_fc else None
@@ -228,6 +218,15 @@ class Eagle3Draft(PreTrainedModel):
             aux_hidden = torch.cat([n(c) for n, c in zip(self.fc_norm, chunks, strict=True)], -1)
         return aux_hidden
 
+    @property
+    def gemm_dtype(self) -> torch.dtype:
+        """What the linears compute in, as vLLM's: ``fc``'s dtype (BF16 as loaded for export).
+
+        The midlayer's weights may be held otherwise (float32 for Quark); their
+        inputs and outputs are rounded to this dtype all the same.
+        """
+        return self.fc.weight.dtype
+
     def linear_weight(self, name: str) -> torch.Tensor:
         """The weight of the linear layer ``name`` (a checkpoint name such as ``fc``)."""
         weight = self.get_submodule(name).weight
@@ -262,9 +261,8 @@ class Eagle3Draft(PreTrainedModel):
         ``fc`` and ``lm_head`` compute as vLLM does in their own dtype (BF16
         as loaded for export: BF16 inputs and outputs; :mod:`compute` picks
         BF16 or float32 GEMMs for this CPU), the midlayer's linears likewise in
-        its ``gemm_dtype`` (the checkpoint's, as loaded for export), the
-        embeddings are looked up in theirs; norms, attention and residuals are
-        float32. Results are float32.
+        :attr:`gemm_dtype` (``fc``'s), the embeddings are looked up in theirs;
+        norms, attention and residuals are float32. Results are float32.
         """
         embed = embed if embed is not None else self.embed_tokens
         assert embed is not None, "a draft without embed_tokens needs the target's embeddings"
@@ -299,13 +297,14 @@ class Eagle3Draft(PreTrainedModel):
         normed = layer.hidden_norm(hidden)
         residual = normed if self.dims.norm_before_residual else hidden
         x = torch.cat([layer.input_layernorm(embeds), normed], dim=-1)
-        q, k, v = layer.self_attn.project(x, positions)
+        q, k, v = layer.self_attn.project(x, positions, self.gemm_dtype)
         keys.append(k)
         values.append(v)
         mask = _ttt_mask(len(keys), q.shape[2], q.device)
-        attn = layer.self_attn.attend(q, torch.cat(keys, 2), torch.cat(values, 2), mask)
+        keys_values = torch.cat(keys, 2), torch.cat(values, 2)
+        attn = layer.self_attn.attend(q, *keys_values, mask, self.gemm_dtype)
         residual = residual + attn
-        x = layer.mlp(layer.post_attention_layernorm(residual))
+        x = layer.mlp(layer.post_attention_layernorm(residual), self.gemm_dtype)
         return StepOutput(None, None, residual + x)
 
     def _score(self, out: StepOutput, keep_logits: bool) -> StepOutput:

@@ -1,11 +1,11 @@
 """Load a checked BF16 draft checkpoint into the torch draft module.
 
 The midlayer (what Quark quantizes) and the norms are float32, so Quark's
-scales and FP8 values come from float32 math; the midlayer's linears compute
-as vLLM's do in the checkpoint's dtype (inputs and outputs rounded to it).
-``fc``, ``lm_head`` and ``embed_tokens`` stay in the checkpoint's dtype: they
-are not quantized, vLLM runs them in BF16 too, and at full size (two 163840 x
-7168 matrices) float32 copies would double the memory. They are mapped from their files
+scales and FP8 values come from float32 math (the midlayer's linears still
+round their inputs and outputs to BF16 as vLLM's do). ``fc``, ``lm_head`` and
+``embed_tokens`` stay in the checkpoint's dtype: they are not quantized, vLLM
+runs them in BF16 too, and at full size (two 163840 x 7168 matrices) float32
+copies would double the memory. They are mapped from their files
 (copy-on-write), not read: an embedding lookup pages in only the rows it
 touches. The module is built on the meta device and the loaded tensors are
 assigned, so no weight is ever allocated twice.
@@ -38,7 +38,7 @@ def load_draft_module(ckpt: Checkpoint, check_unquantized: bool = True) -> Eagle
     """
     has_embed = "embed_tokens.weight" in ckpt.tensors
     with torch.device("meta"):
-        model = Eagle3Draft(LlamaConfig(**ckpt.config), has_embed, stored_gemm_dtype(ckpt))
+        model = Eagle3Draft(LlamaConfig(**ckpt.config), with_embeddings=has_embed)
     names = [name for name in model.state_dict() if name not in ("d2t", "t2d")]
     mappings = FileMappings()
     state = {name: _load(ckpt, name, check_unquantized, mappings) for name in names}
@@ -62,11 +62,6 @@ def release_file_pages(model: Eagle3Draft) -> None:
         mapping.madvise(mmap.MADV_DONTNEED)
 
 
-def stored_gemm_dtype(ckpt: Checkpoint) -> torch.dtype:
-    """The dtype the midlayer's weights are stored in: what vLLM computes its linears in."""
-    return torch_dtypes()[ckpt.tensors[f"{MIDLAYER_LINEARS[0]}.weight"].dtype]
-
-
 def load_reference_midlayer(ckpt: Checkpoint) -> MidLayer:
     """The midlayer as stored (BF16 linears): the reference after Quark's run.
 
@@ -75,7 +70,7 @@ def load_reference_midlayer(ckpt: Checkpoint) -> MidLayer:
     where BF16 GEMMs are native, else float32).
     """
     with torch.device("meta"):
-        midlayer = MidLayer(dims_from_config(ckpt.config), stored_gemm_dtype(ckpt))
+        midlayer = MidLayer(dims_from_config(ckpt.config))
     for name in MIDLAYER_LINEARS:
         parent, child = name.removeprefix("midlayer.").rsplit(".", 1)
         setattr(
