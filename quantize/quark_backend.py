@@ -144,13 +144,14 @@ def quantize_static(
 
 @contextlib.contextmanager
 def _native_while_calibrating(model: Eagle3Draft) -> Iterator[None]:
-    """Quark's forward passes with the midlayer's linear weights in the checkpoint's dtype
-    where GEMMs in it are native here (else float32 throughout).
+    """Quark's forward passes with the midlayer's linear weights in the draft's GEMM dtype
+    (BF16) where GEMMs in it are native here and the weights hold its values exactly
+    (else in float32, as Quark holds them).
 
     Quark observes the weights (float32) before its first forward pass and
     fake-quantizes them at ``freeze``, after the last: the weights turn BF16 at
-    the first forward pass and float32 again on leaving, both exact (the values
-    came from BF16), and are held once either way.
+    the first forward pass and float32 again on leaving, both exact, and are
+    held once either way.
     """
     dtype = model.gemm_dtype
     device = next(model.fc.parameters()).device
@@ -158,17 +159,29 @@ def _native_while_calibrating(model: Eagle3Draft) -> Iterator[None]:
         yield
         return
 
-    def convert(to: torch.dtype) -> None:
-        for name in MIDLAYER_LINEARS:
-            for param in model.get_submodule(name).parameters(recurse=False):
-                param.data = param.data.to(to)
+    def weights() -> list[torch.nn.Parameter]:
+        return [
+            param
+            for name in MIDLAYER_LINEARS
+            for param in model.get_submodule(name).parameters(recurse=False)
+        ]
 
-    hook = model.register_forward_pre_hook(lambda _module, _args: convert(dtype))
+    def to_gemm_dtype(_module: torch.nn.Module, _args: tuple[Any, ...]) -> None:
+        if converted:
+            return
+        converted.append(all(torch.equal(p.data.to(dtype).float(), p.data) for p in weights()))
+        if converted[0]:
+            for param in weights():
+                param.data = param.data.to(dtype)
+
+    converted: list[bool] = []
+    hook = model.register_forward_pre_hook(to_gemm_dtype)
     try:
         yield
     finally:
         hook.remove()
-        convert(torch.float32)
+        for param in weights():
+            param.data = param.data.float()
 
 
 def _zero_batch(model: Eagle3Draft) -> dict[str, torch.Tensor]:

@@ -36,7 +36,7 @@ from eaglequant.model.eagle3 import Eagle3Draft, UpcastLinear
 from eaglequant.model.load import load_draft_module, load_reference_midlayer
 from eaglequant.model.ranges import input_amax
 from eaglequant.quantize.measure import SimulatedFp8Linear
-from eaglequant.quantize.quark_backend import quantize_static
+from eaglequant.quantize.quark_backend import _native_while_calibrating, quantize_static
 from eaglequant.recipe import load_recipe
 
 RANGE_RTOL = 2e-4
@@ -264,3 +264,23 @@ def test_quark_calibrates_in_bf16_only_where_native_and_freezes_float32(
     assert frozen == [torch.float32] * 2 * len(MIDLAYER_LINEARS)
     for name, scale in scales["bf16"].items():
         assert abs(scales["float32"][name] - scale) <= RANGE_RTOL * scale, name
+
+
+@pytest.mark.parametrize("weights", ["from BF16", "not BF16 values"])
+def test_calibration_holds_bf16_weights_only_when_exact(
+    weights: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """BF16 midlayer weights during Quark's passes only where that loses nothing; float32 after."""
+    monkeypatch.setenv(compute.GEMM_ENV, "bf16")
+    model = load_draft_module(read_checkpoint(write_random_draft(tmp_path / "d", draft_config())))
+    down = model.midlayer.mlp.down_proj
+    if weights == "not BF16 values":
+        down.weight.data[0, 0] += down.weight.data[0, 0].abs() * 2**-12
+    before = down.weight.detach().clone()
+    seen: list[torch.dtype] = []
+    batch = _batches(model)[0]
+    with _native_while_calibrating(model):
+        model.register_forward_pre_hook(lambda *_: seen.append(down.weight.dtype))
+        model(batch["aux_hidden"], batch["next_ids"])
+    assert seen == [torch.bfloat16 if weights == "from BF16" else torch.float32]
+    assert down.weight.dtype == torch.float32 and torch.equal(down.weight, before)
