@@ -178,7 +178,9 @@ def test_module_linear_takes_and_gives_bf16_values(
 
 @pytest.mark.parametrize("path", compute.GEMM_PATHS)
 def test_simulated_fp8_linear_rounds_its_product_then_scales(
-    path: str, monkeypatch: pytest.MonkeyPatch
+    path: str,
+    monkeypatch: pytest.MonkeyPatch,
+    linear_dtypes: list[tuple[torch.dtype, torch.dtype]],
 ) -> None:
     """FP8 inputs x FP8 weights (exact products), the sum rounded to BF16, then both scales."""
     monkeypatch.setenv(compute.GEMM_ENV, path)
@@ -192,6 +194,7 @@ def test_simulated_fp8_linear_rounds_its_product_then_scales(
     product = torch.nn.functional.linear(values.double(), weight.double())
     expected = (product.bfloat16().double() * 0.01 * weight_scale.double().flatten()).bfloat16()
     assert out.dtype == torch.float32
+    assert ((torch.bfloat16, torch.bfloat16) in linear_dtypes) == (path == "bf16")
     mismatched = (out != expected.float()).float().mean()  # float32 sums flip a rare rounding
     assert mismatched <= 0.02
     torch.testing.assert_close(out, expected.float(), rtol=2**-7, atol=0)
