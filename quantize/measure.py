@@ -1,9 +1,15 @@
 """Measure an FP8 export against its BF16 source on held-out draft inputs.
 
-The FP8 side is simulated from the written tensors themselves (FP8 weight x
-``weight_scale``, inputs cast to FP8 with ``input_scale`` or per-token /
-per-tensor dynamic scales), so what is measured is the artifact, not Quark's
-in-memory model. Reported per quantized layer: the weight amax, the scales,
+The FP8 side is simulated from the written tensors themselves (inputs cast to
+FP8 with ``input_scale`` or per-token / per-tensor dynamic scales, a GEMM of the
+FP8 values, then both scales), so what is measured is the artifact, not Quark's
+in-memory model. Both drafts compute their linears as vLLM's BF16 ones (inputs
+and outputs rounded to BF16, :func:`compute.module_linear`); the FP8 GEMM
+(:func:`compute.fp8_linear`) rounds its sums to BF16 before the scales apply,
+as a BF16 GEMM returns them (vLLM rounds once, after: this is at most one BF16
+unit in the last place off).
+
+Reported per quantized layer: the weight amax, the scales,
 the input range a static scale covers (``input_scale`` x 448: the amax Quark
 observed while calibrating), output SQNR (dB) against the unquantized layer on
 the same inputs; and per speculative step, top-1 agreement of the FP8 and BF16
@@ -21,23 +27,23 @@ import torch
 from torch import nn
 from tqdm.auto import tqdm
 
-from eaglequant.model.compute import upcast_linear
+from eaglequant.model import compute
 from eaglequant.model.eagle3 import Eagle3Draft, StepOutput, micro_batches
 from eaglequant.recipe import FP8_E4M3_MAX, Recipe
 
 FP8 = torch.float8_e4m3fn
 
 
-def fp8_quantize(x: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
-    """Quantize-dequantize ``x`` with ``scale`` (broadcast), saturating at ±448."""
-    return (x / scale).clamp(-FP8_E4M3_MAX, FP8_E4M3_MAX).to(FP8).to(x.dtype) * scale
+def fp8_values(x: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """``x`` / ``scale`` (broadcast) in FP8, saturating at ±448."""
+    return (x / scale).clamp(-FP8_E4M3_MAX, FP8_E4M3_MAX).to(FP8)
 
 
 class SimulatedFp8Linear(nn.Module):
     """An nn.Linear replacement computing with the exported FP8 tensors.
 
-    Holds the FP8 weight (one byte per value) and dequantizes it per call, so a
-    full-size midlayer is never held a second time in float32.
+    Holds the FP8 weight (one byte per value) and converts it a block at a
+    time per call, so a full-size midlayer is never held a second time.
     """
 
     weight: torch.Tensor
@@ -53,18 +59,19 @@ class SimulatedFp8Linear(nn.Module):
         super().__init__()
         scale = weight_scale.float()
         self.register_buffer("weight", weight)
-        self.register_buffer("weight_scale", scale.reshape(-1, 1) if scale.numel() > 1 else scale)
+        self.register_buffer("weight_scale", scale.reshape(-1) if scale.numel() > 1 else scale)
         self.input_scale = input_scale.float() if input_scale is not None else None
         self.per_token = per_token
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x.float()  # BF16 where BF16 GEMMs are native: scales and divisions in float32
         if self.input_scale is not None:
             scale = self.input_scale
         elif self.per_token:
             scale = x.abs().amax(-1, keepdim=True).clamp_min(1e-12) / FP8_E4M3_MAX
         else:
             scale = x.abs().amax().clamp_min(1e-12) / FP8_E4M3_MAX
-        return upcast_linear(fp8_quantize(x, scale), self.weight, self.weight_scale)
+        return compute.fp8_linear(fp8_values(x, scale), self.weight) * (scale * self.weight_scale)
 
 
 def simulated_fp8_draft(
@@ -164,9 +171,9 @@ def _compare(
         exact_weight = bf16.linear_weight(name)
 
         def record(_module: nn.Module, args: tuple[torch.Tensor, ...], out: torch.Tensor) -> None:
-            exact = upcast_linear(args[0], exact_weight)
+            exact = compute.linear(args[0], exact_weight)
             signal[name] += float(exact.pow(2).sum())
-            noise[name] += float((exact - out).pow(2).sum())
+            noise[name] += float((exact - compute.round_as(out, exact_weight.dtype)).pow(2).sum())
 
         return record
 

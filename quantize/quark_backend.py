@@ -3,7 +3,10 @@
 * Static activation scales: ``ModelQuantizer.quantize_model`` calibrates the
   float32 draft module on the calibration batches, ``freeze`` fixes it, and
   ``export_safetensors`` writes real FP8 weights and float32 scales. The math is
-  float32 (a BF16 model makes Quark divide in BF16 before the FP8 cast).
+  float32 (a BF16 model makes Quark divide in BF16 before the FP8 cast). Only
+  while its forward passes run do the decoder layers' linears hold BF16 weights
+  where BF16 GEMMs are native here (their inputs are BF16 then, as in vLLM;
+  Quark's observers take the amax in BF16, exactly, and divide in float32).
 * Dynamic activations (``ptpc-fp8``, ``fp8-dynamic``): Quark's file-to-file
   flow ``ModelQuantizer.direct_quantize_checkpoint`` on a scratch folder that
   holds only the decoder layers' linear weights, the flow AMD's published card used,
@@ -30,6 +33,7 @@ import torch
 
 from eaglequant.draft import SCALE_SUFFIXES
 from eaglequant.io.checkpoint import read_checkpoint
+from eaglequant.model import compute
 from eaglequant.model.eagle3 import Eagle3Draft
 from eaglequant.model.load import release_file_pages
 from eaglequant.quantize.file_to_file import SCRATCH_PREFIX, FileToFile
@@ -121,7 +125,8 @@ def quantize_static(
             quantized = quantizer.quantize_model(model, [_zero_batch(model)])
         _set_fixed_input_scales(quantized, recipe.calibration.fixed_input_amax / FP8_E4M3_MAX)
     else:
-        quantized = quantizer.quantize_model(model, list(batches))
+        with _native_while_calibrating(model):
+            quantized = quantizer.quantize_model(model, list(batches))
     timings["quark_calibration"] = round(time.perf_counter() - started, 3)
     release_file_pages(model)
     frozen = quantizer.freeze(quantized)
@@ -136,6 +141,48 @@ def quantize_static(
         for name, module in detached.items():
             setattr(frozen, name, module)
     return _collect(scratch, model.dims.linears, timings)
+
+
+@contextlib.contextmanager
+def _native_while_calibrating(model: Eagle3Draft) -> Iterator[None]:
+    """Quark's forward passes with the decoder layers' linear weights in the draft's GEMM dtype
+    (BF16) where GEMMs in it are native here and the weights hold its values exactly
+    (else in float32, as Quark holds them).
+
+    Quark observes the weights (float32) before its first forward pass and
+    fake-quantizes them at ``freeze``, after the last: the weights turn BF16 at
+    the first forward pass and float32 again on leaving, both exact, and are
+    held once either way.
+    """
+    dtype = model.gemm_dtype
+    device = next(model.fc.parameters()).device
+    if dtype == torch.float32 or not compute.runs_natively(dtype, device):
+        yield
+        return
+
+    def weights() -> list[torch.nn.Parameter]:
+        return [
+            param
+            for name in model.dims.linears
+            for param in model.get_submodule(name).parameters(recurse=False)
+        ]
+
+    def to_gemm_dtype(_module: torch.nn.Module, _args: tuple[Any, ...]) -> None:
+        if converted:
+            return
+        converted.append(all(torch.equal(p.data.to(dtype).float(), p.data) for p in weights()))
+        if converted[0]:
+            for param in weights():
+                param.data = param.data.to(dtype)
+
+    converted: list[bool] = []
+    hook = model.register_forward_pre_hook(to_gemm_dtype)
+    try:
+        yield
+    finally:
+        hook.remove()
+        for param in weights():
+            param.data = param.data.float()
 
 
 def _zero_batch(model: Eagle3Draft) -> dict[str, torch.Tensor]:

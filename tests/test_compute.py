@@ -1,14 +1,21 @@
 """The BF16 and float32 GEMM paths give the draft the same calibration statistics.
 
 Both paths are forced on this machine (``EAGLEQUANT_GEMM``) over a tiny BF16
-draft unrolled 3 steps on 1024 tokens. Tolerance: every midlayer input range
-(what a static input scale is: amax / 448) within 2e-4 relative, a tenth of
-BF16's half-spacing, and each step's top-1 agreement at least 0.998 (measured
-here: equal ranges, agreement 1.0). Without the float32 path's rounding of
-its outputs to BF16 the ranges move by ~1e-3 and agreement drops to ~0.99;
-the test runs that mutant too and requires it to fail. A slow test exports
-the tiny pair's draft on each path and compares the written input scales and
-the manifest's top-1 agreement.
+draft unrolled 3 steps on 1024 tokens, its midlayer held in float32 (as Quark
+holds it while it observes the weights, and as validate loads it) and in BF16
+(as Quark holds it during its forward passes where BF16 is native, and as the
+export's reference for measuring). Tolerance: every midlayer input range (what
+a static input scale is: amax / 448) within 2e-4 relative, a tenth of BF16's
+half-spacing, and each step's top-1 agreement at least 0.998 (measured here:
+equal ranges, agreement 1.0). Without the float32 path's rounding of its
+outputs to BF16 the ranges move by ~1e-3 and agreement drops to ~0.99; the
+test runs that mutant too and requires it to fail. The float32 path never
+hands a BF16 tensor to ``F.linear`` (a mutant that calls BF16 GEMMs there
+fails); the BF16 path makes exactly the expected number of BF16 calls, the
+BF16 midlayer's included (a mutant computing it in float32 fails). Slow tests
+run Quark's calibration on each path (BF16 passes only where native, float32
+weights at ``freeze``, equal input scales) and export the tiny pair's draft on
+each path, comparing the written input scales and the manifest's top-1 agreement.
 """
 
 from __future__ import annotations
@@ -21,22 +28,48 @@ import torch
 from safetensors import safe_open
 
 from eaglequant.devtools.synthetic import draft_config, write_random_draft
-from eaglequant.draft import MIDLAYER_LINEARS
+from eaglequant.draft import FIRST_LAYER, MIDLAYER_LINEARS
 from eaglequant.errors import InputError
 from eaglequant.io.checkpoint import read_checkpoint
 from eaglequant.model import compute
-from eaglequant.model.eagle3 import Eagle3Draft
-from eaglequant.model.load import load_draft_module
+from eaglequant.model.eagle3 import Eagle3Draft, UpcastLinear
+from eaglequant.model.load import load_draft_module, load_reference_layer
 from eaglequant.model.ranges import input_amax
+from eaglequant.quantize.measure import SimulatedFp8Linear
+from eaglequant.quantize.quark_backend import _native_while_calibrating, quantize_static
+from eaglequant.recipe import load_recipe
 
 RANGE_RTOL = 2e-4
 MIN_AGREEMENT = 0.998
 STEPS = 3
 
 
+MIDLAYERS = ("float32 midlayer", "bf16 midlayer")
+
+
+@pytest.fixture(params=MIDLAYERS)
+def bf16_draft(tmp_path: Path, request: pytest.FixtureRequest) -> Eagle3Draft:
+    ckpt = read_checkpoint(write_random_draft(tmp_path / "d", draft_config()))
+    model = load_draft_module(ckpt)
+    if request.param == "bf16 midlayer":
+        model.midlayer = load_reference_layer(ckpt, FIRST_LAYER)
+    return model
+
+
 @pytest.fixture
-def bf16_draft(tmp_path: Path) -> Eagle3Draft:
-    return load_draft_module(read_checkpoint(write_random_draft(tmp_path / "d", draft_config())))
+def linear_dtypes(monkeypatch: pytest.MonkeyPatch) -> list[tuple[torch.dtype, torch.dtype]]:
+    """(input, weight) dtypes of every ``F.linear`` call the test makes."""
+    calls: list[tuple[torch.dtype, torch.dtype]] = []
+    linear = torch.nn.functional.linear
+
+    def recording(
+        x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        calls.append((x.dtype, weight.dtype))
+        return linear(x, weight, bias)
+
+    monkeypatch.setattr(torch.nn.functional, "linear", recording)
+    return calls
 
 
 def _batches(model: Eagle3Draft) -> list[dict[str, torch.Tensor]]:
@@ -74,15 +107,24 @@ def _within_tolerance(
 
 @pytest.mark.parametrize("rounding", ["bf16", "mutant: float32 outputs not rounded"])
 def test_both_paths_give_the_same_ranges_and_top1(
-    bf16_draft: Eagle3Draft, rounding: str, monkeypatch: pytest.MonkeyPatch
+    bf16_draft: Eagle3Draft,
+    rounding: str,
+    monkeypatch: pytest.MonkeyPatch,
+    linear_dtypes: list[tuple[torch.dtype, torch.dtype]],
 ) -> None:
     batches = _batches(bf16_draft)
     monkeypatch.setenv(compute.GEMM_ENV, "bf16")
     native = _statistics(bf16_draft, batches)
+    midlayer_in_bf16 = bf16_draft.midlayer.mlp.down_proj.weight.dtype == torch.bfloat16
+    bf16_calls = linear_dtypes.count((torch.bfloat16, torch.bfloat16))
+    # fc and lm_head: 7 calls a batch (2 passes); a BF16-held midlayer 7 linears x 3 steps x 2
+    assert bf16_calls == (7 + (7 * STEPS * 2 if midlayer_in_bf16 else 0)) * len(batches)
+    linear_dtypes.clear()
     monkeypatch.setenv(compute.GEMM_ENV, "float32")
     if rounding != "bf16":
         monkeypatch.setattr(compute, "round_as", lambda values, _dtype: values.float())
     upcast = _statistics(bf16_draft, batches)
+    assert linear_dtypes and all(torch.bfloat16 not in call for call in linear_dtypes)
     assert {"bf16", "float32"} <= set(compute.paths_taken())
     assert _within_tolerance(upcast, native) == (rounding == "bf16")
 
@@ -106,14 +148,56 @@ def test_linear_rounds_to_bf16_and_top1_is_its_first_argmax(
     assert torch.equal(top1, out.argmax(-1)) and top1[0, 0] == 7
 
 
-def test_upcast_linear_scales_rows_without_touching_the_weight() -> None:
-    weight = torch.randn(10, 6)
-    before = weight.clone()
-    scale = torch.arange(1.0, 11.0).reshape(-1, 1)
-    x = torch.randn(3, 6)
-    out = compute.upcast_linear(x, weight, scale)
-    torch.testing.assert_close(out, torch.nn.functional.linear(x, before * scale))
-    assert torch.equal(weight, before)
+@pytest.mark.parametrize("path", compute.GEMM_PATHS)
+@pytest.mark.parametrize("weight_dtype", [torch.float32, torch.bfloat16])
+def test_module_linear_takes_and_gives_bf16_values(
+    path: str, weight_dtype: torch.dtype, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """As vLLM's BF16 linear: the module sees BF16 values and returns BF16 values, in float32.
+
+    Float32 weights as Quark observes them; BF16 ones as the reference (``UpcastLinear``).
+    """
+    monkeypatch.setenv(compute.GEMM_ENV, path)
+    generator = torch.Generator().manual_seed(0)
+    weight = torch.randn(30, 40, generator=generator).bfloat16()
+    module: torch.nn.Module = UpcastLinear(weight)
+    if weight_dtype == torch.float32:
+        module = torch.nn.Linear(40, 30, bias=False)
+        module.weight.data = weight.float()
+    seen = []
+    module.register_forward_pre_hook(lambda _m, args: seen.append(args[0]))
+    x = torch.randn(2, 5, 40, generator=generator)
+    out = compute.module_linear(module, x, torch.bfloat16)
+    runs_in_bf16 = weight_dtype == torch.bfloat16 and path == "bf16"
+    assert seen[0].dtype == (torch.bfloat16 if runs_in_bf16 else torch.float32)
+    assert torch.equal(seen[0].float(), x.bfloat16().float())
+    assert out.dtype == torch.float32 and torch.equal(out, out.bfloat16().float())
+    exact = torch.nn.functional.linear(x.bfloat16().double(), module.weight.double())
+    torch.testing.assert_close(out.double(), exact, rtol=2**-8, atol=1e-6)
+
+
+@pytest.mark.parametrize("path", compute.GEMM_PATHS)
+def test_simulated_fp8_linear_rounds_its_product_then_scales(
+    path: str,
+    monkeypatch: pytest.MonkeyPatch,
+    linear_dtypes: list[tuple[torch.dtype, torch.dtype]],
+) -> None:
+    """FP8 inputs x FP8 weights (exact products), the sum rounded to BF16, then both scales."""
+    monkeypatch.setenv(compute.GEMM_ENV, path)
+    generator = torch.Generator().manual_seed(0)
+    weight = (40 * torch.randn(24, 32, generator=generator)).to(torch.float8_e4m3fn)
+    weight_scale = torch.rand(24, 1, generator=generator) + 0.5
+    x = torch.randn(3, 5, 32, generator=generator)
+    layer = SimulatedFp8Linear(weight, weight_scale, torch.tensor(0.01), per_token=False)
+    out = compute.module_linear(layer, x, torch.bfloat16)
+    values = (x.bfloat16().float() / 0.01).clamp(-448, 448).to(torch.float8_e4m3fn)
+    product = torch.nn.functional.linear(values.double(), weight.double())
+    expected = (product.bfloat16().double() * 0.01 * weight_scale.double().flatten()).bfloat16()
+    assert out.dtype == torch.float32
+    assert ((torch.bfloat16, torch.bfloat16) in linear_dtypes) == (path == "bf16")
+    mismatched = (out != expected.float()).float().mean()  # float32 sums flip a rare rounding
+    assert mismatched <= 0.02
+    torch.testing.assert_close(out, expected.float(), rtol=2**-7, atol=0)
 
 
 def test_unknown_path_is_an_input_error(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -148,3 +232,58 @@ def test_exports_forced_to_either_path_agree(
     for name, scale in native_scales.items():
         assert abs(upcast_scales[name] - scale) <= RANGE_RTOL * scale, name
     assert all(abs(a - b) <= 1 / 200 for a, b in zip(native_top1, upcast_top1, strict=True))
+
+
+@pytest.mark.slow
+def test_quark_calibrates_in_bf16_only_where_native_and_freezes_float32(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    linear_dtypes: list[tuple[torch.dtype, torch.dtype]],
+) -> None:
+    """Quark's forward passes: the midlayer in BF16 on the BF16 path, in float32 on the other;
+    the weights are float32 again for ``freeze``, and the written input scales agree."""
+    from quark.torch import ModelQuantizer
+
+    frozen: list[torch.dtype] = []
+    freeze = ModelQuantizer.freeze
+
+    def freezing(model: Eagle3Draft) -> Eagle3Draft:
+        frozen.extend(model.get_submodule(n).weight.dtype for n in MIDLAYER_LINEARS)
+        return freeze(model)
+
+    monkeypatch.setattr(ModelQuantizer, "freeze", staticmethod(freezing))
+    ckpt = read_checkpoint(write_random_draft(tmp_path / "d", draft_config()))
+    scales, bf16_calls = {}, {}
+    for path in compute.GEMM_PATHS:
+        monkeypatch.setenv(compute.GEMM_ENV, path)
+        model = load_draft_module(ckpt)
+        model.unroll_steps = STEPS
+        linear_dtypes.clear()
+        result = quantize_static(model, load_recipe(), _batches(model), tmp_path / path)
+        bf16_calls[path] = linear_dtypes.count((torch.bfloat16, torch.bfloat16))
+        scales[path] = {n: float(result.tensors[f"{n}.input_scale"]) for n in MIDLAYER_LINEARS}
+    # per batch and step: 7 midlayer linears, plus fc once and lm_head on the scored steps
+    assert bf16_calls["bf16"] >= 7 * STEPS * 4 and bf16_calls["float32"] == 0
+    assert frozen == [torch.float32] * 2 * len(MIDLAYER_LINEARS)
+    for name, scale in scales["bf16"].items():
+        assert abs(scales["float32"][name] - scale) <= RANGE_RTOL * scale, name
+
+
+@pytest.mark.parametrize("weights", ["from BF16", "not BF16 values"])
+def test_calibration_holds_bf16_weights_only_when_exact(
+    weights: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """BF16 midlayer weights during Quark's passes only where that loses nothing; float32 after."""
+    monkeypatch.setenv(compute.GEMM_ENV, "bf16")
+    model = load_draft_module(read_checkpoint(write_random_draft(tmp_path / "d", draft_config())))
+    down = model.midlayer.mlp.down_proj
+    if weights == "not BF16 values":
+        down.weight.data[0, 0] += down.weight.data[0, 0].abs() * 2**-12
+    before = down.weight.detach().clone()
+    seen: list[torch.dtype] = []
+    batch = _batches(model)[0]
+    with _native_while_calibrating(model):
+        model.register_forward_pre_hook(lambda *_: seen.append(down.weight.dtype))
+        model(batch["aux_hidden"], batch["next_ids"])
+    assert seen == [torch.bfloat16 if weights == "from BF16" else torch.float32]
+    assert down.weight.dtype == torch.float32 and torch.equal(down.weight, before)

@@ -198,12 +198,14 @@ LATER_FORWARD = MidLayer.later_forward
 def _layer_skipped_residual(self: MidLayer, stream: torch.Tensor, *args: Any) -> torch.Tensor:
     """Mutant: the residual vLLM's fused add-norm carries into the layer is dropped."""
     stream = self.attend(self.input_layernorm(stream), *args)
-    return stream + self.mlp(self.post_attention_layernorm(stream))
+    return stream + self.mlp(self.post_attention_layernorm(stream), *args[2:])
 
 
-def _layer_forgets_keys(self: MidLayer, stream: torch.Tensor, positions: Any, _: Any) -> Any:
+def _layer_forgets_keys(
+    self: MidLayer, stream: torch.Tensor, positions: Any, _: Any, *rest: Any
+) -> Any:
     """Mutant: the layer attends to its own step only, not its earlier steps' keys (KV cache)."""
-    return LATER_FORWARD(self, stream, positions, ([], []))
+    return LATER_FORWARD(self, stream, positions, ([], []), *rest)
 
 
 def _distinct_norms(draft: Path, drop: tuple[str, ...] = ()) -> None:

@@ -1,13 +1,13 @@
-"""How the draft's BF16 layers (``fc``, ``lm_head``) compute: BF16 GEMMs or float32.
+"""How the draft's BF16 GEMMs compute: in BF16, or in float32 from BF16 values.
 
-vLLM runs ``fc`` and ``lm_head`` in BF16: BF16 inputs, float32 accumulation,
-BF16 outputs. Where the CPU has fast BF16 GEMMs (oneDNN on AVX512-BF16 or AMX)
-that is the fast way here too. Where it has none, torch's BF16 GEMMs run at a
-fraction of the float32 rate (``torch.mm`` falls back to a scalar loop), so the
-same values are computed in float32 from the BF16 weights, a cache-sized block
-of rows at a time, and rounded to BF16 where vLLM's outputs are BF16. The two
-paths differ only by float32 summation order, so calibration statistics do not
-depend on the CPU kind.
+vLLM runs a BF16 draft's linear layers (``fc``, ``lm_head`` and the midlayer's)
+in BF16: BF16 inputs, float32 accumulation, BF16 outputs. Where the CPU has fast
+BF16 GEMMs (oneDNN on AVX512-BF16 or AMX) that is the fast way here too. Where
+it has none, torch's BF16 GEMMs run at a fraction of the float32 rate
+(``torch.mm`` falls back to a scalar loop), so the same values are computed in
+float32 from the BF16 values, a cache-sized block of weight rows at a time, and
+rounded to BF16 where vLLM's outputs are BF16. The two paths differ only by
+float32 summation order, so calibration statistics do not depend on the CPU kind.
 
 The path is chosen once per process: BF16 where oneDNN has BF16 kernels here
 and a short probe finds them at least as fast as float32, float32 elsewhere.
@@ -24,6 +24,7 @@ from collections.abc import Callable, Iterator
 
 import torch
 import torch.nn.functional as F
+from torch import nn
 
 from eaglequant.errors import InputError
 
@@ -73,13 +74,18 @@ def probe_rates(repeats: int = 3) -> dict[str, float]:
 
 
 def native(weight: torch.Tensor) -> bool:
-    """Whether a GEMM with ``weight`` runs in ``weight``'s own dtype (else float32 from it).
+    """Whether a GEMM with ``weight`` runs in ``weight``'s own dtype (else float32 from it)."""
+    return runs_natively(weight.dtype, weight.device)
+
+
+def runs_natively(dtype: torch.dtype, device: torch.device) -> bool:
+    """Whether GEMMs in ``dtype`` run in ``dtype`` on ``device`` (else float32 from it).
 
     On the CPU only BF16 may (FP16 GEMMs are slow without AVX512-FP16 or AMX).
     """
-    if weight.dtype == torch.float32 or weight.device.type != "cpu":
+    if dtype == torch.float32 or device.type != "cpu":
         return True
-    path = cpu_gemm_path() if weight.dtype == torch.bfloat16 else "float32"
+    path = cpu_gemm_path() if dtype == torch.bfloat16 else "float32"
     _TAKEN.add(path)
     return path == "bf16"
 
@@ -95,14 +101,12 @@ def row_blocks(weight: torch.Tensor, elements: int) -> list[slice]:
     return [slice(start, start + rows) for start in range(0, weight.shape[0], rows)]
 
 
-def weight_blocks(
-    weight: torch.Tensor, dtype: torch.dtype, copy: bool = False
-) -> Iterator[tuple[slice, torch.Tensor]]:
+def weight_blocks(weight: torch.Tensor, dtype: torch.dtype) -> Iterator[tuple[slice, torch.Tensor]]:
     """``weight``'s row blocks in ``dtype``: views in its own dtype, else copies into one buffer.
 
     A full-size weight is never held a second time at a higher precision.
     """
-    if dtype == weight.dtype and not copy:
+    if dtype == weight.dtype:
         yield from ((rows, weight[rows]) for rows in row_blocks(weight, VIEW_ELEMENTS))
         return
     blocks = row_blocks(weight, UPCAST_ELEMENTS)
@@ -112,14 +116,10 @@ def weight_blocks(
         yield rows, buffer[: block.shape[0]].copy_(block)
 
 
-def upcast_linear(
-    x: torch.Tensor, weight: torch.Tensor, row_scale: torch.Tensor | None = None
-) -> torch.Tensor:
-    """``F.linear(x, weight * row_scale)`` in ``x``'s dtype, a block of weight rows at a time."""
+def upcast_linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """``F.linear(x, weight)`` in ``x``'s dtype, a block of weight rows at a time."""
     out = x.new_empty(*x.shape[:-1], weight.shape[0])
-    for rows, block in weight_blocks(weight, x.dtype, copy=row_scale is not None):
-        if row_scale is not None:
-            block.mul_(row_scale if row_scale.dim() == 0 else row_scale[rows])
+    for rows, block in weight_blocks(weight, x.dtype):
         out[..., rows] = F.linear(x, block)
     return out
 
@@ -138,6 +138,34 @@ def linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     if native(weight):
         return F.linear(x, weight).float()
     return round_as(upcast_linear(x.float(), weight), weight.dtype)
+
+
+def fp8_linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """The GEMM of FP8 ``x`` and FP8 ``weight``, its sums rounded to BF16; float32 values.
+
+    In BF16 where BF16 GEMMs are native (FP8 values are exact in BF16; the sums
+    are rounded to BF16 as such a GEMM returns them), else in float32, rounded
+    the same. The weight stays FP8, converted a block of rows at a time.
+    """
+    dtype = torch.bfloat16 if runs_natively(torch.bfloat16, weight.device) else torch.float32
+    return round_as(upcast_linear(x.to(dtype), weight), torch.bfloat16)
+
+
+def module_linear(module: nn.Module, x: torch.Tensor, dtype: torch.dtype | None) -> torch.Tensor:
+    """``module(x)`` as vLLM computes a linear layer of a ``dtype`` model; float32 values.
+
+    The input and the output are rounded to ``dtype``. The input goes in as
+    ``dtype`` itself where the module's weight is ``dtype`` and native here (the
+    GEMM runs in ``dtype``), else as float32 holding ``dtype`` values (the module
+    computes in float32). ``dtype`` None: the module as it is, in float32.
+    """
+    if dtype is None:
+        return module(x)
+    weight = module.weight
+    assert isinstance(weight, torch.Tensor)
+    if weight.dtype == dtype and native(weight):
+        return round_as(module(x.to(dtype)), dtype)
+    return round_as(module(round_as(x, dtype)), dtype)
 
 
 def top1(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:

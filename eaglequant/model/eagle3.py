@@ -76,6 +76,8 @@ class RMSNorm(nn.Module):
 
 
 class Attention(nn.Module):
+    """Self-attention; ``gemm_dtype``: its linears compute as vLLM's in it (None: as they are)."""
+
     def __init__(self, dims: DraftDims, first: bool) -> None:
         super().__init__()
         h, hd = dims.hidden, dims.head_dim
@@ -92,13 +94,15 @@ class Attention(nn.Module):
         self.k_norm = RMSNorm(hd, dims.rms_norm_eps) if dims.qk_norm else None
 
     def project(
-        self, x: torch.Tensor, positions: torch.Tensor
+        self, x: torch.Tensor, positions: torch.Tensor, gemm_dtype: torch.dtype | None = None
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Queries, keys, values (batch, heads, seq, head_dim) with RoPE applied."""
         b, t, _ = x.shape
-        q = self.q_proj(x).view(b, t, self.heads, self.head_dim)
-        k = self.k_proj(x).view(b, t, self.kv_heads, self.head_dim)
-        v = self.v_proj(x).view(b, t, self.kv_heads, self.head_dim).transpose(1, 2)
+        projections = self.q_proj, self.k_proj, self.v_proj
+        q, k, v = (compute.module_linear(m, x, gemm_dtype) for m in projections)
+        q = q.view(b, t, self.heads, self.head_dim)
+        k = k.view(b, t, self.kv_heads, self.head_dim)
+        v = v.view(b, t, self.kv_heads, self.head_dim).transpose(1, 2)
         if self.q_norm is not None and self.k_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
         q, k = q.transpose(1, 2), k.transpose(1, 2)
@@ -115,24 +119,33 @@ class Attention(nn.Module):
         return x * cos + rotated * sin
 
     def attend(
-        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        mask: torch.Tensor,
+        gemm_dtype: torch.dtype | None = None,
     ) -> torch.Tensor:
         repeat = self.heads // self.kv_heads
         k, v = k.repeat_interleave(repeat, 1), v.repeat_interleave(repeat, 1)
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
         b, _, t, _ = out.shape
-        return self.o_proj(out.transpose(1, 2).reshape(b, t, self.heads * self.head_dim))
+        return compute.module_linear(self.o_proj, out.transpose(1, 2).reshape(b, t, -1), gemm_dtype)
 
 
 class MLP(nn.Module):
+    """SwiGLU; ``gemm_dtype`` as :class:`Attention`'s."""
+
     def __init__(self, dims: DraftDims) -> None:
         super().__init__()
         self.gate_proj = nn.Linear(dims.hidden, dims.intermediate, bias=False)
         self.up_proj = nn.Linear(dims.hidden, dims.intermediate, bias=False)
         self.down_proj = nn.Linear(dims.intermediate, dims.hidden, bias=False)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+    def forward(self, x: torch.Tensor, gemm_dtype: torch.dtype | None = None) -> torch.Tensor:
+        gate = compute.module_linear(self.gate_proj, x, gemm_dtype)
+        up = compute.module_linear(self.up_proj, x, gemm_dtype)
+        return compute.module_linear(self.down_proj, F.silu(gate) * up, gemm_dtype)
 
 
 class MidLayer(nn.Module):
@@ -147,22 +160,31 @@ class MidLayer(nn.Module):
         self.mlp = MLP(dims)
 
     def attend(
-        self, x: torch.Tensor, positions: torch.Tensor, cache: tuple[list[torch.Tensor], ...]
+        self,
+        x: torch.Tensor,
+        positions: torch.Tensor,
+        cache: tuple[list[torch.Tensor], ...],
+        gemm_dtype: torch.dtype | None = None,
     ) -> torch.Tensor:
         """Attention over ``x`` whose keys and values join this layer's earlier steps'."""
         keys, values = cache
-        q, k, v = self.self_attn.project(x, positions)
+        q, k, v = self.self_attn.project(x, positions, gemm_dtype)
         keys.append(k)
         values.append(v)
         mask = _ttt_mask(len(keys), q.shape[2], q.device)
-        return self.self_attn.attend(q, torch.cat(keys, 2), torch.cat(values, 2), mask)
+        keys_values = torch.cat(keys, 2), torch.cat(values, 2)
+        return self.self_attn.attend(q, *keys_values, mask, gemm_dtype)
 
     def later_forward(
-        self, stream: torch.Tensor, positions: torch.Tensor, cache: tuple[list[torch.Tensor], ...]
+        self,
+        stream: torch.Tensor,
+        positions: torch.Tensor,
+        cache: tuple[list[torch.Tensor], ...],
+        gemm_dtype: torch.dtype | None = None,
     ) -> torch.Tensor:
         """A layer after the first: pre-norm attention and MLP on the residual stream."""
-        stream = stream + self.attend(self.input_layernorm(stream), positions, cache)
-        return stream + self.mlp(self.post_attention_layernorm(stream))
+        stream = stream + self.attend(self.input_layernorm(stream), positions, cache, gemm_dtype)
+        return stream + self.mlp(self.post_attention_layernorm(stream), gemm_dtype)
 
 
 @dataclass
@@ -234,6 +256,15 @@ class Eagle3Draft(PreTrainedModel):
             aux_hidden = torch.cat([n(c) for n, c in zip(self.fc_norm, chunks, strict=True)], -1)
         return aux_hidden
 
+    @property
+    def gemm_dtype(self) -> torch.dtype:
+        """What the linears compute in, as vLLM's: ``fc``'s dtype (BF16 as loaded for export).
+
+        The decoder layers' weights may be held otherwise (float32 for Quark); their
+        inputs and outputs are rounded to this dtype all the same.
+        """
+        return self.fc.weight.dtype
+
     def linear_weight(self, name: str) -> torch.Tensor:
         """The weight of the linear layer ``name`` (a checkpoint name such as ``fc``)."""
         weight = self.get_submodule(name).weight
@@ -267,9 +298,9 @@ class Eagle3Draft(PreTrainedModel):
 
         ``fc`` and ``lm_head`` compute as vLLM does in their own dtype (BF16
         as loaded for export: BF16 inputs and outputs; :mod:`compute` picks
-        BF16 or float32 GEMMs for this CPU), the embeddings are looked up in
-        theirs; the decoder layers compute in their own (float32 for Quark). Results
-        are float32.
+        BF16 or float32 GEMMs for this CPU), the decoder layers' linears likewise
+        in :attr:`gemm_dtype` (``fc``'s), the embeddings are looked up in theirs;
+        norms, attention and residuals are float32. Results are float32.
         """
         embed = embed if embed is not None else self.embed_tokens
         assert embed is not None, "a draft without embed_tokens needs the target's embeddings"
@@ -303,12 +334,12 @@ class Eagle3Draft(PreTrainedModel):
         normed = layer.hidden_norm(hidden)
         residual = normed if self.dims.norm_before_residual else hidden
         x = torch.cat([layer.input_layernorm(embeds), normed], dim=-1)
-        residual = residual + layer.attend(x, positions, caches[0])
-        stream = residual + layer.mlp(layer.post_attention_layernorm(residual))
+        residual = residual + layer.attend(x, positions, caches[0], self.gemm_dtype)
+        stream = residual + layer.mlp(layer.post_attention_layernorm(residual), self.gemm_dtype)
         for i in range(1, self.dims.layers):  # by number: keys may be replaced out of order
             later = self.layers[str(i)]
             assert isinstance(later, MidLayer)
-            stream = later.later_forward(stream, positions, caches[i])
+            stream = later.later_forward(stream, positions, caches[i], self.gemm_dtype)
         return StepOutput(None, None, stream)
 
     def _score(self, out: StepOutput, keep_logits: bool) -> StepOutput:

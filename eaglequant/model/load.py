@@ -1,7 +1,8 @@
 """Load a checked BF16 draft checkpoint into the torch draft module.
 
 The decoder layers (what Quark quantizes) and the norms are float32, so Quark's
-scales and FP8 values come from float32 math. ``fc``, ``lm_head`` and
+scales and FP8 values come from float32 math (the layers' linears still
+round their inputs and outputs to BF16 as vLLM's do). ``fc``, ``lm_head`` and
 ``embed_tokens`` stay in the checkpoint's dtype: they are not quantized, vLLM
 runs them in BF16 too, and at full size (two 163840 x 7168 matrices) float32
 copies would double the memory. They are mapped from their files
@@ -62,11 +63,11 @@ def release_file_pages(model: Eagle3Draft) -> None:
 
 
 def load_reference_layer(ckpt: Checkpoint, prefix: str) -> MidLayer:
-    """The decoder layer at ``prefix`` as stored (BF16 linears, float32 math): the reference
-    after Quark's run.
+    """The decoder layer at ``prefix`` as stored (BF16 linears): the reference after Quark's run.
 
     Half the memory of a float32 copy, the same results: every BF16 weight is exact
-    in float32, and :class:`UpcastLinear` computes in float32.
+    in float32, and :class:`UpcastLinear` computes in its input's dtype (BF16
+    where BF16 GEMMs are native, else float32).
     """
     with torch.device("meta"):
         layer = MidLayer(dims_from_config(ckpt.config), first=prefix == FIRST_LAYER)
