@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from eaglequant.draft import (
-    MIDLAYER_LINEARS,
+    KEEP_UNQUANTIZED,
     Problem,
     dims_from_config,
     draft_form,
@@ -24,9 +24,9 @@ from eaglequant.draft import (
 from eaglequant.exclusions import (
     DEFAULT_TARGET_LAYERS,
     LayerFate,
+    draft_linear_names,
     matches,
     predict_fates,
-    vllm_linear_names,
 )
 from eaglequant.io.checkpoint import Checkpoint, read_checkpoint
 
@@ -139,7 +139,7 @@ def quantization_problems(
 def _exclude_problems(
     ckpt: Checkpoint, qcfg: dict[str, Any], config_path: str, target_layers: int
 ) -> list[Problem]:
-    names = list(vllm_linear_names(target_layers))
+    names = list(draft_linear_names(ckpt.config, target_layers))
     problems = []
     for entry in qcfg.get("exclude") or []:
         if entry.startswith("re:") or any(matches(n, entry) for n in names):
@@ -207,7 +207,7 @@ def _scale_problems(
     source: str, fate: LayerFate, ckpt: Checkpoint, scales: dict[str, list[float]]
 ) -> list[Problem]:
     needed = [f"{source}.weight_scale"]
-    if fate.scheme.endswith("static") and source in MIDLAYER_LINEARS:
+    if fate.scheme.endswith("static") and source not in KEEP_UNQUANTIZED:
         needed.append(f"{source}.input_scale")
     problems = []
     for name in needed:

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from eaglequant import mla_draft
 from eaglequant.errors import InputError
 from eaglequant.io import speculators
 from eaglequant.io.checkpoint import Checkpoint, read_config
@@ -25,13 +26,6 @@ PLAIN = ("LlamaForCausalLM", "Qwen3ForCausalLM")
 # Qwen3 drafts (Eagle3Qwen3ForCausalLM, or Qwen3ForCausalLM renamed to it): Llama's
 # layer plus per-head RMSNorms on queries and keys (q_norm, k_norm) before RoPE.
 QWEN3 = "Eagle3Qwen3ForCausalLM"
-# Forms vLLM serves that this tool does not handle yet: refused by name, never mis-read.
-NOT_YET = {
-    "DeepseekV2ForCausalLM": "an MLA EAGLE-3 draft",
-    "DeepseekV3ForCausalLM": "an MLA EAGLE-3 draft",
-    "Eagle3DeepseekV2ForCausalLM": "an MLA EAGLE-3 draft",
-    "Eagle3DeepseekV3ForCausalLM": "an MLA EAGLE-3 draft",
-}
 # Forward variants of vLLM's llama_eagle3.py, each implemented by the torch module (calibrating
 # with other math than vLLM runs would give scales for another network); inspect names them.
 VARIANTS = ("norm_before_residual", "norm_output", "norm_before_fc", "fc_norm", "attention_bias")
@@ -74,10 +68,16 @@ class DraftDims:
     fc_norm: bool = False  # one RMSNorm (fc_norm.i) per auxiliary state before fc
     attention_bias: bool = False  # q/k/v/o projections carry a bias
     qk_norm: bool = False  # Qwen3: q_norm / k_norm per head before RoPE
+    mla: mla_draft.MlaDims | None = None  # an MLA draft's attention (deepseek_eagle3.py)
 
     @property
     def fc_in(self) -> int:
         return self.num_aux * self.target_hidden
+
+    @property
+    def linears(self) -> tuple[str, ...]:
+        """The decoder layer's linears Quark quantizes."""
+        return MIDLAYER_LINEARS if self.mla is None else mla_draft.quantized_linears(self.mla)
 
 
 def aux_layer_ids(config: dict[str, Any]) -> tuple[int, ...] | None:
@@ -101,6 +101,7 @@ def dims_from_config(config: dict[str, Any], where: str = "config.json") -> Draf
     rope_theta = config.get("rope_theta") or (config.get("rope_parameters") or {}).get(
         "rope_theta", 10000.0
     )
+    mla = mla_draft.mla_dims(config, where) if mla_draft.is_mla(config) else None
     return DraftDims(
         hidden=hidden,
         heads=heads,
@@ -116,10 +117,11 @@ def dims_from_config(config: dict[str, Any], where: str = "config.json") -> Draf
         rope_theta=float(rope_theta),
         norm_before_residual=bool(config.get("norm_before_residual", False)),
         norm_output=bool(config.get("norm_output", False)),
-        norm_before_fc=variant_flag(config, "norm_before_fc"),
+        norm_before_fc=variant_flag(config, "norm_before_fc") and mla is None,
         fc_norm=bool(config.get("fc_norm", False)),
-        attention_bias=bool(config.get("attention_bias", False)),
+        attention_bias=bool(config.get("attention_bias", False)) and mla is None,
         qk_norm=QWEN3 in speculators.vllm_architectures(config),
+        mla=mla,
     )
 
 
@@ -134,6 +136,9 @@ def draft_form(ckpt: Checkpoint) -> str:
     architectures = ckpt.config.get("architectures") or []
     flags = [k for k in VARIANTS if variant_flag(ckpt.config, k)]
     family = "Qwen3" if QWEN3 in speculators.vllm_architectures(ckpt.config) else "Llama"
+    if mla_draft.is_mla(ckpt.config):
+        family = "MLA (DeepSeek-V2 attention)"
+        flags = [k for k in mla_draft.VARIANTS if variant_flag(ckpt.config, k)]
     if ckpt.speculators_format:
         form = f"speculators format, EAGLE-3 {family}"
     elif architectures and architectures[0] in PLAIN:
@@ -141,6 +146,12 @@ def draft_form(ckpt: Checkpoint) -> str:
     else:
         form = f"EAGLE-3 {family}"
     return form + (f" ({', '.join(flags)})" if flags else "")
+
+
+def form_exclude(exclude: tuple[str, ...], dims: DraftDims) -> tuple[str, ...]:
+    """A recipe's exclude list plus the linears this draft's form keeps BF16 (MLA's kv_b_proj)."""
+    kept = mla_draft.KEEP_BF16 if dims.mla is not None else ()
+    return (*exclude, *(name for name in kept if name not in exclude))
 
 
 def _positive_int(config: dict[str, Any], key: str, where: str, default: int | None = None) -> int:
@@ -156,13 +167,10 @@ def _positive_int(config: dict[str, Any], key: str, where: str, default: int | N
 
 def expected_shapes(dims: DraftDims) -> dict[str, tuple[int, ...]]:
     """Required tensor name -> shape for a BF16 draft."""
-    h, q_out, kv_out = dims.hidden, dims.heads * dims.head_dim, dims.kv_heads * dims.head_dim
+    h = dims.hidden
     shapes: dict[str, tuple[int, ...]] = {f"{n}.weight": (h,) for n in NORMS}
+    shapes |= _attention_shapes(dims)
     shapes |= {
-        "midlayer.self_attn.q_proj.weight": (q_out, 2 * h),
-        "midlayer.self_attn.k_proj.weight": (kv_out, 2 * h),
-        "midlayer.self_attn.v_proj.weight": (kv_out, 2 * h),
-        "midlayer.self_attn.o_proj.weight": (h, q_out),
         "midlayer.mlp.gate_proj.weight": (dims.intermediate, h),
         "midlayer.mlp.up_proj.weight": (dims.intermediate, h),
         "midlayer.mlp.down_proj.weight": (h, dims.intermediate),
@@ -170,6 +178,18 @@ def expected_shapes(dims: DraftDims) -> dict[str, tuple[int, ...]]:
         "lm_head.weight": (dims.draft_vocab, h),
     }
     return shapes | variant_shapes(dims)
+
+
+def _attention_shapes(dims: DraftDims) -> dict[str, tuple[int, ...]]:
+    if dims.mla is not None:
+        return mla_draft.attention_shapes(dims.hidden, dims.heads, dims.mla)
+    h, q_out, kv_out = dims.hidden, dims.heads * dims.head_dim, dims.kv_heads * dims.head_dim
+    return {
+        "midlayer.self_attn.q_proj.weight": (q_out, 2 * h),
+        "midlayer.self_attn.k_proj.weight": (kv_out, 2 * h),
+        "midlayer.self_attn.v_proj.weight": (kv_out, 2 * h),
+        "midlayer.self_attn.o_proj.weight": (h, q_out),
+    }
 
 
 def variant_shapes(dims: DraftDims) -> dict[str, tuple[int, ...]]:
@@ -253,7 +273,7 @@ def structure_problems(ckpt: Checkpoint) -> list[Problem]:
                 "add the d2t map from the draft's training",
             )
         )
-    problems += _unexpected_tensor_problems(ckpt, set(required) | set(optional))
+    problems += _unexpected_tensor_problems(ckpt, set(required) | set(optional), dims)
     return problems
 
 
@@ -268,24 +288,14 @@ def _architecture_problems(config: dict[str, Any], tensors: set[str], where: str
                 "fix the config (see vllm-project/speculators' Eagle3SpeculatorConfig)",
             )
         ]
-    not_yet = [NOT_YET[a] for a in architectures if a in NOT_YET]
-    if not_yet:
-        return [
-            Problem(
-                where,
-                f"architectures {architectures} is {not_yet[0]}, which vLLM serves but "
-                "eaglequant does not handle yet",
-                "quantize it with another tool; only EAGLE-3 Llama drafts are supported",
-            )
-        ]
-    eagle3 = any(a in (*EAGLE3_ARCHITECTURES, QWEN3) for a in architectures)
+    eagle3 = any(
+        a in (*EAGLE3_ARCHITECTURES, QWEN3, *mla_draft.ARCHITECTURES) for a in architectures
+    )
     plain = (
-        bool(set(PLAIN) & set(architectures))
-        and {
-            "fc.weight",
-            *MIDLAYER_WEIGHTS,
-        }
-        <= tensors
+        bool(set(PLAIN) & set(architectures)) and {"fc.weight", *MIDLAYER_WEIGHTS} <= tensors
+    ) or (
+        bool(set(mla_draft.PLAIN) & set(architectures))
+        and {"fc.weight", *mla_draft.MARKERS} <= tensors
     )
     if not (eagle3 or plain):
         return [
@@ -296,6 +306,9 @@ def _architecture_problems(config: dict[str, Any], tensors: set[str], where: str
                 "Llama config over EAGLE-3 tensors: midlayer.*, fc)",
             )
         ]
+    mla_problem = mla_draft.config_problem(config) if mla_draft.is_mla(config) else None
+    if mla_problem:
+        return [Problem(where, *mla_problem)]
     if QWEN3 in speculators.vllm_architectures(config) and "head_dim" not in config:
         return [
             Problem(
@@ -330,8 +343,10 @@ def _shape_problem(ckpt: Checkpoint, name: str, shape: tuple[int, ...]) -> list[
     return []
 
 
-def _unexpected_tensor_problems(ckpt: Checkpoint, known: set[str]) -> list[Problem]:
-    quant_parts = {f"{linear}{suffix}" for linear in MIDLAYER_LINEARS for suffix in SCALE_SUFFIXES}
+def _unexpected_tensor_problems(
+    ckpt: Checkpoint, known: set[str], dims: DraftDims
+) -> list[Problem]:
+    quant_parts = {f"{linear}{suffix}" for linear in dims.linears for suffix in SCALE_SUFFIXES}
     problems = []
     for name in sorted(ckpt.tensors):
         if name in known or name in quant_parts:

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from eaglequant.checks import quantization_problems, read_scales
-from eaglequant.draft import MIDLAYER_LINEARS, structure_problems
+from eaglequant.draft import dims_from_config, structure_problems
 from eaglequant.errors import CheckFailed
 from eaglequant.exclusions import DEFAULT_TARGET_LAYERS, predict_fates
 from eaglequant.io.checkpoint import CONFIG_FILE, Checkpoint, read_checkpoint
@@ -44,7 +44,7 @@ def predicted_quantized(ckpt: Checkpoint, recipe: Recipe) -> list[TensorBlob]:
     :meth:`Artifact.finish` checks Quark's real output against it.
     """
     blobs = []
-    for linear in MIDLAYER_LINEARS:
+    for linear in dims_from_config(ckpt.config).linears:
         name = ckpt.stored_name(linear)
         shape = ckpt.tensors[f"{linear}.weight"].shape
         per_channel = recipe.weight.granularity == "per_channel"
@@ -56,7 +56,7 @@ def predicted_quantized(ckpt: Checkpoint, recipe: Recipe) -> list[TensorBlob]:
 
 
 def passthrough_blobs(ckpt: Checkpoint) -> list[TensorBlob]:
-    replaced = {f"{name}.weight" for name in MIDLAYER_LINEARS}
+    replaced = {f"{name}.weight" for name in dims_from_config(ckpt.config).linears}
     return [blob_from_file(info) for name, info in ckpt.tensors.items() if name not in replaced]
 
 
@@ -152,7 +152,7 @@ class Artifact:
                 problems.append(f"vLLM would build {fate.vllm_name} as {fate.scheme}")
         digests, byte_problems = self.readback.finish(self.quantized)
         problems += byte_problems
-        replaced = {f"{n}.weight" for n in MIDLAYER_LINEARS}
+        replaced = {f"{n}.weight" for n in dims_from_config(self.source.config).linears}
         kept = {info.name for name, info in self.source.tensors.items() if name not in replaced}
         if {info.name for info in reopened.tensors.values()} != kept | set(self.quantized):
             problems.append("the written tensor names differ from input + quantized tensors")

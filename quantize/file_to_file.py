@@ -24,7 +24,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from eaglequant.draft import MIDLAYER_LINEARS
+from eaglequant.draft import dims_from_config
 from eaglequant.errors import EagleQuantError, OutputError, QuarkFailed
 from eaglequant.io.checkpoint import Checkpoint
 from eaglequant.io.layout import blob_from_file
@@ -50,6 +50,7 @@ class FileToFile:
 
     def __init__(self, ckpt: Checkpoint, recipe: Recipe, scratch_parent: Path, out: Path) -> None:
         self.recipe, self.out = recipe, out
+        self.linears = dims_from_config(ckpt.config).linears  # every decoder layer's
         self.scratch = Path(tempfile.mkdtemp(prefix=SCRATCH_PREFIX, dir=scratch_parent))
         self.timings: dict[str, float] = {}
         try:
@@ -102,7 +103,7 @@ class FileToFile:
             folder = self.scratch / SOURCE
             folder.mkdir()
             # named in the EAGLE-3 layout whatever the input's format: Quark's output is read so
-            names = [f"{name}.weight" for name in MIDLAYER_LINEARS]
+            names = [f"{name}.weight" for name in self.linears]
             blobs = [blob_from_file(ckpt.tensors[name], name) for name in names]
             write_checkpoint_weights(folder, blobs, 10**15)
             write_text(folder / "config.json", json.dumps(ckpt.config))

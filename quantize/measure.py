@@ -21,7 +21,6 @@ import torch
 from torch import nn
 from tqdm.auto import tqdm
 
-from eaglequant.draft import MIDLAYER_LINEARS
 from eaglequant.model.compute import upcast_linear
 from eaglequant.model.eagle3 import Eagle3Draft, StepOutput, micro_batches
 from eaglequant.recipe import FP8_E4M3_MAX, Recipe
@@ -71,13 +70,13 @@ class SimulatedFp8Linear(nn.Module):
 def simulated_fp8_draft(
     bf16: Eagle3Draft, tensors: dict[str, torch.Tensor], recipe: Recipe
 ) -> Eagle3Draft:
-    """A copy of ``bf16`` whose midlayer linears compute with the FP8 tensors.
+    """A copy of ``bf16`` whose decoder-layer linears compute with the FP8 tensors.
 
     Every other parameter is shared with ``bf16``, not copied.
     """
     shared = {id(p): p for p in [*bf16.parameters(), *bf16.buffers()]}
     model = copy.deepcopy(bf16, memo=shared)
-    for name in MIDLAYER_LINEARS:
+    for name in bf16.dims.linears:
         parent, child = name.rsplit(".", 1)
         module = SimulatedFp8Linear(
             tensors[f"{name}.weight"],
@@ -116,13 +115,14 @@ def measure(
     recipe: Recipe,
     held_out: list[dict[str, torch.Tensor]],
     weight_of: Callable[[str], torch.Tensor],
+    linears: tuple[str, ...],
 ) -> Measurement:
     """Layer stats (always) and, with a model and held-out batches, SQNR and top-1 agreement.
 
-    ``weight_of(name)`` gives a midlayer linear's BF16 weight (one at a time, so the
-    file-to-file flow never needs the whole draft in memory).
+    ``weight_of(name)`` gives the BF16 weight of one of ``linears`` (every decoder
+    layer's; one at a time, so the file-to-file flow never needs the whole draft in memory).
     """
-    layers = [_layer_stats(weight_of(name), tensors, name) for name in MIDLAYER_LINEARS]
+    layers = [_layer_stats(weight_of(name), tensors, name) for name in linears]
     if bf16 is None or not held_out:
         return Measurement(layers)
     device = next(bf16.fc.parameters()).device
@@ -157,8 +157,8 @@ def _compare(
 
     SQNR: each FP8 layer's output against the exact layer on the same input.
     """
-    signal: dict[str, float] = dict.fromkeys(MIDLAYER_LINEARS, 0.0)
-    noise: dict[str, float] = dict.fromkeys(MIDLAYER_LINEARS, 0.0)
+    signal: dict[str, float] = dict.fromkeys(bf16.dims.linears, 0.0)
+    noise: dict[str, float] = dict.fromkeys(bf16.dims.linears, 0.0)
 
     def hook(name: str):  # type: ignore[no-untyped-def]
         exact_weight = bf16.linear_weight(name)
@@ -171,7 +171,7 @@ def _compare(
         return record
 
     same, total = [0] * steps, 0
-    handles = [fp8.get_submodule(n).register_forward_hook(hook(n)) for n in MIDLAYER_LINEARS]
+    handles = [fp8.get_submodule(n).register_forward_hook(hook(n)) for n in bf16.dims.linears]
     try:
         with torch.no_grad():
             for batch in tqdm(batches, desc="measuring", unit="batch", disable=None):
@@ -187,7 +187,7 @@ def _compare(
             handle.remove()
     sqnr = {
         n: 10 * math.log10(signal[n] / noise[n]) if noise[n] > 0 else math.inf
-        for n in MIDLAYER_LINEARS
+        for n in bf16.dims.linears
     }
     return sqnr, [s / total for s in same]
 

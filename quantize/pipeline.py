@@ -19,7 +19,7 @@ from torch import nn
 from eaglequant.capture.run import capture_into
 from eaglequant.capture.sequences import tokenize_data
 from eaglequant.capture.store import CalibrationData, load_capture, read_info
-from eaglequant.draft import DraftDims
+from eaglequant.draft import DraftDims, dims_from_config
 from eaglequant.errors import InputError
 from eaglequant.io.checkpoint import Checkpoint
 from eaglequant.model import compute
@@ -202,4 +202,5 @@ def measure_export(
             return model.linear_weight(name)
         return ckpt.load_tensor(f"{name}.weight")
 
-    return measure(model, tensors, recipe, held_out, weight_of)
+    linears = dims_from_config(ckpt.config).linears
+    return measure(model, tensors, recipe, held_out, weight_of, linears)

@@ -28,7 +28,7 @@ from typing import Any
 
 import torch
 
-from eaglequant.draft import MIDLAYER_LINEARS, SCALE_SUFFIXES
+from eaglequant.draft import SCALE_SUFFIXES
 from eaglequant.io.checkpoint import read_checkpoint
 from eaglequant.model.eagle3 import Eagle3Draft
 from eaglequant.model.load import release_file_pages
@@ -36,6 +36,7 @@ from eaglequant.quantize.file_to_file import SCRATCH_PREFIX, FileToFile
 from eaglequant.recipe import FP8_E4M3_MAX, Recipe
 
 UNQUANTIZED_MODULES = ("fc", "lm_head", "embed_tokens")
+LAYER_MODULES = ("midlayer.", "layers.")  # the decoder layers, whose linears Quark quantizes
 
 
 @dataclass
@@ -134,7 +135,7 @@ def quantize_static(
     finally:
         for name, module in detached.items():
             setattr(frozen, name, module)
-    return _collect(scratch, timings)
+    return _collect(scratch, model.dims.linears, timings)
 
 
 def _zero_batch(model: Eagle3Draft) -> dict[str, torch.Tensor]:
@@ -168,20 +169,21 @@ def _embeddings_for_zero_batch(model: Eagle3Draft) -> Iterator[None]:
 def _set_fixed_input_scales(model: torch.nn.Module, scale: float) -> None:
     for name, module in model.named_modules():
         quantizer = getattr(module, "_input_quantizer", None)
-        if name.startswith("midlayer.") and quantizer is not None:
+        if name.startswith(LAYER_MODULES) and quantizer is not None:
             quantizer.scale.data.fill_(scale)
 
 
 def quantize_file_to_file(file_to_file: FileToFile) -> QuarkResult:
     """Quark's ``direct_quantize_checkpoint`` on the midlayer linears alone, in its worker."""
     folder = file_to_file.run()
-    return _collect(folder, {"quark_file_to_file": file_to_file.timings["quark_file_to_file"]})
+    timings = {"quark_file_to_file": file_to_file.timings["quark_file_to_file"]}
+    return _collect(folder, file_to_file.linears, timings)
 
 
-def _collect(folder: Path, timings: dict[str, float]) -> QuarkResult:
-    """Read Quark's output folder: midlayer quantized tensors plus its quantization_config."""
+def _collect(folder: Path, linears: tuple[str, ...], timings: dict[str, float]) -> QuarkResult:
+    """Read Quark's output folder: ``linears``' quantized tensors, its quantization_config."""
     written = read_checkpoint(folder)
-    quantized = {f"{m}{part}" for m in MIDLAYER_LINEARS for part in (".weight", *SCALE_SUFFIXES)}
+    quantized = {f"{m}{part}" for m in linears for part in (".weight", *SCALE_SUFFIXES)}
     wanted = [n for n in written.tensors if n in quantized]  # biases pass through from the input
     tensors = {name: written.load_tensor(name) for name in wanted}
     return QuarkResult(tensors, written.config["quantization_config"], timings)

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from eaglequant.draft import MIDLAYER_LINEARS, DraftDims, dims_from_config
+from eaglequant.draft import DraftDims, dims_from_config
 from eaglequant.errors import InputError
 from eaglequant.io.checkpoint import read_checkpoint
 from eaglequant.recipe import FP8_E4M3_MAX
@@ -78,7 +78,7 @@ def plausibility_problems(inputs: PlausibilityInputs) -> tuple[list[str], dict[s
     static_inputs = _static_inputs(fp8.config)
     problems: list[str] = []
     numbers: dict[str, Any] = {}
-    for name in MIDLAYER_LINEARS:
+    for name in dims.linears:
         weight_amax = model.linear_weight(name).detach().abs()
         row = {"input_amax": measured[name]}
         problems += _check_weight_scale(fp8, name, weight_amax, inputs.tolerance, row)

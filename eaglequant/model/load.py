@@ -15,9 +15,10 @@ from __future__ import annotations
 import mmap
 
 import torch
+from torch import nn
 from transformers import LlamaConfig
 
-from eaglequant.draft import MIDLAYER_LINEARS, dims_from_config
+from eaglequant.draft import dims_from_config
 from eaglequant.errors import InputError
 from eaglequant.io.checkpoint import Checkpoint
 from eaglequant.io.layout import torch_dtypes
@@ -69,11 +70,11 @@ def load_reference_midlayer(ckpt: Checkpoint) -> MidLayer:
     """
     with torch.device("meta"):
         midlayer = MidLayer(dims_from_config(ckpt.config))
-    for name in MIDLAYER_LINEARS:
-        parent, child = name.removeprefix("midlayer.").rsplit(".", 1)
-        setattr(
-            midlayer.get_submodule(parent), child, UpcastLinear(ckpt.load_tensor(f"{name}.weight"))
-        )
+    linears = [n for n, m in midlayer.named_modules() if isinstance(m, nn.Linear)]
+    for name in linears:  # every linear of the layer's form (an MLA draft's kv_b_proj too)
+        parent, child = name.rsplit(".", 1)
+        weight = ckpt.load_tensor(f"midlayer.{name}.weight")
+        setattr(midlayer.get_submodule(parent), child, UpcastLinear(weight))
     norms = {n: _load(ckpt, f"midlayer.{n}") for n in midlayer.state_dict() if "norm" in n}
     midlayer.load_state_dict(norms, strict=False, assign=True)
     return midlayer.eval()

@@ -1,4 +1,4 @@
-"""The input range each midlayer linear sees when the draft runs unrolled (torch).
+"""The input range each decoder-layer linear sees when the draft runs unrolled (torch).
 
 Export measures nothing with it (Quark observes its own ranges); validate's
 scale plausibility and the tests compare written scales against it.
@@ -10,14 +10,13 @@ import torch
 from torch import nn
 from tqdm.auto import tqdm
 
-from eaglequant.draft import MIDLAYER_LINEARS
 from eaglequant.model.eagle3 import Eagle3Draft
 
 
 def input_amax(
     model: Eagle3Draft, batches: list[dict[str, torch.Tensor]], steps: int
 ) -> dict[str, float]:
-    """Largest |input| each midlayer linear sees over ``steps`` unrolled steps."""
+    """Largest |input| each decoder-layer linear sees over ``steps`` unrolled steps."""
     amax: dict[str, float] = {}
 
     def hook(name: str):  # type: ignore[no-untyped-def]
@@ -26,7 +25,8 @@ def input_amax(
 
         return record
 
-    handles = [model.get_submodule(n).register_forward_pre_hook(hook(n)) for n in MIDLAYER_LINEARS]
+    linears = model.dims.linears
+    handles = [model.get_submodule(n).register_forward_pre_hook(hook(n)) for n in linears]
     try:
         with torch.no_grad():
             for batch in tqdm(batches, desc="calibration ranges", unit="batch", disable=None):
