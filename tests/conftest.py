@@ -21,6 +21,16 @@ from eaglequant.io.layout import blob_from_file
 from eaglequant.io.writer import write_checkpoint_weights
 
 REPO = Path(__file__).resolve().parent.parent
+# An MLA EAGLE-3 draft (tiny) over draft_config's Llama fields (hidden 64, 4 heads).
+MLA = {
+    "architectures": ["Eagle3DeepseekV2ForCausalLM"],
+    "model_type": "deepseek_v2",
+    "q_lora_rank": 32,
+    "kv_lora_rank": 48,
+    "qk_nope_head_dim": 16,
+    "qk_rope_head_dim": 8,
+    "v_head_dim": 24,
+}
 TOY = REPO / "examples" / "toy"
 VOCAB = 512
 

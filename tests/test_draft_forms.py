@@ -1,7 +1,7 @@
 """The draft forms the tool recognises, the forward variants its module runs, and what it refuses.
 
-Every form is made in code (tiny, random). What vLLM serves but the tool does not
-handle yet is refused by name, never read with the wrong math.
+Every form is made in code (tiny, random). What vLLM would not serve is refused with
+its reason, never read with the wrong math.
 """
 
 from __future__ import annotations
@@ -16,10 +16,10 @@ from click.testing import CliRunner
 
 from eaglequant.cli import main
 from eaglequant.devtools.synthetic import draft_config, write_random_draft
-from eaglequant.draft import MIDLAYER_LINEARS, structure_problems
+from eaglequant.draft import dims_from_config, structure_problems
 from eaglequant.io.checkpoint import read_checkpoint
 from eaglequant.model.load import load_draft_module
-from tests.conftest import edit_config, tree_digest
+from tests.conftest import MLA, edit_config, tree_digest
 
 
 def _invoke(args: list[str]) -> tuple[int, str]:
@@ -48,13 +48,13 @@ def test_plain_llama_config_over_eagle3_tensors_exports_and_keeps_its_form(
     ("change", "message"),
     [
         (
-            {"architectures": ["Eagle3DeepseekV3ForCausalLM"]},
-            "is an MLA EAGLE-3 draft, which vLLM serves but eaglequant does not handle yet",
+            {"architectures": ["Eagle3DeepseekV3ForCausalLM"], "model_type": "deepseek_v3"},
+            "vLLM 0.32 serves an MLA EAGLE-3 draft only as 'deepseek_v2'",
         ),
         ({"architectures": ["MistralForCausalLM"]}, "is not an EAGLE-3 Llama draft"),
     ],
 )
-def test_forms_vllm_serves_but_the_tool_does_not_are_refused_by_name(
+def test_forms_vllm_would_not_serve_are_refused_with_its_reason(
     tiny_draft: Path, tmp_path: Path, change: dict, message: str
 ) -> None:
     edit_config(tiny_draft, **change)
@@ -253,21 +253,31 @@ FORMS = {
     "attention_bias": {"attention_bias": True},
     "qwen3": {"architectures": ["Eagle3Qwen3ForCausalLM"], "model_type": "qwen3"},
     "plain-qwen3": {"architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3"},
+    "mla": MLA,
+    "mla-q-proj": MLA | {"q_lora_rank": None},
+    "plain-deepseek-v2": MLA | {"architectures": ["DeepseekV2ForCausalLM"]},
 }
+# An MLA draft's kv_b_proj stays BF16 (vLLM splits it into W_UK/W_UV, see mla_draft.py).
+KV_B_PROJ = "re:(.*\\.)?layers\\.\\d+\\.self_attn\\.kv_b_proj$"
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("form", sorted(FORMS))
 def test_export_of_each_form_tensor_by_tensor(tmp_path: Path, form: str) -> None:
     """Every form exported: the same stored names, the midlayer linears FP8 with per-tensor
-    weight scales max|W|/448 (dequantized within one FP8 step), every other tensor
-    byte-identical, the config the input's plus the quantization config."""
+    weight scales max|W|/448 (dequantized within one FP8 step), every other tensor (an MLA
+    draft's kv_b_proj too) byte-identical, the config the input's plus the quantization
+    config."""
     draft = write_random_draft(tmp_path / "d", draft_config(**FORMS[form]), seed=8)
     out = tmp_path / "fp8"
     code, output = _invoke(["export", str(draft), str(out), "--calib", "none"])
     assert code == 0, output
     source, written = read_checkpoint(draft), read_checkpoint(out)
-    quantized = {f"{name}.weight" for name in MIDLAYER_LINEARS}
+    linears = dims_from_config(source.config).linears
+    mla = "kv_lora_rank" in FORMS[form]
+    assert ("midlayer.self_attn.kv_b_proj.weight" in source.tensors) == mla
+    assert "midlayer.self_attn.kv_b_proj" not in linears and len(linears) >= 6
+    quantized = {f"{name}.weight" for name in linears}
     for name, info in source.tensors.items():
         assert written.tensors[name].name == info.name
         if name not in quantized:
@@ -282,8 +292,9 @@ def test_export_of_each_form_tensor_by_tensor(tmp_path: Path, form: str) -> None
         assert (dequantized - weight).abs().max() <= weight.abs().max() / 16
         assert written.tensors[f"{layer}.input_scale"].shape == ()
     assert set(written.tensors) == set(source.tensors) | {
-        f"{n}{s}" for n in MIDLAYER_LINEARS for s in (".weight_scale", ".input_scale")
+        f"{n}{s}" for n in linears for s in (".weight_scale", ".input_scale")
     }
     config = json.loads((out / "config.json").read_text())
-    assert config.pop("quantization_config")["exclude"] == ["re:.*fc.*", "re:.*lm_head.*"]
+    kept = [KV_B_PROJ] if mla else []
+    assert config.pop("quantization_config")["exclude"] == ["re:.*fc.*", "re:.*lm_head.*", *kept]
     assert config == json.loads((draft / "config.json").read_text())
