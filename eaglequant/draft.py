@@ -366,7 +366,7 @@ def _unexpected_tensor_problems(
         problems.append(
             Problem(
                 f"{ckpt.tensors[name].file}: tensor '{ckpt.tensors[name].name}'",
-                "is not part of an EAGLE-3 Llama draft (vLLM would refuse to load it)",
+                "is not part of this EAGLE-3 draft's form (vLLM would refuse to load it)",
                 "remove it or check the checkpoint's origin",
             )
         )
