@@ -141,7 +141,7 @@ def draft_form(ckpt: Checkpoint) -> str:
         flags = [k for k in mla_draft.VARIANTS if variant_flag(ckpt.config, k)]
     if ckpt.speculators_format:
         form = f"speculators format, EAGLE-3 {family}"
-    elif architectures and architectures[0] in PLAIN:
+    elif architectures and architectures[0] in (*PLAIN, *mla_draft.PLAIN):
         form = f"plain {family} config, EAGLE-3 tensors"
     else:
         form = f"EAGLE-3 {family}"

@@ -158,3 +158,20 @@ def test_moe_tensors_in_the_draft_layer_are_refused(mla_draft: Path) -> None:
         "EAGLE-3 draft's form (vLLM would refuse to load it); remove it or check the "
         "checkpoint's origin"
     ]
+
+
+def test_a_plain_deepseek_v2_config_over_eagle3_tensors_is_an_mla_draft(tmp_path: Path) -> None:
+    """vLLM renames DeepseekV2ForCausalLM to Eagle3DeepseekV2ForCausalLM for method eagle3;
+    without EAGLE-3 tensors (fc, the MLA midlayer) such a config is a target, not a draft."""
+    config = draft_config(**MLA | {"architectures": ["DeepseekV2ForCausalLM"]})
+    draft = write_random_draft(tmp_path / "plain", config, seed=5)
+    code, report = _inspect(draft)
+    assert code == 0, report
+    assert report["form"] == "plain MLA (DeepSeek-V2 attention) config, EAGLE-3 tensors"
+    path = draft / "model.safetensors"
+    tensors = load_file(str(path))
+    del tensors["fc.weight"]
+    save_file(tensors, str(path), metadata={"format": "pt"})
+    code, report = _inspect(draft)
+    assert code == 1 and report["form"] == "unrecognised"
+    assert "is not an EAGLE-3 Llama draft" in report["problems"][0]
