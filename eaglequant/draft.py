@@ -4,7 +4,8 @@ A draft is one decoder layer (``midlayer.*``) whose attention takes the token
 embedding and the fused target hidden state side by side (2*hidden inputs),
 ``fc`` fusing the target's auxiliary hidden states, ``norm``, ``lm_head`` over
 the draft vocabulary, and optionally ``embed_tokens`` and the ``d2t``/``t2d``
-vocabulary maps. Shapes follow from ``config.json``.
+vocabulary maps. Shapes follow from ``config.json``. An MLA draft's attention
+(its tensors, vLLM's names for them and what stays BF16) is :mod:`eaglequant.mla_draft`.
 """
 
 from __future__ import annotations
