@@ -2,13 +2,13 @@
 
 vLLM builds such a draft's one layer with DeepSeek-V2's multi-head latent
 attention (``DeepseekV2MLAAttention``) and a dense MLP (never MoE): queries
-through ``q_a_proj`` -> ``q_a_layernorm`` -> ``q_b_proj`` (or one ``q_proj`` when
-``q_lora_rank`` is null), a shared latent ``kv_a_proj_with_mqa`` split into the
-compressed KV (normed by ``kv_a_layernorm``, expanded per head by ``kv_b_proj``
-into keys without position and values) and one RoPE key for all heads; RoPE is
-interleaved (GPT-J style) on the last ``qk_rope_head_dim`` of each query and on
-that key, with DeepSeek's YaRN (cos/sin scaled by ``mscale``, the softmax scale
-by ``mscale(mscale_all_dim)**2``) when the config scales RoPE.
+through ``q_a_proj`` -> ``q_a_layernorm`` -> ``q_b_proj``, a shared latent
+``kv_a_proj_with_mqa`` split into the compressed KV (normed by
+``kv_a_layernorm``, expanded per head by ``kv_b_proj`` into keys without position
+and values) and one RoPE key for all heads; RoPE is interleaved (GPT-J style) on
+the last ``qk_rope_head_dim`` of each query and on that key, with DeepSeek's
+YaRN (cos/sin scaled by ``mscale``, the softmax scale by
+``mscale(mscale_all_dim)**2``) when the config scales RoPE.
 
 Fates: vLLM fuses ``q_a_proj`` and ``kv_a_proj_with_mqa`` into one
 ``fused_qkv_a_proj`` (so both shards share one fate). ``kv_b_proj`` stays BF16:
@@ -18,9 +18,13 @@ for a Quark FP8 layer (not vLLM's own Fp8LinearMethod) feeds an identity matrix
 through the layer, so the static input quantizer rounds 1.0 to FP8 and scales
 every decode weight by that rounding.
 
-Only model_type ``deepseek_v2`` is served: vLLM 0.32's speculative config
-rewrites any draft whose model_type is ``deepseek_v3`` into ``DeepSeekMTPModel``
-(then ``Eagle3DeepSeekMTPModel``, which it refuses).
+Only model_type ``deepseek_v2`` with q LoRA is served. vLLM 0.32's speculative
+config rewrites any draft whose model_type is ``deepseek_v3`` into
+``DeepSeekMTPModel`` (then ``Eagle3DeepSeekMTPModel``, which it refuses); and its
+MLA drafter's weight mapper renames ``kv_a_proj_with_mqa`` to ``fused_qkv_a_proj``
+unconditionally, a module that exists only with ``q_lora_rank`` set (without it
+vLLM builds ``q_proj`` and ``kv_a_proj_with_mqa`` and fails to load the weights,
+seen with a real engine).
 """
 
 from __future__ import annotations
@@ -52,7 +56,7 @@ MLP_LINEARS = tuple(f"midlayer.mlp.{p}" for p in ("gate_proj", "up_proj", "down_
 KEEP_BF16 = (f"{ATTN}.kv_b_proj",)
 # Tensors every MLA draft has (what tells a plain DeepSeek config over EAGLE-3 tensors).
 MARKERS = (f"{ATTN}.kv_a_proj_with_mqa.weight", f"{ATTN}.kv_b_proj.weight")
-# vLLM's fused MLA projection and its shards (only when q_lora_rank is set).
+# vLLM's fused MLA projection and its shards.
 FUSED_QKV_A = ("q_a_proj", "kv_a_proj_with_mqa")
 
 
@@ -78,7 +82,7 @@ class Rope:
 class MlaDims:
     """An MLA draft layer's attention dimensions, with DeepseekV2Config's defaults."""
 
-    q_lora_rank: int | None
+    q_lora_rank: int
     kv_lora_rank: int
     qk_nope_head_dim: int
     qk_rope_head_dim: int
@@ -111,8 +115,7 @@ def mla_dims(config: dict[str, Any], where: str) -> MlaDims:
     """The attention dimensions; InputError naming a bad key."""
     values = {k: config.get(k, default) for k, default in DEFAULTS.items()}
     for key, value in values.items():
-        valid = isinstance(value, int) and not isinstance(value, bool) and value > 0
-        if not (valid or (key == "q_lora_rank" and value is None)):
+        if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
             raise InputError(f"{where}: '{key}' must be a positive integer, got {value!r}")
     return MlaDims(**values, rope=rope_from_config(config, where))
 
@@ -157,6 +160,14 @@ def config_problem(config: dict[str, Any]) -> tuple[str, str] | None:
             "then refuses Eagle3DeepSeekMTPModel)",
             f"set model_type to '{MODEL_TYPE}' (the same MLA fields)",
         )
+    if "q_lora_rank" in config and config["q_lora_rank"] is None:
+        return (
+            "q_lora_rank is null: vLLM 0.32's MLA drafter then builds q_proj and "
+            "kv_a_proj_with_mqa, but its weight mapper renames kv_a_proj_with_mqa to "
+            "fused_qkv_a_proj, so loading fails (no module or parameter named "
+            "'layers.0.self_attn.fused_qkv_a_proj')",
+            "serve an MLA draft with q LoRA (q_a_proj, q_a_layernorm, q_b_proj)",
+        )
     if config.get("hidden_act", "silu") != "silu":
         return (
             f"hidden_act {config.get('hidden_act')!r}: vLLM's DeepseekV2MLP supports only silu",
@@ -182,8 +193,6 @@ def attention_shapes(hidden: int, heads: int, mla: MlaDims) -> dict[str, tuple[i
         f"{ATTN}.kv_b_proj.weight": (heads * (mla.qk_nope_head_dim + mla.v_head_dim), latent),
         f"{ATTN}.o_proj.weight": (hidden, heads * mla.v_head_dim),
     }
-    if mla.q_lora_rank is None:
-        return shapes | {f"{ATTN}.q_proj.weight": (heads * qk, 2 * hidden)}
     return shapes | {
         f"{ATTN}.q_a_proj.weight": (mla.q_lora_rank, 2 * hidden),
         f"{ATTN}.q_a_layernorm.weight": (mla.q_lora_rank,),
@@ -193,8 +202,7 @@ def attention_shapes(hidden: int, heads: int, mla: MlaDims) -> dict[str, tuple[i
 
 def attention_linears(mla: MlaDims) -> tuple[str, ...]:
     """Every linear of the MLA attention (``kv_b_proj`` included)."""
-    queries = ("q_proj",) if mla.q_lora_rank is None else ("q_a_proj", "q_b_proj")
-    names = (*queries, "kv_a_proj_with_mqa", "kv_b_proj", "o_proj")
+    names = ("q_a_proj", "q_b_proj", "kv_a_proj_with_mqa", "kv_b_proj", "o_proj")
     return tuple(f"{ATTN}.{n}" for n in names)
 
 
@@ -208,13 +216,10 @@ def vllm_linear_names(target_layers: int, mla: MlaDims) -> dict[str, tuple[str, 
     """vLLM module name -> the checkpoint modules it is built from (MLA layer only)."""
     layer = f"model.layers.{target_layers}"
     attn = f"{layer}.self_attn"
-    names: dict[str, tuple[str, ...]] = {}
-    if mla.q_lora_rank is None:
-        names[f"{attn}.q_proj"] = (f"{ATTN}.q_proj",)
-        names[f"{attn}.kv_a_proj_with_mqa"] = (f"{ATTN}.kv_a_proj_with_mqa",)
-    else:
-        names[f"{attn}.fused_qkv_a_proj"] = tuple(f"{ATTN}.{p}" for p in FUSED_QKV_A)
-        names[f"{attn}.q_b_proj"] = (f"{ATTN}.q_b_proj",)
+    names: dict[str, tuple[str, ...]] = {
+        f"{attn}.fused_qkv_a_proj": tuple(f"{ATTN}.{p}" for p in FUSED_QKV_A),
+        f"{attn}.q_b_proj": (f"{ATTN}.q_b_proj",),
+    }
     names[f"{attn}.kv_b_proj"] = (f"{ATTN}.kv_b_proj",)
     names[f"{attn}.o_proj"] = (f"{ATTN}.o_proj",)
     names[f"{layer}.mlp.gate_up_proj"] = MLP_LINEARS[:2]

@@ -180,8 +180,8 @@ MLA_CASES = {
     # q LoRA, DeepSeek YaRN (cos/sin scaled by mscale ratio 1.069, softmax by mscale_all_dim's
     # 1.069**2), fc_norm
     "yarn": {"rope_parameters": MLA_YARN, "fc_norm": True, "norm_before_residual": False},
-    # q_proj without LoRA, plain interleaved RoPE, both residual/output variants
-    "q_proj": {"q_lora_rank": None, "norm_before_residual": True, "norm_output": True},
+    # plain interleaved RoPE, both residual/output variants
+    "plain-rope": {"norm_before_residual": True, "norm_output": True},
 }
 MLA_BREAKS: dict[str, list[dict[str, Any]]] = {
     "yarn": [
@@ -191,7 +191,11 @@ MLA_BREAKS: dict[str, list[dict[str, Any]]] = {
         {"mutate": _skip("q_a_layernorm")},
         {"norm_before_residual": True},
     ],
-    "q_proj": [{"norm_before_residual": False}, {"norm_output": False}],
+    "plain-rope": [
+        {"norm_before_residual": False},
+        {"norm_output": False},
+        {"rope_parameters": MLA_YARN},  # YaRN where vLLM runs plain RoPE
+    ],
 }
 
 

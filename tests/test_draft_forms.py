@@ -254,7 +254,6 @@ FORMS = {
     "qwen3": {"architectures": ["Eagle3Qwen3ForCausalLM"], "model_type": "qwen3"},
     "plain-qwen3": {"architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3"},
     "mla": MLA,
-    "mla-q-proj": MLA | {"q_lora_rank": None},
     "plain-deepseek-v2": MLA | {"architectures": ["DeepseekV2ForCausalLM"]},
 }
 # An MLA draft's kv_b_proj stays BF16 (vLLM splits it into W_UK/W_UV, see mla_draft.py).

@@ -70,8 +70,7 @@ def test_rope_read_as_transformers_standardises_it() -> None:
 
 
 def test_inspect_names_every_mla_linear_with_vllms_fate(mla_draft: Path) -> None:
-    """With q LoRA vLLM fuses q_a_proj and kv_a_proj_with_mqa; without it, q_proj and
-    kv_a_proj_with_mqa are layers of their own."""
+    """vLLM fuses q_a_proj and kv_a_proj_with_mqa into fused_qkv_a_proj (one fate)."""
     code, report = _inspect(mla_draft)
     assert code == 0, report
     assert report["form"] == "EAGLE-3 MLA (DeepSeek-V2 attention)"
@@ -90,16 +89,22 @@ def test_inspect_names_every_mla_linear_with_vllms_fate(mla_draft: Path) -> None
         "model.fc": ["fc"],
         "lm_head": ["lm_head"],
     }
-    no_lora = draft_config(**MLA | {"q_lora_rank": None})
-    mla_draft = write_random_draft(mla_draft.parent / "no-lora", no_lora, seed=4)
+
+
+def test_an_mla_draft_without_q_lora_is_refused_with_vllms_load_error(mla_draft: Path) -> None:
+    """q_lora_rank null: vLLM builds q_proj and kv_a_proj_with_mqa but renames the latter's
+    weight to fused_qkv_a_proj, and its loader fails (seen with a real engine)."""
+    path = mla_draft / "config.json"
+    path.write_text(json.dumps(json.loads(path.read_text()) | {"q_lora_rank": None}))
     code, report = _inspect(mla_draft)
-    assert code == 0, report
-    names = set(_fates(report))
-    assert {
-        "model.layers.4.self_attn.q_proj",
-        "model.layers.4.self_attn.kv_a_proj_with_mqa",
-    } <= names
-    assert not any("fused_qkv_a_proj" in n or "q_b_proj" in n for n in names)
+    assert code == 1 and report["form"] == "unrecognised"
+    assert report["problems"] == [
+        f"{path}: q_lora_rank is null: vLLM 0.32's MLA drafter then builds q_proj and "
+        "kv_a_proj_with_mqa, but its weight mapper renames kv_a_proj_with_mqa to "
+        "fused_qkv_a_proj, so loading fails (no module or parameter named "
+        "'layers.0.self_attn.fused_qkv_a_proj'); serve an MLA draft with q LoRA (q_a_proj, "
+        "q_a_layernorm, q_b_proj)"
+    ]
 
 
 @pytest.mark.slow

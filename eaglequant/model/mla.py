@@ -5,8 +5,8 @@ Same interface as the Llama attention in :mod:`eaglequant.model.eagle3`:
 cache, ``attend`` runs the masked attention and ``o_proj``. The math is vLLM's
 ``MultiHeadLatentAttentionWrapper`` in its plain (non-absorbed) form, which its
 MLA backends compute too (prefill) or reassociate (decode absorbs ``kv_b_proj``
-into the query and output): queries ``q_b_proj(q_a_layernorm(q_a_proj(x)))``
-(or ``q_proj(x)``); ``kv_a_proj_with_mqa(x)`` split into the latent (normed by
+into the query and output): queries ``q_b_proj(q_a_layernorm(q_a_proj(x)))``;
+``kv_a_proj_with_mqa(x)`` split into the latent (normed by
 ``kv_a_layernorm``, then ``kv_b_proj`` gives each head's key part and value) and
 one RoPE key shared by every head; RoPE interleaved on the last
 ``qk_rope_head_dim`` of queries and that key; softmax scale ``qk_head_dim**-0.5``
@@ -32,23 +32,14 @@ class MlaAttention(nn.Module):
         super().__init__()
         self.heads, self.mla = heads, mla
         self.scale = mla.softmax_scale()
-        qk = heads * mla.qk_head_dim
-        if mla.q_lora_rank is None:
-            self.q_proj = nn.Linear(2 * hidden, qk, bias=False)
-        else:
-            self.q_a_proj = nn.Linear(2 * hidden, mla.q_lora_rank, bias=False)
-            self.q_a_layernorm = RMSNorm(mla.q_lora_rank, eps)
-            self.q_b_proj = nn.Linear(mla.q_lora_rank, qk, bias=False)
+        self.q_a_proj = nn.Linear(2 * hidden, mla.q_lora_rank, bias=False)
+        self.q_a_layernorm = RMSNorm(mla.q_lora_rank, eps)
+        self.q_b_proj = nn.Linear(mla.q_lora_rank, heads * mla.qk_head_dim, bias=False)
         latent = mla.kv_lora_rank
         self.kv_a_proj_with_mqa = nn.Linear(2 * hidden, latent + mla.qk_rope_head_dim, bias=False)
         self.kv_a_layernorm = RMSNorm(latent, eps)
         self.kv_b_proj = nn.Linear(latent, heads * (mla.qk_nope_head_dim + mla.v_head_dim), False)
         self.o_proj = nn.Linear(heads * mla.v_head_dim, hidden, bias=False)
-
-    def _queries(self, x: torch.Tensor) -> torch.Tensor:
-        if self.mla.q_lora_rank is None:
-            return self.q_proj(x)
-        return self.q_b_proj(self.q_a_layernorm(self.q_a_proj(x)))
 
     def project(
         self, x: torch.Tensor, positions: torch.Tensor
@@ -57,7 +48,7 @@ class MlaAttention(nn.Module):
         b, t, _ = x.shape
         mla, heads = self.mla, self.heads
         nope, rope = mla.qk_nope_head_dim, mla.qk_rope_head_dim
-        q = self._queries(x).view(b, t, heads, mla.qk_head_dim)
+        q = self.q_b_proj(self.q_a_layernorm(self.q_a_proj(x))).view(b, t, heads, mla.qk_head_dim)
         latent, k_pe = self.kv_a_proj_with_mqa(x).split([mla.kv_lora_rank, rope], dim=-1)
         kv = self.kv_b_proj(self.kv_a_layernorm(latent)).view(b, t, heads, nope + mla.v_head_dim)
         k_nope, v = kv.split([nope, mla.v_head_dim], dim=-1)
