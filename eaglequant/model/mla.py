@@ -10,7 +10,7 @@ into the query and output): queries ``q_b_proj(q_a_layernorm(q_a_proj(x)))``;
 ``kv_a_layernorm``, then ``kv_b_proj`` gives each head's key part and value) and
 one RoPE key shared by every head; RoPE interleaved on the last
 ``qk_rope_head_dim`` of queries and that key; softmax scale ``qk_head_dim**-0.5``
-(times ``mscale**2`` with DeepSeek YaRN). See :mod:`eaglequant.mla_draft`.
+times DeepSeek YaRN's ``mscale**2``. See :mod:`eaglequant.mla_draft`.
 """
 
 from __future__ import annotations
@@ -70,14 +70,11 @@ class MlaAttention(nn.Module):
 def rope_cos_sin(
     rope: Rope, dim: int, positions: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos and sin (…, dim), each frequency repeated twice (interleaved), as vLLM's cache."""
+    """DeepSeek YaRN's cos and sin (…, dim), each frequency repeated twice (interleaved), as
+    vLLM's ``DeepseekScalingRotaryEmbedding`` caches them."""
     pos_freqs = rope.theta ** (torch.arange(0, dim, 2, dtype=torch.float) / dim)
-    inv_freq, mscale = 1.0 / pos_freqs, 1.0
-    if rope.yarn:
-        inv_freq = _yarn_inv_freq(rope, dim, pos_freqs)
-        mscale = yarn_mscale(rope.factor, rope.mscale) / yarn_mscale(
-            rope.factor, rope.mscale_all_dim
-        )
+    inv_freq = _yarn_inv_freq(rope, dim, pos_freqs)
+    mscale = yarn_mscale(rope.factor, rope.mscale) / yarn_mscale(rope.factor, rope.mscale_all_dim)
     freqs = positions.float()[..., None] * inv_freq
     cos, sin = freqs.cos() * mscale, freqs.sin() * mscale
     return cos.repeat_interleave(2, -1), sin.repeat_interleave(2, -1)
