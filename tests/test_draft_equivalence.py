@@ -161,7 +161,7 @@ def _mla_draft(folder: Path, **changes: Any) -> Path:
     norm shows)."""
     config = json.loads((TOY / "draft" / "config.json").read_text()) | MLA_ENGINE | changes
     write_random_draft(folder, config, seed=11)
-    _distinct_norms(folder)
+    _distinct_norms(folder, step=0.1)  # the values the README's MLA numbers were measured with
     return folder
 
 
@@ -286,13 +286,14 @@ def _layer_forgets_keys(self: MidLayer, stream: torch.Tensor, positions: Any, _:
     return LATER_FORWARD(self, stream, positions, ([], []))
 
 
-def _distinct_norms(draft: Path, drop: tuple[str, ...] = ()) -> None:
-    """Every norm weight far from 1 and different from every other (a swap would show)."""
+def _distinct_norms(draft: Path, drop: tuple[str, ...] = (), step: float = 0.05) -> None:
+    """Every norm weight far from 1 and different from every other (a swap would show): the
+    i-th norm by name ``linspace(0.25, 2.0) + step * i``."""
     path = draft / "model.safetensors"
     tensors = {k: v for k, v in load_file(str(path)).items() if k not in drop}
     norms = [name for name in sorted(tensors) if "norm" in name]
     for i, name in enumerate(norms):
-        tensors[name] = (torch.linspace(0.25, 2.0, tensors[name].numel()) + 0.05 * i).to(
+        tensors[name] = (torch.linspace(0.25, 2.0, tensors[name].numel()) + step * i).to(
             torch.bfloat16
         )
     save_file(tensors, str(path), metadata={"format": "pt"})
