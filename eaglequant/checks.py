@@ -24,10 +24,9 @@ from eaglequant.draft import (
 from eaglequant.exclusions import (
     DEFAULT_TARGET_LAYERS,
     LayerFate,
-    draft_layer_count,
+    draft_linear_names,
     matches,
     predict_fates,
-    vllm_linear_names,
 )
 from eaglequant.io.checkpoint import Checkpoint, read_checkpoint
 
@@ -140,7 +139,7 @@ def quantization_problems(
 def _exclude_problems(
     ckpt: Checkpoint, qcfg: dict[str, Any], config_path: str, target_layers: int
 ) -> list[Problem]:
-    names = list(vllm_linear_names(target_layers, draft_layer_count(ckpt.config)))
+    names = list(draft_linear_names(ckpt.config, target_layers))
     problems = []
     for entry in qcfg.get("exclude") or []:
         if entry.startswith("re:") or any(matches(n, entry) for n in names):

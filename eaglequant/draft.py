@@ -5,7 +5,9 @@ embedding and the fused target hidden state side by side (2*hidden inputs), then
 ``num_hidden_layers - 1`` plain decoder layers (``layers.1.*``, …: hidden inputs,
 vLLM's ``llama_eagle3.py``), ``fc`` fusing the target's auxiliary hidden states,
 ``norm``, ``lm_head`` over the draft vocabulary, and optionally ``embed_tokens``
-and the ``d2t``/``t2d`` vocabulary maps. Shapes follow from ``config.json``.
+and the ``d2t``/``t2d`` vocabulary maps. Shapes follow from ``config.json``. An
+MLA draft's attention (its tensors, vLLM's names for them and what stays BF16)
+is :mod:`eaglequant.mla_draft`.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from eaglequant import mla_draft
 from eaglequant.errors import InputError
 from eaglequant.io import speculators
 from eaglequant.io.checkpoint import Checkpoint, read_config
@@ -26,13 +29,6 @@ PLAIN = ("LlamaForCausalLM", "Qwen3ForCausalLM")
 # Qwen3 drafts (Eagle3Qwen3ForCausalLM, or Qwen3ForCausalLM renamed to it): Llama's
 # layer plus per-head RMSNorms on queries and keys (q_norm, k_norm) before RoPE.
 QWEN3 = "Eagle3Qwen3ForCausalLM"
-# Forms vLLM serves that this tool does not handle yet: refused by name, never mis-read.
-NOT_YET = {
-    "DeepseekV2ForCausalLM": "an MLA EAGLE-3 draft",
-    "DeepseekV3ForCausalLM": "an MLA EAGLE-3 draft",
-    "Eagle3DeepseekV2ForCausalLM": "an MLA EAGLE-3 draft",
-    "Eagle3DeepseekV3ForCausalLM": "an MLA EAGLE-3 draft",
-}
 # Forward variants of vLLM's llama_eagle3.py, each implemented by the torch module (calibrating
 # with other math than vLLM runs would give scales for another network); inspect names them.
 VARIANTS = ("norm_before_residual", "norm_output", "norm_before_fc", "fc_norm", "attention_bias")
@@ -92,6 +88,7 @@ class DraftDims:
     attention_bias: bool = False  # q/k/v/o projections carry a bias
     qk_norm: bool = False  # Qwen3: q_norm / k_norm per head before RoPE
     layers: int = 1  # num_hidden_layers: the first layer, then plain decoder layers
+    mla: mla_draft.MlaDims | None = None  # an MLA draft's attention (deepseek_eagle3.py)
 
     @property
     def fc_in(self) -> int:
@@ -99,6 +96,9 @@ class DraftDims:
 
     @property
     def linears(self) -> tuple[str, ...]:
+        """Every decoder layer's linears Quark quantizes (an MLA draft's: all but kv_b_proj)."""
+        if self.mla is not None:  # one layer (mla_draft.config_problem refuses more)
+            return mla_draft.quantized_linears(self.mla)
         return draft_linears(self.layers)
 
 
@@ -123,6 +123,7 @@ def dims_from_config(config: dict[str, Any], where: str = "config.json") -> Draf
     rope_theta = config.get("rope_theta") or (config.get("rope_parameters") or {}).get(
         "rope_theta", 10000.0
     )
+    mla = mla_draft.mla_dims(config, where) if mla_draft.is_mla(config) else None
     return DraftDims(
         hidden=hidden,
         heads=heads,
@@ -138,11 +139,12 @@ def dims_from_config(config: dict[str, Any], where: str = "config.json") -> Draf
         rope_theta=float(rope_theta),
         norm_before_residual=bool(config.get("norm_before_residual", False)),
         norm_output=bool(config.get("norm_output", False)),
-        norm_before_fc=variant_flag(config, "norm_before_fc"),
+        norm_before_fc=variant_flag(config, "norm_before_fc") and mla is None,
         fc_norm=bool(config.get("fc_norm", False)),
-        attention_bias=bool(config.get("attention_bias", False)),
+        attention_bias=bool(config.get("attention_bias", False)) and mla is None,
         qk_norm=QWEN3 in speculators.vllm_architectures(config),
         layers=_positive_int(config, "num_hidden_layers", where),
+        mla=mla,
     )
 
 
@@ -157,15 +159,24 @@ def draft_form(ckpt: Checkpoint) -> str:
     architectures = ckpt.config.get("architectures") or []
     flags = [k for k in VARIANTS if variant_flag(ckpt.config, k)]
     family = "Qwen3" if QWEN3 in speculators.vllm_architectures(ckpt.config) else "Llama"
+    if mla_draft.is_mla(ckpt.config):
+        family = "MLA (DeepSeek-V2 attention)"
+        flags = [k for k in mla_draft.VARIANTS if variant_flag(ckpt.config, k)]
     if ckpt.speculators_format:
         form = f"speculators format, EAGLE-3 {family}"
-    elif architectures and architectures[0] in PLAIN:
+    elif architectures and architectures[0] in (*PLAIN, *mla_draft.PLAIN):
         form = f"plain {family} config, EAGLE-3 tensors"
     else:
         form = f"EAGLE-3 {family}"
     layers = ckpt.config.get("num_hidden_layers")
     form += f", {layers} layers" if isinstance(layers, int) and layers > 1 else ""
     return form + (f" ({', '.join(flags)})" if flags else "")
+
+
+def form_exclude(exclude: tuple[str, ...], dims: DraftDims) -> tuple[str, ...]:
+    """A recipe's exclude list plus the linears this draft's form keeps BF16 (MLA's kv_b_proj)."""
+    kept = mla_draft.KEEP_BF16 if dims.mla is not None else ()
+    return (*exclude, *(name for name in kept if name not in exclude))
 
 
 def _positive_int(config: dict[str, Any], key: str, where: str, default: int | None = None) -> int:
@@ -194,16 +205,25 @@ def expected_shapes(dims: DraftDims) -> dict[str, tuple[int, ...]]:
 
 def _layer_shapes(dims: DraftDims, prefix: str, attn_in: int) -> dict[str, tuple[int, ...]]:
     """One decoder layer's norms and linears; the first layer's attention takes 2*hidden."""
-    h, q_out, kv_out = dims.hidden, dims.heads * dims.head_dim, dims.kv_heads * dims.head_dim
+    h = dims.hidden
     shapes: dict[str, tuple[int, ...]] = {f"{prefix}.{n}.weight": (h,) for n in LAYER_NORMS}
+    shapes |= _attention_shapes(dims, prefix, attn_in)
     return shapes | {
+        f"{prefix}.mlp.gate_proj.weight": (dims.intermediate, h),
+        f"{prefix}.mlp.up_proj.weight": (dims.intermediate, h),
+        f"{prefix}.mlp.down_proj.weight": (h, dims.intermediate),
+    }
+
+
+def _attention_shapes(dims: DraftDims, prefix: str, attn_in: int) -> dict[str, tuple[int, ...]]:
+    if dims.mla is not None:  # one layer (mla_draft.config_problem refuses more)
+        return mla_draft.attention_shapes(dims.hidden, dims.heads, dims.mla)
+    h, q_out, kv_out = dims.hidden, dims.heads * dims.head_dim, dims.kv_heads * dims.head_dim
+    return {
         f"{prefix}.self_attn.q_proj.weight": (q_out, attn_in),
         f"{prefix}.self_attn.k_proj.weight": (kv_out, attn_in),
         f"{prefix}.self_attn.v_proj.weight": (kv_out, attn_in),
         f"{prefix}.self_attn.o_proj.weight": (h, q_out),
-        f"{prefix}.mlp.gate_proj.weight": (dims.intermediate, h),
-        f"{prefix}.mlp.up_proj.weight": (dims.intermediate, h),
-        f"{prefix}.mlp.down_proj.weight": (h, dims.intermediate),
     }
 
 
@@ -285,7 +305,7 @@ def structure_problems(ckpt: Checkpoint) -> list[Problem]:
                 "add the d2t map from the draft's training",
             )
         )
-    problems += _unexpected_tensor_problems(ckpt, set(required) | set(optional))
+    problems += _unexpected_tensor_problems(ckpt, set(required) | set(optional), dims)
     return problems
 
 
@@ -300,24 +320,14 @@ def _architecture_problems(config: dict[str, Any], tensors: set[str], where: str
                 "fix the config (see vllm-project/speculators' Eagle3SpeculatorConfig)",
             )
         ]
-    not_yet = [NOT_YET[a] for a in architectures if a in NOT_YET]
-    if not_yet:
-        return [
-            Problem(
-                where,
-                f"architectures {architectures} is {not_yet[0]}, which vLLM serves but "
-                "eaglequant does not handle yet",
-                "quantize it with another tool; only EAGLE-3 Llama drafts are supported",
-            )
-        ]
-    eagle3 = any(a in (*EAGLE3_ARCHITECTURES, QWEN3) for a in architectures)
+    eagle3 = any(
+        a in (*EAGLE3_ARCHITECTURES, QWEN3, *mla_draft.ARCHITECTURES) for a in architectures
+    )
     plain = (
-        bool(set(PLAIN) & set(architectures))
-        and {
-            "fc.weight",
-            *MIDLAYER_WEIGHTS,
-        }
-        <= tensors
+        bool(set(PLAIN) & set(architectures)) and {"fc.weight", *MIDLAYER_WEIGHTS} <= tensors
+    ) or (
+        bool(set(mla_draft.PLAIN) & set(architectures))
+        and {"fc.weight", *mla_draft.MARKERS} <= tensors
     )
     if not (eagle3 or plain):
         return [
@@ -328,6 +338,9 @@ def _architecture_problems(config: dict[str, Any], tensors: set[str], where: str
                 "Llama config over EAGLE-3 tensors: midlayer.*, fc)",
             )
         ]
+    mla_problem = mla_draft.config_problem(config) if mla_draft.is_mla(config) else None
+    if mla_problem:
+        return [Problem(where, *mla_problem)]
     if QWEN3 in speculators.vllm_architectures(config) and "head_dim" not in config:
         return [
             Problem(
@@ -386,9 +399,10 @@ def _shape_problem(ckpt: Checkpoint, name: str, shape: tuple[int, ...]) -> list[
     return []
 
 
-def _unexpected_tensor_problems(ckpt: Checkpoint, known: set[str]) -> list[Problem]:
-    linears = dims_from_config(ckpt.config).linears
-    quant_parts = {f"{linear}{suffix}" for linear in linears for suffix in SCALE_SUFFIXES}
+def _unexpected_tensor_problems(
+    ckpt: Checkpoint, known: set[str], dims: DraftDims
+) -> list[Problem]:
+    quant_parts = {f"{linear}{suffix}" for linear in dims.linears for suffix in SCALE_SUFFIXES}
     problems = []
     for name in sorted(ckpt.tensors):
         if name in known or name in quant_parts:
@@ -408,7 +422,7 @@ def _unexpected_tensor_problems(ckpt: Checkpoint, known: set[str]) -> list[Probl
         problems.append(
             Problem(
                 f"{ckpt.tensors[name].file}: tensor '{ckpt.tensors[name].name}'",
-                "is not part of an EAGLE-3 Llama draft (vLLM would refuse to load it)",
+                "is not part of this EAGLE-3 draft's form (vLLM would refuse to load it)",
                 "remove it or check the checkpoint's origin",
             )
         )

@@ -6,10 +6,12 @@ string equality. For an EAGLE-3 draft those names are ``model.fc``,
 ``lm_head`` and ``model.layers.<N+i>.self_attn.qkv_proj`` (checked through its
 shards ``q_proj``/``k_proj``/``v_proj``), ``…o_proj``, ``…mlp.gate_up_proj``
 (shards ``gate_proj``/``up_proj``), ``…down_proj`` for draft layer i (``midlayer``
-is 0, ``layers.i`` after it), with N the target's layer count. Quark writes bare
-names such as ``fc``, which equal no vLLM name, so vLLM quietly builds ``fc`` as
-FP8. This module predicts each layer's fate and rewrites exclusions into regexes
-that vLLM matches.
+is 0, ``layers.i`` after it), with N the target's layer count. An MLA draft's
+attention is named as in :mod:`eaglequant.mla_draft` (``fused_qkv_a_proj`` with
+shards ``q_a_proj``/``kv_a_proj_with_mqa``, ``q_b_proj``, ``kv_b_proj``,
+``o_proj``). Quark writes bare names such as ``fc``, which equal no vLLM name, so
+vLLM quietly builds ``fc`` as FP8. This module predicts each layer's fate and
+rewrites exclusions into regexes that vLLM matches.
 """
 
 from __future__ import annotations
@@ -19,13 +21,16 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
+from eaglequant import mla_draft
 from eaglequant.draft import layer_prefixes
+from eaglequant.errors import InputError
 
 # Bare names that the published reference card writes as these exact regexes.
 CARD_REGEX = {"fc": "re:.*fc.*", "lm_head": "re:.*lm_head.*"}
 FUSED_SHARDS = {
     "qkv_proj": ("q_proj", "k_proj", "v_proj"),
     "gate_up_proj": ("gate_proj", "up_proj"),
+    "fused_qkv_a_proj": mla_draft.FUSED_QKV_A,
 }
 DEFAULT_TARGET_LAYERS = 32
 
@@ -88,6 +93,20 @@ def draft_layer_count(config: dict[str, Any]) -> int:
     return layers if isinstance(layers, int) and not isinstance(layers, bool) and layers > 0 else 1
 
 
+def draft_linear_names(config: dict[str, Any], target_layers: int) -> dict[str, tuple[str, ...]]:
+    """:func:`vllm_linear_names` for this draft's form and layer count (an MLA draft's own
+    attention names)."""
+    layers = draft_layer_count(config)
+    if not mla_draft.is_mla(config):
+        return vllm_linear_names(target_layers, layers)
+    try:
+        mla = mla_draft.mla_dims(config, "config.json")
+    except InputError:  # the draft checks report the bad key; predict the Llama names
+        return vllm_linear_names(target_layers, layers)
+    names = mla_draft.vllm_linear_names(target_layers, mla)  # one layer: more are refused
+    return names | {"model.fc": ("fc",), "lm_head": ("lm_head",)}
+
+
 def matches(name: str, entry: str) -> bool:
     """vLLM's rule for one exclude entry."""
     if entry.startswith("re:"):
@@ -120,8 +139,7 @@ def predict_fates(
     """Predict vLLM's treatment of every draft linear under ``config``'s quantization_config."""
     qcfg = config.get("quantization_config")
     fates = []
-    names = vllm_linear_names(target_layers, draft_layer_count(config))
-    for vllm_name, sources in names.items():
+    for vllm_name, sources in draft_linear_names(config, target_layers).items():
         fates.append(_fate(vllm_name, sources, qcfg))
     return fates
 

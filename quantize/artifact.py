@@ -35,7 +35,6 @@ if TYPE_CHECKING:
     import torch
 
 NOT_COPIED = {CONFIG_FILE, "README.md", MANIFEST_FILE}
-UNQUANTIZED_IN_VLLM = ("model.fc", "lm_head")
 
 
 def predicted_quantized(ckpt: Checkpoint, recipe: Recipe) -> list[TensorBlob]:
@@ -147,12 +146,13 @@ class Artifact:
         scales = read_scales(reopened)
         found = quantization_problems(reopened, fates, scales, DEFAULT_TARGET_LAYERS)
         problems += [str(p) for p in found]
+        linears = dims_from_config(self.source.config).linears  # quantized; the rest stays BF16
         for fate in fates:
-            if fate.quantized == (fate.vllm_name in UNQUANTIZED_IN_VLLM):
+            if fate.quantized != any(n in linears for n in fate.checkpoint_names):
                 problems.append(f"vLLM would build {fate.vllm_name} as {fate.scheme}")
         digests, byte_problems = self.readback.finish(self.quantized)
         problems += byte_problems
-        replaced = {f"{n}.weight" for n in dims_from_config(self.source.config).linears}
+        replaced = {f"{n}.weight" for n in linears}
         kept = {info.name for name, info in self.source.tensors.items() if name not in replaced}
         if {info.name for info in reopened.tensors.values()} != kept | set(self.quantized):
             problems.append("the written tensor names differ from input + quantized tensors")

@@ -20,12 +20,12 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from eaglequant.capture.run import check_engine
-from eaglequant.draft import DraftDims, check_target_fits, require_bf16_draft
+from eaglequant.draft import DraftDims, check_target_fits, form_exclude, require_bf16_draft
 from eaglequant.errors import InputError
 from eaglequant.exclusions import rewrite_exclude
 from eaglequant.io.checkpoint import Checkpoint, read_checkpoint
@@ -62,6 +62,7 @@ class ExportPlan:
     aux_layer_ids: tuple[int, ...] | None
     module_needed: bool
     steps: list[str]
+    recipe: Recipe  # the request's, its exclude extended by what this form keeps BF16
 
 
 @dataclass
@@ -77,7 +78,8 @@ def plan_export(request: ExportRequest) -> ExportPlan:
     ckpt = read_checkpoint(request.src)
     dims = require_bf16_draft(ckpt)
     check_output_path(request.out, [request.src], request.overwrite)
-    calib, recipe = request.calibration, request.recipe
+    calib = request.calibration
+    recipe = replace(request.recipe, exclude=form_exclude(request.recipe.exclude, dims))
     aux_ids = dims.aux_layer_ids
     if calib.kind == "target":
         assert calib.target is not None and calib.data is not None
@@ -99,7 +101,7 @@ def plan_export(request: ExportRequest) -> ExportPlan:
         "verify the written folder by reading it back",
     ]
     module_needed = recipe.needs_calibration or calib.kind != "none"
-    return ExportPlan(ckpt, dims, aux_ids, module_needed, steps)
+    return ExportPlan(ckpt, dims, aux_ids, module_needed, steps, recipe)
 
 
 def export_draft(
@@ -117,6 +119,7 @@ def export_draft(
     stage = _Stages(timings, progress)
     with timed(timings, "plan"):  # quiet: an error here is the only line printed
         plan = plan_export(request)
+    request = replace(request, recipe=plan.recipe)
     if request.dry_run:
         return ExportResult(request.out, plan, dry_run=True)
     with atomic_output_dir(request.out, request.overwrite) as temp:

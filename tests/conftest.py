@@ -21,6 +21,30 @@ from eaglequant.io.layout import blob_from_file
 from eaglequant.io.writer import write_checkpoint_weights
 
 REPO = Path(__file__).resolve().parent.parent
+MLA_YARN = {
+    "rope_type": "yarn",
+    "rope_theta": 10000.0,
+    "factor": 4.0,
+    "original_max_position_embeddings": 512,
+    "beta_fast": 32,
+    "beta_slow": 1,
+    "mscale": 1.0,
+    "mscale_all_dim": 0.5,
+}
+# An MLA EAGLE-3 draft (tiny) over draft_config's Llama fields (hidden 64, 4 heads).
+MLA = {
+    "architectures": ["Eagle3DeepseekV2ForCausalLM"],
+    "model_type": "deepseek_v2",
+    "q_lora_rank": 32,
+    "kv_lora_rank": 48,
+    "qk_nope_head_dim": 16,
+    "qk_rope_head_dim": 8,
+    "v_head_dim": 24,
+    "rope_parameters": MLA_YARN,
+}
+# What a real CPU engine runs: vLLM-CPU's MLA decode kernel takes only kv_lora_rank 512 and
+# qk_rope_head_dim 64 (cpu_mla.py); the toy draft's fields (hidden 256, 8 heads) stay.
+MLA_ENGINE = MLA | {"kv_lora_rank": 512, "qk_rope_head_dim": 64, "qk_nope_head_dim": 32}
 TOY = REPO / "examples" / "toy"
 VOCAB = 512
 
@@ -82,6 +106,35 @@ def pair(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     )
     draft = write_random_draft(root / "draft", draft_config(vocab=VOCAB, draft_vocab=256), seed=1)
     return {"target": root / "target", "data": data, "draft": draft, "root": root}
+
+
+@pytest.fixture(scope="session")
+def mla_target(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny dense DeepSeek-V3 (MLA) target for the toy draft's shape and tokenizer."""
+    import shutil
+
+    from transformers import DeepseekV3Config, DeepseekV3ForCausalLM
+
+    toy = json.loads((TOY / "draft" / "config.json").read_text())
+    fields = ("hidden_size", "intermediate_size", "num_attention_heads", "vocab_size")
+    mla = {k: v for k, v in MLA_ENGINE.items() if k not in ("architectures", "model_type")}
+    config = DeepseekV3Config(
+        **{k: toy[k] for k in fields},
+        **mla,
+        num_hidden_layers=4,
+        first_k_dense_replace=4,  # every layer dense: no MoE
+        num_mtp_layers=0,
+        bos_token_id=0,
+        eos_token_id=0,
+        max_position_embeddings=2048,
+        rms_norm_eps=1e-5,
+    )
+    torch.manual_seed(0)
+    folder = tmp_path_factory.mktemp("mla") / "target"
+    DeepseekV3ForCausalLM(config).save_pretrained(folder)
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(TOY / "target" / name, folder / name)
+    return folder
 
 
 @pytest.fixture

@@ -18,6 +18,7 @@ import json
 import math
 import re
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -28,19 +29,29 @@ from safetensors.torch import load_file, save_file
 from eaglequant.devtools.synthetic import write_random_draft
 from eaglequant.draft import dims_from_config, variant_shapes
 from eaglequant.io.checkpoint import read_checkpoint
-from eaglequant.model.eagle3 import MidLayer
+from eaglequant.model.eagle3 import Eagle3Draft, MidLayer
 from eaglequant.model.load import load_draft_module
-from tests.conftest import PYTHON, REPO, TOY, as_qwen3, as_speculators, edit_config, run_child
+from tests.conftest import (
+    MLA_ENGINE,
+    MLA_YARN,
+    PYTHON,
+    REPO,
+    TOY,
+    as_qwen3,
+    as_speculators,
+    edit_config,
+    run_child,
+)
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 TOLERANCE = 1e-4
 PROMPT = "def function_12(x):\n    return x * 12 + 5\n\ndef function_13(x):"
 
 
-def _record(draft: Path, tmp_path: Path) -> dict[str, torch.Tensor]:
+def _record(draft: Path, tmp_path: Path, target: Path = TOY / "target") -> dict[str, torch.Tensor]:
     spec = tmp_path / "spec.json"
     spec.write_text(
-        json.dumps({"target": str(TOY / "target"), "draft": str(draft), "prompt": PROMPT, "k": 2})
+        json.dumps({"target": str(target), "draft": str(draft), "prompt": PROMPT, "k": 2})
     )
     out = tmp_path / "records.safetensors"
     run_child([PYTHON, "-m", "tests.draft_recorder", str(spec), str(out)], cwd=REPO)
@@ -65,11 +76,19 @@ def _relative(a: torch.Tensor, b: torch.Tensor) -> float:
 
 
 @torch.no_grad()
-def _module_outputs(draft: Path, records: dict[str, torch.Tensor], **flags: Any) -> list[float]:
-    """Worst relative differences of the module's step 0 and 1 from vLLM's, per output."""
+def _module_outputs(
+    draft: Path,
+    records: dict[str, torch.Tensor],
+    mutate: Callable[[Eagle3Draft], None] | None = None,
+    **flags: Any,
+) -> list[float]:
+    """Worst relative differences of the module's step 0 and 1 from vLLM's, per output
+    (``flags`` edit the config the module is built from; ``mutate`` edits the module)."""
     ckpt = read_checkpoint(draft)
     ckpt.config.update(flags)
     model = load_draft_module(ckpt).float()
+    if mutate is not None:
+        mutate(model)
     aux = records["fc_input.0"]
     tokens = records["call0.input_ids"].long()
     length = len(tokens)
@@ -137,6 +156,58 @@ def test_module_equals_vllms_drafter(tmp_path: Path, form: str, flags: dict[str,
         assert max(flipped) > 100 * TOLERANCE, (change, flipped)
 
 
+def _mla_draft(folder: Path, **changes: Any) -> Path:
+    """A random MLA draft of the toy draft's shape; every norm weight far from 1 (a skipped
+    norm shows)."""
+    config = json.loads((TOY / "draft" / "config.json").read_text()) | MLA_ENGINE | changes
+    write_random_draft(folder, config, seed=11)
+    _distinct_norms(folder, step=0.1)  # the values the README's MLA numbers were measured with
+    return folder
+
+
+def _skip(module: str) -> Callable[[Eagle3Draft], None]:
+    """A module edit that drops one MLA norm (replaced by the identity)."""
+
+    def mutate(model: Eagle3Draft) -> None:
+        setattr(model.midlayer.self_attn, module, torch.nn.Identity())
+
+    return mutate
+
+
+MLA_CASES = {
+    # DeepSeek YaRN (cos/sin scaled by the mscale ratio 1.069, the softmax by
+    # mscale_all_dim's 1.069**2), fc_norm
+    "yarn": {"fc_norm": True, "norm_before_residual": False},
+    # both residual/output variants
+    "yarn-norms": {"norm_before_residual": True, "norm_output": True},
+}
+MLA_BREAKS: dict[str, list[dict[str, Any]]] = {
+    "yarn": [
+        {"rope_parameters": MLA_YARN | {"mscale_all_dim": 0.0}},  # the softmax mscale skipped
+        {"rope_parameters": MLA_YARN | {"mscale": 0.5}},  # cos/sin mscale ratio 1 (skipped)
+        {"rope_parameters": MLA_YARN | {"factor": 1.0}},  # no YaRN (plain RoPE frequencies)
+        {"mutate": _skip("q_a_layernorm")},
+        {"norm_before_residual": True},
+    ],
+    "yarn-norms": [{"norm_before_residual": False}, {"norm_output": False}],
+}
+
+
+@pytest.mark.parametrize("case", sorted(MLA_CASES))
+def test_mla_module_equals_vllms_drafter(mla_target: Path, tmp_path: Path, case: str) -> None:
+    """An MLA draft (Eagle3DeepseekV2ForCausalLM) behind a dense DeepSeek-V3 target, both MLA
+    in vLLM-CPU's MLA backend (SDPA prefill for step 0, its decode kernel with kv_b_proj
+    absorbed for step 1): the module's plain MLA math agrees to float32 rounding, and
+    skipping the kv norm, the YaRN mscale or a variant fails by far."""
+    draft = _mla_draft(tmp_path / "draft", **MLA_CASES[case])
+    records = _record(draft, tmp_path, mla_target)
+    diffs = _module_outputs(draft, records)
+    assert max(diffs) <= TOLERANCE, diffs
+    for change in [{"mutate": _skip("kv_a_layernorm")}, *MLA_BREAKS[case]]:
+        flipped = _module_outputs(draft, records, **change)
+        assert max(flipped) > 100 * TOLERANCE, (change, flipped)
+
+
 QWEN3 = {"architectures": ["Eagle3Qwen3ForCausalLM"], "model_type": "qwen3"}
 
 
@@ -148,19 +219,21 @@ QWEN3 = {"architectures": ["Eagle3Qwen3ForCausalLM"], "model_type": "qwen3"}
         ({"num_hidden_layers": 2}, False),
         ({"num_hidden_layers": 2}, True),
         (QWEN3 | {"num_hidden_layers": 2}, False),
+        (MLA_ENGINE, False),
     ],
-    ids=["plain-llama", "qwen3", "2-layers", "2-layers-speculators", "2-layers-qwen3"],
+    ids=["plain-llama", "qwen3", "2-layers", "2-layers-speculators", "2-layers-qwen3", "mla"],
 )
 def test_exported_draft_loads_as_inspect_predicts(
-    tmp_path: Path, form: dict[str, Any], in_speculators: bool
+    tmp_path: Path, form: dict[str, Any], in_speculators: bool, request: pytest.FixtureRequest
 ) -> None:
-    """A plain Llama config over EAGLE-3 tensors, a Qwen3 draft, and 2-layer drafts (legacy,
-    speculators, Qwen3), exported, served by a real engine: every layer built as inspect
-    predicts (each draft layer's linears FP8, fc and lm_head BF16), validate's check 3."""
+    """A plain Llama config over EAGLE-3 tensors, a Qwen3 draft, 2-layer drafts (legacy,
+    speculators, Qwen3) and an MLA draft (behind an MLA target), exported, served by a real
+    engine: every layer built as inspect predicts (each draft layer's linears FP8 but an MLA
+    draft's kv_b_proj, fc and lm_head BF16), validate's check 3."""
     from click.testing import CliRunner
 
     from eaglequant.cli import main
-    from eaglequant.validate.validate import ValidateRequest, layers_check, run_engine
+    from eaglequant.validate.validate import ValidateRequest, kept_bf16, layers_check, run_engine
 
     config = json.loads((TOY / "draft" / "config.json").read_text())
     verifier = str(TOY / "target") if in_speculators else None
@@ -170,13 +243,17 @@ def test_exported_draft_loads_as_inspect_predicts(
     assert result.exit_code == 0, result.output
     inspect = CliRunner().invoke(main, ["inspect", str(out), "--json", "--target-layers", "4"])
     fates = {f["vllm_name"]: f["quantized"] for f in json.loads(inspect.output)["fates"]}
-    request = ValidateRequest(
-        target=TOY / "target", draft=out, baseline=draft, prompts=[PROMPT], max_tokens=8
+    mla = "kv_lora_rank" in form
+    target = request.getfixturevalue("mla_target") if mla else TOY / "target"
+    validating = ValidateRequest(
+        target=target, draft=out, baseline=draft, prompts=[PROMPT], max_tokens=8
     )
-    engine = run_engine(request, out)
+    engine = run_engine(validating, out)
     assert engine["ok"], engine["log"][-3000:]
     layers = engine["result"]["draft_layers"]
-    assert layers_check(layers).passed, layers_check(layers).detail
+    check = layers_check(layers, kept_bf16(out))
+    assert check.passed, check.detail
+    assert kept_bf16(out) == ({"self_attn.kv_b_proj"} if mla else set())
     # inspect names layers as vLLM's prefixes (model.layers.4 after a 4-layer target); the
     # engine's module tree counts the draft's own list (model.layers.0, model.layers.1, …).
     fates = {
@@ -186,8 +263,11 @@ def test_exported_draft_loads_as_inspect_predicts(
     built = {layer["name"]: layer["weight_dtype"] == "float8_e4m3fn" for layer in layers}
     common = [name for name in fates if name in built]
     in_layers = [name for name in common if ".layers." in name]
-    assert len(in_layers) == 4 * form.get("num_hidden_layers", 1), (sorted(fates), sorted(built))
+    per_layer = 6 if mla else 4  # MLA: fused_qkv_a_proj, q_b_proj, kv_b_proj, o_proj, MLP's two
+    layer_count = form.get("num_hidden_layers", 1)
+    assert len(in_layers) == per_layer * layer_count, (sorted(fates), sorted(built))
     assert len(common) >= len(in_layers) + 1, (sorted(fates), sorted(built))  # and model.fc
+    assert not mla or len(common) == len(fates) == 8, (sorted(fates), sorted(built))
     assert {n: built[n] for n in common} == {n: fates[n] for n in common}
     assert built["model.fc"] is False and any(built.values())
 
@@ -208,13 +288,14 @@ def _layer_forgets_keys(
     return LATER_FORWARD(self, stream, positions, ([], []), *rest)
 
 
-def _distinct_norms(draft: Path, drop: tuple[str, ...] = ()) -> None:
-    """Every norm weight far from 1 and different from every other (a swap would show)."""
+def _distinct_norms(draft: Path, drop: tuple[str, ...] = (), step: float = 0.05) -> None:
+    """Every norm weight far from 1 and different from every other (a swap would show): the
+    i-th norm by name ``linspace(0.25, 2.0) + step * i``."""
     path = draft / "model.safetensors"
     tensors = {k: v for k, v in load_file(str(path)).items() if k not in drop}
     norms = [name for name in sorted(tensors) if "norm" in name]
     for i, name in enumerate(norms):
-        tensors[name] = (torch.linspace(0.25, 2.0, tensors[name].numel()) + 0.05 * i).to(
+        tensors[name] = (torch.linspace(0.25, 2.0, tensors[name].numel()) + step * i).to(
             torch.bfloat16
         )
     save_file(tensors, str(path), metadata={"format": "pt"})

@@ -1,7 +1,7 @@
 """The draft forms the tool recognises, the forward variants its module runs, and what it refuses.
 
-Every form is made in code (tiny, random). What vLLM serves but the tool does not
-handle yet is refused by name, never read with the wrong math.
+Every form is made in code (tiny, random). What vLLM would not serve is refused with
+its reason, never read with the wrong math.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from eaglequant.devtools.synthetic import draft_config, write_random_draft
 from eaglequant.draft import dims_from_config, structure_problems
 from eaglequant.io.checkpoint import read_checkpoint
 from eaglequant.model.load import load_draft_module
-from tests.conftest import edit_config, tree_digest
+from tests.conftest import MLA, edit_config, tree_digest
 
 
 def _invoke(args: list[str]) -> tuple[int, str]:
@@ -48,13 +48,13 @@ def test_plain_llama_config_over_eagle3_tensors_exports_and_keeps_its_form(
     ("change", "message"),
     [
         (
-            {"architectures": ["Eagle3DeepseekV3ForCausalLM"]},
-            "is an MLA EAGLE-3 draft, which vLLM serves but eaglequant does not handle yet",
+            {"architectures": ["Eagle3DeepseekV3ForCausalLM"], "model_type": "deepseek_v3"},
+            "vLLM 0.32 serves an MLA EAGLE-3 draft only as 'deepseek_v2'",
         ),
         ({"architectures": ["MistralForCausalLM"]}, "is not an EAGLE-3 Llama draft"),
     ],
 )
-def test_forms_vllm_serves_but_the_tool_does_not_are_refused_by_name(
+def test_forms_vllm_would_not_serve_are_refused_with_its_reason(
     tiny_draft: Path, tmp_path: Path, change: dict, message: str
 ) -> None:
     edit_config(tiny_draft, **change)
@@ -223,7 +223,7 @@ def test_inspect_names_every_layer_of_a_multi_layer_draft(tmp_path: Path, form: 
             lambda t: t.__setitem__(
                 "layers.2.mlp.down_proj.weight", t["layers.1.mlp.down_proj.weight"].clone()
             ),
-            "tensor 'layers.2.mlp.down_proj.weight': is not part of an EAGLE-3 Llama draft "
+            "tensor 'layers.2.mlp.down_proj.weight': is not part of this EAGLE-3 draft's form "
             "(vLLM would refuse to load it)",
         ),
         (
@@ -372,15 +372,20 @@ FORMS = {
     "2-layers-qwen3": {"architectures": ["Eagle3Qwen3ForCausalLM"], "model_type": "qwen3"}
     | {"num_hidden_layers": 2, "attention_bias": True},
     "3-layers-speculators": {"num_hidden_layers": 3, "norm_before_residual": True},
+    "mla": MLA,
+    "plain-deepseek-v2": MLA | {"architectures": ["DeepseekV2ForCausalLM"]},
 }
+# An MLA draft's kv_b_proj stays BF16 (vLLM splits it into W_UK/W_UV, see mla_draft.py).
+KV_B_PROJ = "re:(.*\\.)?layers\\.\\d+\\.self_attn\\.kv_b_proj$"
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("form", sorted(FORMS))
 def test_export_of_each_form_tensor_by_tensor(tmp_path: Path, form: str) -> None:
     """Every form exported: the same stored names, every layer's linears FP8 with per-tensor
-    weight scales max|W|/448 (dequantized within one FP8 step), every other tensor
-    byte-identical, the config the input's plus the quantization config."""
+    weight scales max|W|/448 (dequantized within one FP8 step), every other tensor (an MLA
+    draft's kv_b_proj too) byte-identical, the config the input's plus the quantization
+    config."""
     verifier = "target" if "speculators" in form else None
     config = draft_config(**FORMS[form])
     draft = write_random_draft(tmp_path / "d", config, seed=8, speculators_verifier=verifier)
@@ -389,7 +394,10 @@ def test_export_of_each_form_tensor_by_tensor(tmp_path: Path, form: str) -> None
     assert code == 0, output
     source, written = read_checkpoint(draft), read_checkpoint(out)
     linears = dims_from_config(source.config).linears
-    assert len(linears) == 7 * config["num_hidden_layers"]
+    assert len(linears) == 7 * config["num_hidden_layers"]  # an MLA layer's: all but kv_b_proj
+    mla = "kv_lora_rank" in FORMS[form]
+    assert ("midlayer.self_attn.kv_b_proj.weight" in source.tensors) == mla
+    assert "midlayer.self_attn.kv_b_proj" not in linears
     quantized = {f"{name}.weight" for name in linears}
     for name, info in source.tensors.items():
         assert written.tensors[name].name == info.name
@@ -408,5 +416,6 @@ def test_export_of_each_form_tensor_by_tensor(tmp_path: Path, form: str) -> None
         f"{n}{s}" for n in linears for s in (".weight_scale", ".input_scale")
     }
     config = json.loads((out / "config.json").read_text())
-    assert config.pop("quantization_config")["exclude"] == ["re:.*fc.*", "re:.*lm_head.*"]
+    kept = [KV_B_PROJ] if mla else []
+    assert config.pop("quantization_config")["exclude"] == ["re:.*fc.*", "re:.*lm_head.*", *kept]
     assert config == json.loads((draft / "config.json").read_text())

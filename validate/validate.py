@@ -43,6 +43,7 @@ from eaglequant.engine.config import (
 )
 from eaglequant.engine.process import ChildRun, run_child
 from eaglequant.errors import EngineFailed, InputError
+from eaglequant.exclusions import predict_fates
 from eaglequant.io.checkpoint import read_checkpoint
 from eaglequant.io.records import jsonl_records, read_utf8
 from eaglequant.manifest import MANIFEST_FILE, read_json_object
@@ -283,7 +284,7 @@ def _engine_checks(request: ValidateRequest, engines: dict[str, dict[str, Any]])
             request.tie_margin,
         ),
         _acceptance_check(request, engines),
-        layers_check(engines["fp8"]["result"]["draft_layers"]),
+        layers_check(engines["fp8"]["result"]["draft_layers"], kept_bf16(request.draft)),
         _log_check(engines["fp8"]["log"]),
         _per_position(engines),
     ]
@@ -307,11 +308,23 @@ def _acceptance_check(request: ValidateRequest, engines: dict[str, dict[str, Any
     return Check("2 acceptance", passed, detail, {"fp8": fp8, "bf16": bf16, "ratio": ratio})
 
 
-def layers_check(layers: list[dict[str, Any]]) -> Check:
+def kept_bf16(draft: Path) -> frozenset[str]:
+    """The draft layer's linears inspect predicts BF16 (an MLA draft's ``self_attn.kv_b_proj``),
+    named within the layer (vLLM's layer index differs between its weights and its modules)."""
+    fates = predict_fates(read_checkpoint(draft).config)
+    return frozenset(
+        f.vllm_name.split(".", 3)[3] for f in fates if not f.quantized and ".layers." in f.vllm_name
+    )
+
+
+def layers_check(layers: list[dict[str, Any]], kept: frozenset[str] = frozenset()) -> Check:
+    """vLLM's drafter as built: fc, lm_head and the ``kept`` layer linears unquantized, every
+    other layer linear QuarkW8A8Fp8 with finite positive scales."""
     problems = []
     for layer in layers:
         name, method = layer["name"], layer["quant_method"]
-        if name in ("model.fc", "lm_head", "model.embed_tokens"):
+        within = name.split(".", 3)[3] if ".layers." in name else None
+        if name in ("model.fc", "lm_head", "model.embed_tokens") or within in kept:
             if not method.startswith("Unquantized") or layer["weight_dtype"] == "float8_e4m3fn":
                 problems.append(
                     f"{name} built as {layer['scheme'] or method} ({layer['weight_dtype']})"
@@ -329,7 +342,7 @@ def layers_check(layers: list[dict[str, Any]]) -> Check:
     detail = (
         "fc, lm_head unquantized; every draft layer's projections QuarkW8A8Fp8 with finite "
         "positive scales"
-    )
+    ) + (f" but for {', '.join(sorted(kept))} (BF16 as predicted)" if kept else "")
     if problems:
         detail = "; ".join(problems)
     return Check("3 layers", not problems, detail, {"layers": layers})

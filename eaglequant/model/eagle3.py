@@ -1,6 +1,8 @@
 """The EAGLE-3 draft as a torch module whose forward matches vLLM's ``llama_eagle3.py``.
 
-A Qwen3 draft (``qwen3_eagle3.py``) is the same layer with ``q_norm``/``k_norm`` per head.
+A Qwen3 draft (``qwen3_eagle3.py``) is the same layer with ``q_norm``/``k_norm`` per head;
+an MLA draft (``deepseek_eagle3.py``) the same layer with multi-head latent attention
+(:mod:`eaglequant.model.mla`).
 
 Module names equal the checkpoint's tensor names (``midlayer.self_attn.q_proj``,
 ``fc``, ``lm_head``, …), so Quark's layer names, the checkpoint and this code
@@ -40,6 +42,8 @@ from transformers import LlamaConfig, PreTrainedModel
 
 from eaglequant.draft import DraftDims, dims_from_config
 from eaglequant.model import compute
+from eaglequant.model.mla import MlaAttention
+from eaglequant.model.norm import RMSNorm
 
 MICRO_BATCH_TOKENS = 512  # tokens per unrolled forward in calibration and measurement
 
@@ -60,19 +64,6 @@ class UpcastLinear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return compute.upcast_linear(x, self.weight)
-
-
-class RMSNorm(nn.Module):
-    def __init__(self, size: int, eps: float) -> None:
-        super().__init__()
-        self.weight = nn.Parameter(torch.ones(size))
-        self.eps = eps
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        dtype = x.dtype
-        x32 = x.float()
-        x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
-        return (self.weight.float() * x32).to(dtype)
 
 
 class Attention(nn.Module):
@@ -156,7 +147,11 @@ class MidLayer(nn.Module):
         self.input_layernorm = RMSNorm(dims.hidden, dims.rms_norm_eps)
         self.hidden_norm = RMSNorm(dims.hidden, dims.rms_norm_eps) if first else None
         self.post_attention_layernorm = RMSNorm(dims.hidden, dims.rms_norm_eps)
-        self.self_attn = Attention(dims, first)
+        self.self_attn: Attention | MlaAttention = (
+            Attention(dims, first)
+            if dims.mla is None  # an MLA draft has one layer (mla_draft refuses more)
+            else MlaAttention(dims.hidden, dims.heads, dims.mla, dims.rms_norm_eps)
+        )
         self.mlp = MLP(dims)
 
     def attend(

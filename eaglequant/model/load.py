@@ -16,9 +16,10 @@ from __future__ import annotations
 import mmap
 
 import torch
+from torch import nn
 from transformers import LlamaConfig
 
-from eaglequant.draft import FIRST_LAYER, dims_from_config, layer_linears
+from eaglequant.draft import FIRST_LAYER, dims_from_config
 from eaglequant.errors import InputError
 from eaglequant.io.checkpoint import Checkpoint
 from eaglequant.io.layout import torch_dtypes
@@ -71,11 +72,11 @@ def load_reference_layer(ckpt: Checkpoint, prefix: str) -> MidLayer:
     """
     with torch.device("meta"):
         layer = MidLayer(dims_from_config(ckpt.config), first=prefix == FIRST_LAYER)
-    for name in layer_linears(prefix):
-        parent, child = name.removeprefix(f"{prefix}.").rsplit(".", 1)
-        setattr(
-            layer.get_submodule(parent), child, UpcastLinear(ckpt.load_tensor(f"{name}.weight"))
-        )
+    linears = [n for n, m in layer.named_modules() if isinstance(m, nn.Linear)]
+    for name in linears:  # every linear of the layer's form (an MLA draft's kv_b_proj too)
+        parent, child = name.rsplit(".", 1)
+        weight = ckpt.load_tensor(f"{prefix}.{name}.weight")
+        setattr(layer.get_submodule(parent), child, UpcastLinear(weight))
     norms = {n: _load(ckpt, f"{prefix}.{n}") for n in layer.state_dict() if "norm" in n}
     layer.load_state_dict(norms, strict=False, assign=True)
     return layer.eval()
