@@ -22,6 +22,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from eaglequant.mla_draft import MlaDims, Rope, yarn_mscale
+from eaglequant.model import compute
 from eaglequant.model.norm import RMSNorm
 
 
@@ -42,15 +43,24 @@ class MlaAttention(nn.Module):
         self.o_proj = nn.Linear(heads * mla.v_head_dim, hidden, bias=False)
 
     def project(
-        self, x: torch.Tensor, positions: torch.Tensor
+        self, x: torch.Tensor, positions: torch.Tensor, gemm_dtype: torch.dtype | None = None
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Queries, keys (batch, heads, seq, qk_head_dim) and values (…, v_head_dim)."""
+        """Queries, keys (batch, heads, seq, qk_head_dim) and values (…, v_head_dim).
+
+        ``gemm_dtype``: the linears compute as vLLM's in it (None: as they are).
+        """
         b, t, _ = x.shape
         mla, heads = self.mla, self.heads
         nope, rope = mla.qk_nope_head_dim, mla.qk_rope_head_dim
-        q = self.q_b_proj(self.q_a_layernorm(self.q_a_proj(x))).view(b, t, heads, mla.qk_head_dim)
-        latent, k_pe = self.kv_a_proj_with_mqa(x).split([mla.kv_lora_rank, rope], dim=-1)
-        kv = self.kv_b_proj(self.kv_a_layernorm(latent)).view(b, t, heads, nope + mla.v_head_dim)
+
+        def linear(module: nn.Module, inputs: torch.Tensor) -> torch.Tensor:
+            return compute.module_linear(module, inputs, gemm_dtype)
+
+        q = linear(self.q_b_proj, self.q_a_layernorm(linear(self.q_a_proj, x)))
+        q = q.view(b, t, heads, mla.qk_head_dim)
+        latent, k_pe = linear(self.kv_a_proj_with_mqa, x).split([mla.kv_lora_rank, rope], dim=-1)
+        kv = linear(self.kv_b_proj, self.kv_a_layernorm(latent))
+        kv = kv.view(b, t, heads, nope + mla.v_head_dim)
         k_nope, v = kv.split([nope, mla.v_head_dim], dim=-1)
         cos, sin = rope_cos_sin(mla.rope, rope, positions)  # (b, t, rope)
         q_pe = rotate_interleaved(q[..., nope:], cos[:, :, None], sin[:, :, None])
@@ -60,11 +70,16 @@ class MlaAttention(nn.Module):
         return q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
 
     def attend(
-        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        mask: torch.Tensor,
+        gemm_dtype: torch.dtype | None = None,
     ) -> torch.Tensor:
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=self.scale)
         b, _, t, _ = out.shape
-        return self.o_proj(out.transpose(1, 2).reshape(b, t, self.heads * self.mla.v_head_dim))
+        return compute.module_linear(self.o_proj, out.transpose(1, 2).reshape(b, t, -1), gemm_dtype)
 
 
 def rope_cos_sin(
