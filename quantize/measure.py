@@ -55,10 +55,12 @@ class SimulatedFp8Linear(nn.Module):
         weight_scale: torch.Tensor,
         input_scale: torch.Tensor | None,
         per_token: bool,
+        bias: torch.Tensor | None = None,
     ) -> None:
         super().__init__()
         scale = weight_scale.float()
         self.register_buffer("weight", weight)
+        self.bias = None if bias is None else bias.float()
         self.register_buffer("weight_scale", scale.reshape(-1) if scale.numel() > 1 else scale)
         self.input_scale = input_scale.float() if input_scale is not None else None
         self.per_token = per_token
@@ -71,7 +73,8 @@ class SimulatedFp8Linear(nn.Module):
             scale = x.abs().amax(-1, keepdim=True).clamp_min(1e-12) / FP8_E4M3_MAX
         else:
             scale = x.abs().amax().clamp_min(1e-12) / FP8_E4M3_MAX
-        return compute.fp8_linear(fp8_values(x, scale), self.weight) * (scale * self.weight_scale)
+        out = compute.fp8_linear(fp8_values(x, scale), self.weight) * (scale * self.weight_scale)
+        return out if self.bias is None else out + self.bias
 
 
 def simulated_fp8_draft(
@@ -90,6 +93,7 @@ def simulated_fp8_draft(
             tensors[f"{name}.weight_scale"],
             tensors.get(f"{name}.input_scale"),
             per_token=recipe.activation.granularity == "per_token",
+            bias=getattr(bf16.get_submodule(name), "bias", None),
         )
         setattr(model.get_submodule(parent), child, module)
     return model

@@ -16,9 +16,9 @@ from click.testing import CliRunner
 
 from eaglequant.cli import main
 from eaglequant.devtools.synthetic import draft_config, write_random_draft
-from eaglequant.draft import dims_from_config, structure_problems
+from eaglequant.draft import FIRST_LAYER, dims_from_config, structure_problems
 from eaglequant.io.checkpoint import read_checkpoint
-from eaglequant.model.load import load_draft_module
+from eaglequant.model.load import load_draft_module, load_reference_layer
 from tests.conftest import MLA, edit_config, tree_digest
 
 
@@ -355,6 +355,38 @@ def test_attention_bias_reaches_the_module_and_passes_through_export(tmp_path: P
         name = f"midlayer.self_attn.{proj}.bias"
         assert written.read_raw(name) == source.read_raw(name)
         assert written.tensors[f"midlayer.self_attn.{proj}.weight"].dtype == "F8_E4M3"
+
+
+def test_the_measurement_layers_carry_the_biases(tmp_path: Path) -> None:
+    """The held-out measurement's reference layer (as stored) and its simulated FP8 copy add
+    the q/k/v/o biases too: without them both would describe a network vLLM does not run."""
+    from eaglequant.quantize.measure import simulated_fp8_draft
+    from eaglequant.recipe import FP8_E4M3_MAX, load_recipe
+
+    draft = write_random_draft(tmp_path / "d", draft_config(attention_bias=True), seed=6)
+    ckpt = read_checkpoint(draft)
+    model = load_draft_module(ckpt).float()
+    reference = load_reference_layer(ckpt, FIRST_LAYER)
+    x = torch.randn(2, 3, 2 * model.dims.hidden, generator=torch.manual_seed(0))
+    projections = ("q_proj", "k_proj", "v_proj")
+    for proj in projections:
+        exact = model.midlayer.self_attn.get_submodule(proj)
+        torch.testing.assert_close(reference.self_attn.get_submodule(proj)(x), exact(x))
+    tensors = {}
+    for name in model.dims.linears:
+        weight = model.get_submodule(name).weight
+        scale = weight.abs().amax() / FP8_E4M3_MAX
+        tensors[f"{name}.weight"] = (weight / scale).to(torch.float8_e4m3fn)
+        tensors[f"{name}.weight_scale"] = scale
+    fp8 = simulated_fp8_draft(model, tensors, load_recipe("ptpc-fp8"))
+    without = simulated_fp8_draft(model, tensors, load_recipe("ptpc-fp8"))
+    for proj in projections:
+        without.midlayer.self_attn.get_submodule(proj).bias = None
+        bias = model.midlayer.self_attn.get_submodule(proj).bias
+        added = fp8.midlayer.self_attn.get_submodule(proj)(x)
+        torch.testing.assert_close(
+            added - without.midlayer.self_attn.get_submodule(proj)(x), bias.expand_as(added)
+        )
 
 
 FORMS = {

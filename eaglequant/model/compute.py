@@ -116,11 +116,13 @@ def weight_blocks(weight: torch.Tensor, dtype: torch.dtype) -> Iterator[tuple[sl
         yield rows, buffer[: block.shape[0]].copy_(block)
 
 
-def upcast_linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    """``F.linear(x, weight)`` in ``x``'s dtype, a block of weight rows at a time."""
+def upcast_linear(
+    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
+) -> torch.Tensor:
+    """``F.linear(x, weight, bias)`` in ``x``'s dtype, a block of weight rows at a time."""
     out = x.new_empty(*x.shape[:-1], weight.shape[0])
     for rows, block in weight_blocks(weight, x.dtype):
-        out[..., rows] = F.linear(x, block)
+        out[..., rows] = F.linear(x, block, None if bias is None else bias[rows].to(x.dtype))
     return out
 
 

@@ -58,12 +58,13 @@ class FileMappings(list[mmap.mmap]):
 class UpcastLinear(nn.Module):
     """A linear layer stored in low precision (BF16) that computes in its input's dtype."""
 
-    def __init__(self, weight: torch.Tensor) -> None:
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None) -> None:
         super().__init__()
         self.weight = nn.Parameter(weight, requires_grad=False)
+        self.bias = None if bias is None else nn.Parameter(bias, requires_grad=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return compute.upcast_linear(x, self.weight)
+        return compute.upcast_linear(x, self.weight, self.bias)
 
 
 class Attention(nn.Module):

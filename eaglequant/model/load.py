@@ -72,11 +72,12 @@ def load_reference_layer(ckpt: Checkpoint, prefix: str) -> MidLayer:
     """
     with torch.device("meta"):
         layer = MidLayer(dims_from_config(ckpt.config), first=prefix == FIRST_LAYER)
-    linears = [n for n, m in layer.named_modules() if isinstance(m, nn.Linear)]
-    for name in linears:  # every linear of the layer's form (an MLA draft's kv_b_proj too)
+    linears = {n: m for n, m in layer.named_modules() if isinstance(m, nn.Linear)}
+    for name, module in linears.items():  # every linear of the form (an MLA kv_b_proj too)
         parent, child = name.rsplit(".", 1)
         weight = ckpt.load_tensor(f"{prefix}.{name}.weight")
-        setattr(layer.get_submodule(parent), child, UpcastLinear(weight))
+        bias = None if module.bias is None else ckpt.load_tensor(f"{prefix}.{name}.bias")
+        setattr(layer.get_submodule(parent), child, UpcastLinear(weight, bias))
     norms = {n: _load(ckpt, f"{prefix}.{n}") for n in layer.state_dict() if "norm" in n}
     layer.load_state_dict(norms, strict=False, assign=True)
     return layer.eval()
