@@ -200,6 +200,16 @@ def test_engine_crash_is_a_failed_check_with_log_tail(
     assert report.engines["fp8"]["log_tail"].strip()
 
 
+def _diverged_fraction(ids: list[list[int]], other: dict) -> float:
+    """The share of generated tokens from each prompt's first difference between two runs on."""
+    apart = 0
+    for mine, theirs in zip(ids, other["token_ids"], strict=True):
+        pairs = enumerate(zip(mine, theirs, strict=False))
+        same = next((i for i, (x, y) in pairs if x != y), min(len(mine), len(theirs)))
+        apart += len(mine) - same
+    return apart / sum(len(mine) for mine in ids)
+
+
 def test_tensor_parallel_two_gives_the_same_outputs_and_acceptance(
     good_fp8: Path, shared_engines: dict, tmp_path: Path
 ) -> None:
@@ -235,10 +245,13 @@ def test_tensor_parallel_two_gives_the_same_outputs_and_acceptance(
         DEFAULT_TIE_MARGIN,
     )
     assert across.passed, across.detail
+    # Acceptance: within 0.05 over the tokens both runs share; past a prompt's first divergence
+    # the two runs draft for different text, where each step may differ by up to k (3) tokens.
     for role in ("bf16", "fp8"):
         tp2 = report["engines"][role]["acceptance"]["mean_length"]
         tp1 = acceptance(single[role]["result"]["metrics"])["mean_length"]
-        assert abs(tp2 - tp1) <= 0.05, (role, tp2, tp1)
+        apart = _diverged_fraction(report["engines"][role]["token_ids"], single[role]["result"])
+        assert abs(tp2 - tp1) <= 0.05 + 3 * apart, (role, tp2, tp1, apart)
     spec = {"model": str(good_fp8), "method": "eagle3", "num_speculative_tokens": 3}
     spec_json = json.dumps(spec | {"draft_tensor_parallel_size": 1})
     cpu_only = "--enforce-eager --max-model-len 1024 " if report["backend"] == "cpu" else ""
