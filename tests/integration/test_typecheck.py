@@ -1,4 +1,4 @@
-"""mypy sees quantize/ and validate/ under their installed names: an error planted there is found."""
+"""mypy sees quantize/ and validate/ under their installed names: a planted error is found."""
 
 from __future__ import annotations
 
