@@ -11,11 +11,11 @@ from __future__ import annotations
 import json
 import os
 import platform
-from importlib import metadata
 from pathlib import Path
 from typing import Any
 
 from eaglequant import __version__
+from eaglequant.environment import package_version
 from eaglequant.errors import InputError
 
 MANIFEST_FILE = "eaglequant.json"
@@ -37,7 +37,7 @@ def build_manifest(
     return {
         "tool": "eaglequant",
         "version": __version__,
-        "libraries": {name: _version(name) for name in LIBRARIES},
+        "libraries": {name: package_version(name) for name in LIBRARIES},
         "python": platform.python_version(),
         "source": str(source),
         "recipe": recipe,
@@ -48,13 +48,6 @@ def build_manifest(
         "timings_s": timings,
         "files": files,
     }
-
-
-def _version(name: str) -> str | None:
-    try:
-        return metadata.version(name)
-    except metadata.PackageNotFoundError:
-        return None
 
 
 def write_manifest(folder: Path, manifest: dict[str, Any]) -> None:
