@@ -58,6 +58,11 @@ from eaglequant.io.records import jsonl_records, read_utf8
 from eaglequant.manifest import MANIFEST_FILE, read_json_object
 from eaglequant.recipe import ValidationSpec, load_recipe
 from eaglequant.serving import speculative_config
+from eaglequant.validate.acceptance import (
+    AcceptanceThresholds,
+    engine_acceptance_checks,
+    prompt_counts,
+)
 from eaglequant.validate.check import Check
 from eaglequant.validate.lossless import (
     DEFAULT_MODE,
@@ -65,18 +70,9 @@ from eaglequant.validate.lossless import (
     TOP_LOGPROBS,
     lossless_check,
 )
+from eaglequant.validate.regression import NAME as REGRESSION
 from eaglequant.validate.regression import RunCounts, check_comparable, regression_check
-from eaglequant.validate.stats import (
-    DEFAULT_RESAMPLES,
-    DEFAULT_SEED,
-    Interval,
-    PromptCounts,
-    RatioIntervals,
-    bootstrap_ratios,
-    counts_mismatch,
-    judge,
-    overall_verdict,
-)
+from eaglequant.validate.stats import DEFAULT_RESAMPLES, DEFAULT_SEED, overall_verdict
 from eaglequant.validation_report import REPORT_KIND, SCHEMA_VERSION, prompts_digest
 
 LOG_TAIL_CHARS = 4000
@@ -315,7 +311,13 @@ def _engine_checks(request: ValidateRequest, engines: dict[str, dict[str, Any]])
             )
         ]
     target = engines["target"]["result"]
-    acceptance_check, per_position = _acceptance_checks(request, engines)
+    thresholds = AcceptanceThresholds(
+        min_acceptance_ratio=request.min_acceptance_ratio,
+        min_position_ratio=request.min_position_ratio,
+        resamples=request.resamples,
+        seed=request.seed,
+    )
+    acceptance_check, per_position = engine_acceptance_checks(engines, thresholds)
     return [
         lossless_check(
             target["token_ids"],
@@ -333,69 +335,6 @@ def _engine_checks(request: ValidateRequest, engines: dict[str, dict[str, Any]])
 
 def _exit_cause(engine: dict[str, Any]) -> str:
     return ChildRun(engine["returncode"], engine["timed_out"], engine["wall_s"]).cause()
-
-
-def prompt_counts(result: dict[str, Any]) -> list[PromptCounts]:
-    """A speculative run's per-prompt counts, held to the engine's own global counters."""
-    per_request = result.get("per_request")
-    if not per_request or any(p is None for p in per_request):
-        raise ValueError("vLLM reported no per-prompt spec-decode counts")
-    counts = [PromptCounts.from_json(p) for p in per_request]
-    mismatch = counts_mismatch(counts, result["metrics"])
-    if mismatch:
-        raise ValueError(f"per-prompt counts disagree with vLLM's counters: {mismatch}")
-    return counts
-
-
-def _acceptance_checks(
-    request: ValidateRequest, engines: dict[str, dict[str, Any]]
-) -> tuple[Check, Check]:
-    """Checks 2 and 5, from one paired bootstrap of the two drafts' per-prompt counts."""
-    try:
-        fp8, bf16 = (prompt_counts(engines[role]["result"]) for role in ("fp8", "bf16"))
-    except ValueError as exc:
-        return Check("2 acceptance", False, str(exc)), Check("5 per-position", False, str(exc))
-    ratios = bootstrap_ratios(
-        fp8, bf16, paired=True, resamples=request.resamples, seed=request.seed
-    )
-    metrics = {role: acceptance(engines[role]["result"]["metrics"]) for role in ("fp8", "bf16")}
-    return _mean_length(request, metrics, ratios), _per_position(request, metrics, ratios)
-
-
-def _mean_length(
-    request: ValidateRequest, metrics: dict[str, dict[str, Any]], ratios: RatioIntervals
-) -> Check:
-    fp8, bf16 = metrics["fp8"]["mean_length"], metrics["bf16"]["mean_length"]
-    threshold = request.min_acceptance_ratio
-    verdict = judge(ratios.mean_length, threshold)
-    detail = (
-        f"FP8 mean acceptance length {fp8:.3f} vs BF16 {bf16:.3f}: ratio "
-        f"{_judged(ratios.mean_length, threshold)}; {_method(ratios)}"
-    )
-    numbers = {
-        "fp8": fp8,
-        "bf16": bf16,
-        "ratio": ratios.mean_length.point,
-        "interval": ratios.mean_length.to_json(),
-        "threshold": threshold,
-        "prompts_needed": verdict.prompts_needed,
-    }
-    return Check.judged("2 acceptance", verdict.verdict, detail, numbers)
-
-
-def _judged(interval: Interval, threshold: float) -> str:
-    """``0.992 [0.983, 1.002] >= 0.98: PASS`` (INCONCLUSIVE with its prompt count)."""
-    return (
-        f"{interval.describe()}, required >= {threshold}: {judge(interval, threshold).describe()}"
-    )
-
-
-def _method(ratios: RatioIntervals) -> str:
-    interval = ratios.mean_length
-    return (
-        f"95% paired-bootstrap interval over {interval.prompts} prompts "
-        f"({interval.resamples} resamples, seed {interval.seed})"
-    )
 
 
 def kept_bf16(draft: Path) -> frozenset[str]:
@@ -448,40 +387,15 @@ def _log_check(log: str) -> Check:
     return Check("4 engine log", not hits, detail, {"warnings": hits[:10]})
 
 
-def _per_position(
-    request: ValidateRequest, metrics: dict[str, dict[str, Any]], ratios: RatioIntervals
-) -> Check:
-    """Each position's FP8/BF16 acceptance-rate ratio against the per-position ratio."""
-    fp8, bf16 = metrics["fp8"]["per_position"], metrics["bf16"]["per_position"]
-    threshold = request.min_position_ratio
-    verdicts = [judge(i, threshold) for i in ratios.per_position]
-    detail = "; ".join(
-        f"pos {p + 1}: FP8 {f:.3f} / BF16 {b:.3f}, ratio {_judged(i, threshold)}"
-        for p, (f, b, i) in enumerate(zip(fp8, bf16, ratios.per_position, strict=True))
-    )
-    numbers = {
-        "fp8": fp8,
-        "bf16": bf16,
-        "threshold": threshold,
-        "intervals": [i.to_json() for i in ratios.per_position],
-        "verdicts": [v.verdict for v in verdicts],
-        "prompts_needed": [v.prompts_needed for v in verdicts],
-    }
-    verdict = overall_verdict([v.verdict for v in verdicts])
-    return Check.judged("5 per-position", verdict, f"{detail}; {_method(ratios)}", numbers)
-
-
 def _regression(request: ValidateRequest, fp8: dict[str, Any]) -> Check:
     """Check 7 on this run's FP8 engine against the earlier report's."""
-    from eaglequant.validate.regression import NAME
-
     assert request.against is not None
     try:
         counts = prompt_counts(fp8["result"]) if fp8["ok"] else None
     except ValueError as exc:
-        return Check(NAME, False, str(exc))
+        return Check(REGRESSION, False, str(exc))
     if counts is None:
-        return Check(NAME, False, "the FP8 engine did not finish: nothing to compare")
+        return Check(REGRESSION, False, "the FP8 engine did not finish: nothing to compare")
     current = RunCounts(
         source="this run",
         k=request.k,

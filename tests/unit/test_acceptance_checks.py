@@ -9,9 +9,8 @@ import pytest
 from eaglequant.recipe import ValidationSpec
 from eaglequant.render.junit import junit_xml
 from eaglequant.render.reports import validation_markdown
+from eaglequant.validate.acceptance import AcceptanceThresholds, engine_acceptance_checks
 from eaglequant.validate.check import Check
-from eaglequant.validate.validate import ValidateRequest, _acceptance_checks
-from tests.conftest import TOY
 from tests.unit import recorded_counts as recorded
 
 
@@ -27,15 +26,13 @@ COARSE = engine(recorded.COARSE, recorded.COARSE_METRICS)
 RANDOM = engine(recorded.RANDOM, recorded.RANDOM_METRICS)
 
 
-def checks(fp8: dict[str, Any], **thresholds: float) -> tuple[Check, Check]:
-    request = ValidateRequest(
-        target=TOY / "target",
-        draft=TOY / "draft",
-        baseline=TOY / "draft",
-        prompts=["x"],
-        **thresholds,
+def checks(fp8: dict[str, Any], **changes: float) -> tuple[Check, Check]:
+    spec = ValidationSpec()
+    thresholds = AcceptanceThresholds(
+        min_acceptance_ratio=changes.get("min_acceptance_ratio", spec.min_acceptance_ratio),
+        min_position_ratio=changes.get("min_position_ratio", spec.min_position_ratio),
     )
-    return _acceptance_checks(request, {"bf16": BF16, "fp8": fp8})
+    return engine_acceptance_checks({"bf16": BF16, "fp8": fp8}, thresholds)
 
 
 def test_the_toy_export_passes_both_with_its_intervals() -> None:
@@ -63,8 +60,7 @@ def test_a_straddling_interval_is_inconclusive_and_not_passed() -> None:
     assert five.verdict == "PASS"
 
 
-def test_per_position_threshold_is_the_recipes() -> None:
-    assert ValidateRequest.min_position_ratio == ValidationSpec().min_position_ratio
+def test_each_position_is_judged_against_the_per_position_ratio() -> None:
     _, five = checks(FP8, min_position_ratio=1.0)
     assert five.numbers["verdicts"] == ["INCONCLUSIVE", "INCONCLUSIVE", "FAIL"]
     assert five.verdict == "FAIL" and "pos 3: FP8 0.635 / BF16 0.645" in five.detail
@@ -114,3 +110,17 @@ def test_inconclusive_renders_as_such_in_markdown_and_junit() -> None:
     assert "| 2 acceptance | INCONCLUSIVE |" in text and "| 5 per-position | PASS |" in text
     assert "**Validation INCONCLUSIVE (too few prompts to decide).**" in text
     assert '<failure message="INCONCLUSIVE: FP8 mean acceptance length' in junit_xml([report])
+
+
+def test_a_subset_of_prompts_is_judged_on_its_own() -> None:
+    """One category's prompts: the counts of those prompts alone, a wider interval."""
+    from eaglequant.validate.acceptance import acceptance_checks
+    from eaglequant.validate.stats import PromptCounts
+
+    half = [[PromptCounts(h, n) for h, n in rows[:16]] for rows in (recorded.FP8, recorded.BF16)]
+    thresholds = AcceptanceThresholds(min_acceptance_ratio=0.98, min_position_ratio=0.95)
+    two, _ = acceptance_checks(half[0], half[1], thresholds)
+    whole, _ = checks(FP8)
+    assert two.numbers["interval"]["prompts"] == 16 and "over 16 prompts" in two.detail
+    width = two.numbers["interval"]["high"] - two.numbers["interval"]["low"]
+    assert width > whole.numbers["interval"]["high"] - whole.numbers["interval"]["low"]
