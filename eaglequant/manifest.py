@@ -32,6 +32,7 @@ def build_manifest(
     timings: dict[str, float],
     files: dict[str, str],
     device: dict[str, Any],
+    command: str | None = None,
 ) -> dict[str, Any]:
     """Provenance: versions, recipe, calibration, per-layer numbers, file checksums."""
     return {
@@ -47,6 +48,7 @@ def build_manifest(
         "device": device,
         "timings_s": timings,
         "files": files,
+        "command": command,
     }
 
 

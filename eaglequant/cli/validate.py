@@ -8,7 +8,13 @@ from pathlib import Path
 
 import click
 
-from eaglequant.cli.options import PATH, engine_choice, engine_options, engine_settings
+from eaglequant.cli.options import (
+    PATH,
+    engine_choice,
+    engine_options,
+    engine_settings,
+    invocation,
+)
 from eaglequant.cli.options import capture_engine as capture_engine_for
 
 
@@ -126,6 +132,7 @@ def validate(
             capture_engine, "--capture-engine", engine_settings(tensor_parallel_size, engine_args)
         ),
         hidden_states=hidden_states,
+        command=invocation(),
     )
     report = run(request, progress=lambda m: click.echo(f"[eaglequant] {m}", err=True))
     data = report.to_json()
