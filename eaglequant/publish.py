@@ -3,17 +3,19 @@
 Before anything is sent, the folder must be what was proved: every file's sha256
 equals the export manifest, the validation report passed on exactly these files,
 and the card (``README.md``) was rendered from these files, that report and this
-repository id. Only the exported files, the manifest, the card and its plots are
-uploaded (the validation report stays local: it names this machine's paths; its
-results are in the card). The upload is one commit through ``huggingface_hub``
-(the repository is created when missing; the token comes from ``HF_TOKEN`` or
-``hf auth login``); files whose remote sha256 (LFS) or git blob id already equals
-the local bytes are not sent, and when none differs no commit is made.
+repository id. Uploaded are the exported files, the card and its plots, and the
+manifest with the paths it records as placeholders; the validation report stays
+local (it names this machine's paths; its results are in the card). The upload
+is one commit through ``huggingface_hub`` (the repository is created when
+missing; the token comes from ``HF_TOKEN`` or ``hf auth login``); files whose
+remote sha256 (LFS) or git blob id already equals the local bytes are not sent,
+and when none differs no commit is made.
 """
 
 from __future__ import annotations
 
 import hashlib
+import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -23,7 +25,15 @@ from eaglequant.binding import files_digest, manifest_files, verify_files
 from eaglequant.errors import InputError, PublishFailed
 from eaglequant.io.readback import CHUNK, sha256_file
 from eaglequant.manifest import MANIFEST_FILE, read_json_object
-from eaglequant.render.card import CARD_FILE, card_record, check_report_binding
+from eaglequant.provenance import ABSOLUTE_PATH
+from eaglequant.render.card import (
+    CARD_FILE,
+    calibration_source,
+    card_record,
+    check_report_binding,
+    local_paths,
+    replace_strings,
+)
 from eaglequant.render.reports import PLOTS
 
 VALIDATION_FILE = "validation.json"
@@ -48,6 +58,7 @@ class Upload:
     path: str  # relative to the folder, POSIX
     size: int
     sha256: str
+    data: bytes | None = None  # uploaded instead of the file (the path-free manifest)
 
 
 @dataclass
@@ -139,9 +150,35 @@ def check_folder(request: PublishRequest) -> tuple[list[Upload], str]:
                 f"{path}: not listed in the manifest; remove it (publish uploads only the "
                 "exported files, the manifest, the card and its plots) or re-export"
             )
+        if name == MANIFEST_FILE:
+            data = published_manifest(folder)
+            uploads.append(Upload(name, len(data), hashlib.sha256(data).hexdigest(), data))
+            continue
         digest = files.get(name) or sha256_file(path)
         uploads.append(Upload(name, path.stat().st_size, digest))
     return uploads, verdict_text(report)
+
+
+def published_manifest(folder: Path) -> bytes:
+    """The manifest as uploaded: the paths it records (source draft, calibration inputs) as
+    placeholders, so the Hub copy names nothing of this machine."""
+    manifest = read_json_object(folder / MANIFEST_FILE, "export manifest")
+    source = str(manifest.get("source") or "")
+    replacements = [(source, "<BF16_DRAFT>"), (str(Path(source).resolve()), "<BF16_DRAFT>")]
+    replacements = [(p, n) for p, n in replacements if "/" in p]
+    replacements += [(p, "<PATH>") for p in local_paths(folder, manifest, None, None)]
+    replacements.sort(key=lambda pair: len(pair[0]), reverse=True)
+    cleaned = replace_strings(manifest, replacements)
+    if source:
+        cleaned["source"] = "<BF16_DRAFT>"
+    calibration = cleaned.get("calibration") or {}
+    if calibration:
+        calibration["source"] = calibration_source(manifest["calibration"])
+    capture = calibration.get("capture") or {}
+    for key, name in (("target", "<TARGET>"), ("data", "<CALIB_DATA>")):
+        if capture.get(key):
+            capture[key] = name
+    return ABSOLUTE_PATH.sub("<PATH>", json.dumps(cleaned, indent=2) + "\n").encode()
 
 
 def _check_card(folder: Path, repo_id: str, files: dict[str, str], validation: Path) -> None:
@@ -172,8 +209,10 @@ def commit_message(verdict: str) -> str:
     return f"Upload FP8 EAGLE-3 draft (eaglequant {__version__}, {verdict})"
 
 
-def git_blob_id(path: Path) -> str:
+def git_blob_id(path: Path, data: bytes | None = None) -> str:
     """The git blob id (sha1 of ``blob <size>\\0`` + bytes): a regular file's id on the Hub."""
+    if data is not None:
+        return hashlib.sha1(f"blob {len(data)}\0".encode() + data).hexdigest()
     digest = hashlib.sha1(f"blob {path.stat().st_size}\0".encode())
     with path.open("rb") as handle:
         while chunk := handle.read(CHUNK):
@@ -196,8 +235,12 @@ def _upload(request: PublishRequest, result: PublishResult) -> None:
     if not result.changed:
         return
     operations = [
-        CommitOperationAdd(path_in_repo=name, path_or_fileobj=str(request.folder / name))
-        for name in result.changed
+        CommitOperationAdd(
+            path_in_repo=u.path,
+            path_or_fileobj=u.data if u.data is not None else str(request.folder / u.path),
+        )
+        for u in result.files
+        if u.path in result.changed
     ]
     digest = files_digest({u.path: u.sha256 for u in result.files})
     info = api.create_commit(
@@ -232,4 +275,4 @@ def _same(folder: Path, upload: Upload, remote: dict[str, Any]) -> bool:
         return False
     if entry.lfs is not None:
         return bool(entry.lfs.sha256 == upload.sha256)
-    return bool(entry.blob_id == git_blob_id(folder / upload.path))
+    return bool(entry.blob_id == git_blob_id(folder / upload.path, upload.data))

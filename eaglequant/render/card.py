@@ -255,7 +255,7 @@ def public(data: dict[str, Any], names: PublicNames, local: list[str]) -> dict[s
             replacements += [(path, name), (str(Path(path).resolve()), name)]
     replacements += [(path, "<PATH>") for path in local]
     replacements.sort(key=lambda pair: len(pair[0]), reverse=True)
-    cleaned = _replace(_without_run_env(data), replacements)
+    cleaned = replace_strings(_without_run_env(data), replacements)
     return cleaned | {k: name for k, name in named.items() if isinstance(data.get(k), str)}
 
 
@@ -270,15 +270,16 @@ def _without_run_env(data: Any) -> Any:
     return data
 
 
-def _replace(data: Any, replacements: list[tuple[str, str]]) -> Any:
+def replace_strings(data: Any, replacements: list[tuple[str, str]]) -> Any:
+    """``data`` (JSON-like) with each (old, new) substring replaced in every string, in order."""
     if isinstance(data, str):
         for path, name in replacements:
             data = data.replace(path, name)
         return data
     if isinstance(data, dict):
-        return {k: _replace(v, replacements) for k, v in data.items()}
+        return {k: replace_strings(v, replacements) for k, v in data.items()}
     if isinstance(data, list):
-        return [_replace(v, replacements) for v in data]
+        return [replace_strings(v, replacements) for v in data]
     return data
 
 
@@ -327,7 +328,7 @@ def _calibration_section(manifest: dict[str, Any]) -> str:
     agreement = ", ".join(f"{a:.3f}" for a in manifest.get("top1_agreement_by_step") or [])
     return (
         "## Calibration\n\n"
-        f"Source: {_calibration_source(calib)}; {calib['tokens']} tokens over "
+        f"Source: {calibration_source(calib)}; {calib['tokens']} tokens over "
         f"{calib['speculative_steps']} "
         f"speculative steps; calibrated: {'yes' if calib['calibrated'] else 'NO (fixed range)'}."
         "\n\n"
@@ -342,7 +343,7 @@ def _fmt(value: float | None, spec: str, missing: str = "dynamic") -> str:
     return missing if value is None else format(value, spec)
 
 
-def _calibration_source(calib: dict[str, Any]) -> str:
+def calibration_source(calib: dict[str, Any]) -> str:
     """Where the calibration inputs came from, described without locating them."""
     engine = ((calib.get("capture") or {}).get("engine") or {}).get("name")
     on = f" ({engine})" if engine else ""

@@ -16,8 +16,9 @@ from click.testing import CliRunner
 
 from eaglequant import __version__
 from eaglequant.cli import main
+from eaglequant.publish import published_manifest
 from tests.conftest import REPO
-from tests.exported import Exported, flip_byte, make_exported
+from tests.exported import LOCAL_NAMES, Exported, flip_byte, make_exported
 from tests.hubstandin import HubStandIn, git_blob_id
 
 REPO_ID = "example/toy-eagle3-fp8"
@@ -84,6 +85,7 @@ def test_dry_run_lists_the_files_with_sizes(tmp_path: Path) -> None:
     manifest = json.loads((exported.folder / "eaglequant.json").read_text())
     names = sorted([*manifest["files"], "README.md", "eaglequant.json"])
     sizes = {n: (exported.folder / n).stat().st_size for n in names}
+    sizes["eaglequant.json"] = len(published_manifest(exported.folder))
     assert lines[0] == (
         f"would upload {len(names)} files ({sum(sizes.values())} bytes) to {REPO_ID}@main:"
     )
@@ -165,6 +167,7 @@ def test_publish_uploads_one_commit_then_nothing_changed(tmp_path: Path) -> None
             for p in exported.folder.iterdir()
             if p.is_file() and p.name != "validation.json"
         }
+        local["eaglequant.json"] = published_manifest(exported.folder)
         pushed = commits[-1]
         assert sorted(pushed.changed) == sorted(local)  # every file, in one commit
         assert lines[1] == f"committed {len(local)} of {len(local)} files to {REPO_ID}@main"
@@ -177,6 +180,18 @@ def test_publish_uploads_one_commit_then_nothing_changed(tmp_path: Path) -> None
                 assert entry.lfs_oid is None and entry.data == data, name
         assert {n for n in local if pushed.tree[n].lfs_oid} == set(exported.shards())
         assert not hub.repos[REPO_ID].private
+        manifest = json.loads(pushed.tree["eaglequant.json"].data or b"")
+        assert (
+            manifest["files"]
+            == json.loads((exported.folder / "eaglequant.json").read_text())["files"]
+        )
+        assert (
+            manifest["source"] == "<BF16_DRAFT>"
+            and manifest["calibration"]["capture"]["data"] == "<CALIB_DATA>"
+        )
+        published = b"".join(pushed.tree[n].data or b"" for n in ("README.md", "eaglequant.json"))
+        for name in (str(tmp_path), *LOCAL_NAMES):
+            assert name.encode() not in published, name
 
         code, output = publish_to(hub, exported.folder, tmp_path)
         assert code == 0, output
