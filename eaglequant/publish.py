@@ -228,6 +228,11 @@ def _upload(request: PublishRequest, result: PublishResult) -> None:
     try:
         api.repo_info(request.repo_id)
     except RepositoryNotFoundError:
+        if request.revision not in (None, "main"):
+            raise InputError(
+                f"{request.repo_id}: not on the Hub yet, so it has no branch "
+                f"{request.revision!r}; publish to main first"
+            ) from None
         api.create_repo(request.repo_id, private=request.private, exist_ok=True)
         result.created = True
     remote = _remote_files(api, request, [u.path for u in result.files])

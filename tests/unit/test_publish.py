@@ -263,3 +263,21 @@ def test_the_stand_in_rejects_bytes_that_do_not_match_their_oid() -> None:
         status, _, _ = hub.commit(hub.repos["o/r"], "main", [header, line], create_pr=False)
         assert status == 422 and len(hub.commits("o/r")) == 1
     assert git_blob_id(b"") == "e69de29bb2d1d6434b8b29ae775ad8c2e48c5391"  # git's empty blob
+
+
+def test_a_missing_branch_is_refused_and_no_repository_created(tmp_path: Path) -> None:
+    exported = carded(tmp_path)
+    with HubStandIn(TOKEN, lfs_threshold=LFS_THRESHOLD) as hub:
+        code, output = publish_to(hub, exported.folder, tmp_path, "--revision", "dev")
+        assert code == 2
+        assert output.splitlines()[-1] == (
+            f"error: {REPO_ID}: not on the Hub yet, so it has no branch 'dev'; "
+            "publish to main first"
+        )
+        assert hub.repos == {}
+        assert publish_to(hub, exported.folder, tmp_path)[0] == 0
+        code, output = publish_to(hub, exported.folder, tmp_path, "--revision", "dev")
+        assert code == 2
+        assert output.splitlines()[-1] == (
+            f"error: {REPO_ID}: no revision 'dev'; create the branch first or publish to main"
+        )
