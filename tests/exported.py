@@ -17,7 +17,8 @@ from pathlib import Path
 from eaglequant.binding import binding, folder_files
 from eaglequant.devtools.synthetic import draft_config, write_random_draft
 from eaglequant.environment import environment
-from eaglequant.manifest import build_manifest, write_manifest
+from eaglequant.io.readback import sha256_file
+from eaglequant.manifest import MANIFEST_FILE, build_manifest, write_manifest
 from eaglequant.provenance import command_string
 from eaglequant.recipe import load_recipe
 from eaglequant.validate.check import Check
@@ -158,3 +159,12 @@ def flip_byte(path: Path, offset: int = -1) -> None:
     data = bytearray(path.read_bytes())
     data[offset] ^= 0x01
     path.write_bytes(bytes(data))
+
+
+def rerecord(folder: Path) -> None:
+    """Record the folder's current bytes in its manifest, as an export that wrote them would
+    (for tests that edit an exported folder on purpose and then validate it)."""
+    path = folder / MANIFEST_FILE
+    manifest = json.loads(path.read_text())
+    manifest["files"] = {name: sha256_file(folder / name) for name in manifest["files"]}
+    path.write_text(json.dumps(manifest, indent=2) + "\n")
