@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -13,8 +14,9 @@ from eaglequant.binding import binding, bound_files, folder_files
 from eaglequant.cli import main
 from eaglequant.errors import InputError
 from eaglequant.provenance import command_string, machine_paths
+from eaglequant.render.reports import PLOTS
 from eaglequant.validate.validate import ValidateRequest, check_inputs
-from tests.conftest import TOY
+from tests.conftest import REPO, TOY
 from tests.exported import LOCAL_NAMES, Exported, flip_byte, make_exported
 
 REPO_ID = "example/toy-eagle3-fp8"
@@ -147,3 +149,20 @@ def test_command_string_replaces_every_path(tmp_path: Path) -> None:
         "eaglequant export <BF16_DRAFT> --calib-data=<CALIB_DATA> --recipe fp8-static "
         "--engine-arg 'download_dir=<PATH>' --note 'a b'"
     )
+
+
+def test_card_embeds_recorded_tune_results_without_their_paths(
+    exported: Exported, tmp_path: Path
+) -> None:
+    tune_dir = tmp_path / "tune-local"
+    shutil.copytree(REPO / "bench" / "results-tune" / "toy-target", tune_dir)
+    summary = json.loads((tune_dir / "results.json").read_text())
+    assert summary["target"].startswith("/")  # recorded on another machine, absolute
+    code, output = card(exported, "--tune", str(tune_dir))
+    assert code == 0, output
+    text = (exported.folder / "README.md").read_text()
+    assert machine_paths(text) == [] and str(Path(summary["target"]).parent) not in text
+    assert "## Tuning (`eaglequant tune`)" in text and "| concurrency |" in text
+    assert "# tune: the command line was not recorded" in text
+    for name in PLOTS:
+        assert (exported.folder / name).is_file() and f"]({name})" in text
