@@ -14,7 +14,9 @@ and when none differs no commit is made.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
+import importlib
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -99,16 +101,22 @@ def publish(request: PublishRequest) -> PublishResult:
         )
     try:
         _upload(request, result)
-    except InputError:
-        raise
-    except Exception as exc:
-        from huggingface_hub.errors import HfHubHTTPError
-
-        if not isinstance(exc, HfHubHTTPError | OSError | ValueError):
-            raise
+    except _upload_errors() as exc:
         message = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise PublishFailed(f"{request.repo_id}: the Hub refused the upload: {message}") from exc
+        raise PublishFailed(f"{request.repo_id}: the upload failed: {message}") from exc
     return result
+
+
+def _upload_errors() -> tuple[type[BaseException], ...]:
+    """What a failed upload raises: the Hub's errors and its HTTP client's (httpx2 for
+    huggingface_hub 2, httpx for 1; requests' errors are OSErrors)."""
+    from huggingface_hub.errors import HfHubHTTPError
+
+    errors: list[type[BaseException]] = [HfHubHTTPError, OSError, ValueError]
+    for module in ("httpx2", "httpx"):
+        with contextlib.suppress(ImportError, AttributeError):
+            errors.append(importlib.import_module(module).HTTPError)
+    return tuple(errors)
 
 
 def check_folder(request: PublishRequest) -> tuple[list[Upload], str]:

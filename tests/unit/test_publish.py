@@ -281,3 +281,12 @@ def test_a_missing_branch_is_refused_and_no_repository_created(tmp_path: Path) -
         assert output.splitlines()[-1] == (
             f"error: {REPO_ID}: no revision 'dev'; create the branch first or publish to main"
         )
+
+
+def test_an_unreachable_hub_is_one_line_and_exit_1(tmp_path: Path) -> None:
+    exported = carded(tmp_path)
+    with HubStandIn(TOKEN) as hub:
+        pass  # stopped: nothing listens at hub.url any more
+    code, output = publish_to(hub, exported.folder, tmp_path)
+    assert code == 1
+    assert output.splitlines()[-1].startswith(f"error: {REPO_ID}: the upload failed: ")
