@@ -48,7 +48,7 @@ from eaglequant.errors import EngineFailed, InputError
 from eaglequant.exclusions import predict_fates
 from eaglequant.io.checkpoint import read_checkpoint
 from eaglequant.io.records import jsonl_records, read_utf8
-from eaglequant.manifest import MANIFEST_FILE, read_json_object
+from eaglequant.manifest import MANIFEST_FILE, read_manifest
 from eaglequant.recipe import ValidationSpec, load_recipe
 from eaglequant.serving import speculative_config
 from eaglequant.validate.check import Check
@@ -133,8 +133,10 @@ def validation_spec(draft: Path, recipe: str | None) -> ValidationSpec:
     manifest = draft / MANIFEST_FILE
     if not manifest.is_file():
         return load_recipe().validation
-    block = read_json_object(manifest, "export manifest").get("recipe", {}).get("validation")
+    block = read_manifest(draft).get("recipe", {}).get("validation")
     try:
+        if not isinstance(block, dict):
+            raise TypeError(block)
         return ValidationSpec(**block)
     except TypeError as exc:
         raise InputError(

@@ -19,6 +19,7 @@ import os
 import re
 import shutil
 import tempfile
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -31,7 +32,7 @@ from eaglequant.errors import InputError
 from eaglequant.exclusions import predict_fates
 from eaglequant.io.checkpoint import read_checkpoint
 from eaglequant.io.readback import sha256_file
-from eaglequant.manifest import read_json_object, read_manifest
+from eaglequant.manifest import Manifest, read_json_object, read_manifest
 from eaglequant.provenance import ABSOLUTE_PATH, machine_paths
 from eaglequant.render.reports import PLOTS, tune_markdown, validation_markdown
 from eaglequant.serving import schedule_config, speculative_config
@@ -156,7 +157,7 @@ def render(
     folder: Path,
     names: PublicNames,
     config: dict[str, Any],
-    manifest: dict[str, Any],
+    manifest: Manifest,
     report: dict[str, Any] | None,
     tuning: dict[str, Any] | None,
     license_id: str | None,
@@ -211,7 +212,7 @@ def render(
 
 def local_paths(
     folder: Path,
-    manifest: dict[str, Any],
+    manifest: Mapping[str, Any],
     report: dict[str, Any] | None,
     tuning: dict[str, Any] | None,
 ) -> list[str]:
@@ -302,7 +303,7 @@ def _usage(
     return speculative_config(name, k), ""
 
 
-def _quantization_section(config: dict[str, Any], manifest: dict[str, Any]) -> str:
+def _quantization_section(config: dict[str, Any], manifest: Manifest) -> str:
     fates = predict_fates(config)
     rows = "\n".join(
         f"| `{', '.join(f.checkpoint_names)}` | "
@@ -318,7 +319,7 @@ def _quantization_section(config: dict[str, Any], manifest: dict[str, Any]) -> s
     )
 
 
-def _calibration_section(manifest: dict[str, Any]) -> str:
+def _calibration_section(manifest: Manifest) -> str:
     calib = manifest["calibration"]
     rows = "\n".join(
         f"| `{layer['name']}` | {layer['weight_scale']:.4g} | "
@@ -390,7 +391,7 @@ PLACEHOLDER_MEANINGS = {
 
 def _reproduce_section(
     names: PublicNames,
-    manifest: dict[str, Any],
+    manifest: Manifest,
     report: dict[str, Any] | None,
     tuning: dict[str, Any] | None,
 ) -> str:
@@ -413,7 +414,7 @@ def _reproduce_section(
     )
 
 
-def _files_section(folder: Path, manifest: dict[str, Any]) -> str:
+def _files_section(folder: Path, manifest: Manifest) -> str:
     rows = "\n".join(
         f"| `{name}` | {_size(folder / name)} | `{digest}` |"
         for name, digest in manifest["files"].items()
