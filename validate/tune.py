@@ -85,6 +85,7 @@ class TuneRequest:
     out: Path = Path("tune-results")
     server_timeout_s: float = 600.0
     bench_timeout_s: float = 1800.0
+    command: str | None = None  # how it was invoked, path-free (eaglequant.provenance)
 
 
 @dataclass
@@ -463,6 +464,7 @@ def summarize(request: TuneRequest, results: list[TuneResult], max_len: int) -> 
         },
         "recommendation": choice,
         "serve_command": _serve_line(request, spec, max_len),
+        "command": request.command,
     }
 
 

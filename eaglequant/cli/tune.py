@@ -7,7 +7,7 @@ from pathlib import Path
 
 import click
 
-from eaglequant.cli.options import PATH, engine_options, engine_settings, int_list
+from eaglequant.cli.options import PATH, engine_options, engine_settings, int_list, invocation
 from eaglequant.errors import InputError
 
 
@@ -93,6 +93,7 @@ def tune(
         engine=engine_settings(tensor_parallel_size, engine_args, max_model_len),
         out=out,
         server_timeout_s=server_timeout,
+        command=invocation(),
     )
     summary = run(request, progress=lambda m: click.echo(f"[eaglequant] {m}", err=True))
     click.echo((out / "results.md").read_text())

@@ -8,7 +8,13 @@ from pathlib import Path
 
 import click
 
-from eaglequant.cli.options import PATH, engine_choice, engine_options, engine_settings
+from eaglequant.cli.options import (
+    PATH,
+    engine_choice,
+    engine_options,
+    engine_settings,
+    invocation,
+)
 from eaglequant.cli.options import capture_engine as capture_engine_for
 
 
@@ -145,6 +151,7 @@ def validate(
         ),
         hidden_states=hidden_states,
         against=read_previous(against) if against else None,
+        command=invocation(),
     )
     report = run(request, progress=lambda m: click.echo(f"[eaglequant] {m}", err=True))
     data = report.to_json()
