@@ -14,7 +14,7 @@ from click.testing import CliRunner
 from eaglequant.cli import main
 from eaglequant.engine.config import EngineOptions
 from eaglequant.errors import InputError
-from eaglequant.validate.tune import TuneRequest, check_request, engine_flags
+from eaglequant.tune.sweep import TuneRequest, check_request, engine_flags
 from tests.conftest import TOY, toy_prompts_file
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -233,7 +233,7 @@ def test_the_schedule_is_served_measured_and_reported(tune_out: Path) -> None:
     line = schedule["serve_command"]
     assert '"num_speculative_tokens_per_batch_size": [[1, 1, 0], [2, 4, 2]]' in line
     text = (tune_out / "results.md").read_text()
-    assert "| concurrency | no spec | k=2 | schedule | winner |" in text
+    assert "| concurrency | no speculation | k=2 | schedule | winner |" in text
     assert f"{at[4]['output_throughput']:.1f} [" in text
     assert summary["serve_command"] in text and summary["recommendation"]["reason"] in text
     if summary["recommendation"]["schedule"]:

@@ -75,8 +75,8 @@ def tune(
     per-batch-size schedule, served and measured too, and recommended where it held.
     """
     from eaglequant.render.reports import recommendation_name
-    from eaglequant.validate.tune import TuneRequest
-    from eaglequant.validate.tune import tune as run
+    from eaglequant.tune.sweep import TuneRequest
+    from eaglequant.tune.sweep import tune as run
 
     request = TuneRequest(
         target=target,

@@ -81,7 +81,7 @@ def tune_markdown(summary: dict[str, Any]) -> str:
 
 
 def config_name(k: int) -> str:
-    return f"k={k}" if k else "no spec"
+    return f"k={k}" if k else "no speculation"
 
 
 def point(summary: dict[str, Any], k: int | None, concurrency: int) -> dict[str, Any] | None:

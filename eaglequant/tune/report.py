@@ -62,7 +62,8 @@ def plot(out: Path, summary: dict[str, Any]) -> None:
 
 
 def _bars(summary: dict[str, Any], k: int | None, speedup: bool) -> tuple[list[float], list[Any]]:
-    """Means and min-max error bars of one configuration by concurrency (over no spec: speedup)."""
+    """Means and min-max error bars of one configuration by concurrency (speedup: over no
+    speculation)."""
     values, low, high = [], [], []
     for c in summary["concurrencies"]:
         row, baseline = point(summary, k, c), point(summary, 0, c)
@@ -96,7 +97,7 @@ def _concurrency_plot(path: Path, summary: dict[str, Any], speedup: bool) -> Non
         )
     if speedup:
         none = summary["recommendation"]["choice"] == "none"
-        label = "no spec = 1.0x (break-even)" + (" (recommended)" if none else "")
+        label = "no speculation = 1.0x (break-even)" + (" (recommended)" if none else "")
         axes.axhline(1.0, color="black", linestyle="--", linewidth=3 if none else 1, label=label)
     axes.set_xscale("log")
     axes.set_xticks(concurrencies, [str(c) for c in concurrencies])

