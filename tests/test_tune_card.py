@@ -14,7 +14,7 @@ from click.testing import CliRunner
 from eaglequant.cli import main
 from eaglequant.engine.config import EngineOptions
 from eaglequant.errors import InputError
-from eaglequant.tune.sweep import TuneRequest, check_request, engine_flags
+from eaglequant.tune.request import TuneRequest, check_request, engine_flags
 from tests.conftest import TOY, toy_prompts_file
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -30,6 +31,11 @@ HOST = "127.0.0.1"
 SERVER_MODULE = "vllm.entrypoints.openai.api_server"
 LOG_TAIL_CHARS = 3000
 STOP_GRACE_S = 20.0
+# The root cause of a failed start: the first exception line vLLM logged (a worker's, say,
+# ahead of the engine's generic "Engine core initialization failed").
+ERROR_LINE = re.compile(
+    r"^(?:\([^)]*\) )?(?:ERROR [^\]]*\] )?\s*(\w+(?:Error|Exception): .+)$", re.MULTILINE
+)
 
 
 def free_port() -> int:
@@ -80,8 +86,8 @@ class Server:
         while time.monotonic() < deadline:
             if process.poll() is not None:
                 raise CheckFailed(
-                    f"vllm serve exited with code {process.returncode} before it was healthy:\n"
-                    + self.log_tail()
+                    f"vllm serve exited with code {process.returncode} before it was healthy"
+                    f"{self.first_error()}:\n{self.log_tail()}"
                 )
             if self.healthy():
                 return
@@ -111,6 +117,11 @@ class Server:
 
     def log_tail(self) -> str:
         return self.log.read_text(errors="replace")[-LOG_TAIL_CHARS:]
+
+    def first_error(self) -> str:
+        """`` (SomeError: why)`` from the log, or nothing when it names no exception."""
+        found = ERROR_LINE.search(self.log.read_text(errors="replace"))
+        return f" ({found.group(1)})" if found else ""
 
     def _running(self) -> subprocess.Popen[bytes]:
         if self.process is None:

@@ -13,9 +13,6 @@ plots and the exact serve line.
 
 from __future__ import annotations
 
-import json
-import os
-import shlex
 import sys
 import tempfile
 from dataclasses import asdict, dataclass, field
@@ -23,61 +20,30 @@ from pathlib import Path
 from statistics import fmean
 from typing import Any
 
-from eaglequant.draft import structure_problems
-from eaglequant.engine.config import (
-    EngineOptions,
-    check_engine_args,
-    platform_env,
-    probe_vllm,
-    serve_flags,
-    usable_cores,
-    worker_count,
-)
-from eaglequant.engine.process import run_child
-from eaglequant.engine.server import HOST, LOG_TAIL_CHARS, Server, serving
-from eaglequant.errors import CheckFailed, InputError
-from eaglequant.io.checkpoint import read_checkpoint, read_config
+from eaglequant.engine.config import probe_vllm
+from eaglequant.engine.server import Server, serving
+from eaglequant.environment import environment
 from eaglequant.render.reports import mean_positions
 from eaglequant.serving import schedule_config, speculative_config
+from eaglequant.tune.bench import bench_command, run_bench
 from eaglequant.tune.choice import (
     Runs,
     Schedule,
     best_single,
     schedule_from_winners,
     schedule_misses,
-    schedule_problem,
     winner,
 )
 from eaglequant.tune.report import write_reports
-
-BENCH_SCRIPT = (
-    "import sys\n"
-    "from vllm.benchmarks.serve import add_cli_args, main\n"
-    "from vllm.utils.argparse_utils import FlexibleArgumentParser\n"
-    "parser = FlexibleArgumentParser()\n"
-    "add_cli_args(parser)\n"
-    "main(parser.parse_args(sys.argv[1:]))\n"
+from eaglequant.tune.request import (
+    TuneRequest,
+    check_request,
+    engine_flags,
+    serve_env,
+    serve_line,
+    workload,
 )
-
-
-@dataclass(frozen=True, kw_only=True)
-class TuneRequest:
-    target: Path
-    draft: Path
-    ks: tuple[int, ...] = (4, 6, 8)
-    concurrencies: tuple[int, ...] = (4, 8, 16, 32, 64)
-    isl: int = 1024
-    osl: int = 1024
-    prompts: Path | None = None
-    num_prompts: int | None = None
-    repeats: int = 3
-    # Measure this schedule (first batch size, last, k) instead of the one built from the winners.
-    schedule: tuple[tuple[int, int, int], ...] | None = None
-    serve_args: tuple[str, ...] = ()
-    engine: EngineOptions = field(default_factory=EngineOptions)
-    out: Path = Path("tune-results")
-    server_timeout_s: float = 600.0
-    bench_timeout_s: float = 1800.0
+from eaglequant.tune.summary import SCHEMA_VERSION, SWEEP
 
 
 @dataclass
@@ -99,125 +65,6 @@ class TuneResult:
     @property
     def output_throughput(self) -> float:
         return fmean(self.runs)
-
-
-def _max_model_len(request: TuneRequest) -> int | None:
-    if request.engine.max_model_len is not None:
-        return request.engine.max_model_len
-    for i, arg in enumerate(request.serve_args):
-        if arg.startswith("--max-model-len"):
-            value = arg.split("=", 1)[1] if "=" in arg else request.serve_args[i + 1]
-            return int(value)
-    return None
-
-
-def check_request(request: TuneRequest) -> int:
-    """Fail before any server starts; return the max-model-len to serve with."""
-    if not request.target.is_dir():
-        raise InputError(f"{request.target}: no such target folder; pass the target model's folder")
-    read_config(request.target)
-    problems = [p for p in structure_problems(read_checkpoint(request.draft)) if not p.loadable]
-    if problems:  # the same recognition as export and validate (plain-Llama form included)
-        raise InputError(str(problems[0]))
-    if request.prompts is not None and not request.prompts.is_file():
-        raise InputError(f"{request.prompts}: no such prompts file")
-    if request.repeats < 1:
-        raise InputError(f"repeats {request.repeats}: measure each point at least once")
-    if request.schedule is not None and (problem := schedule_problem(request.schedule)):
-        raise InputError(f"schedule {list(request.schedule)}: {problem}")
-    check_engine_args(request.engine.engine_args, probe_vllm(sys.executable).engine_args)
-    # A schedule built from the winners uses the ks; a given one may go beyond them.
-    largest = max(request.ks + tuple(k for _, _, k in request.schedule or ()))
-    needed = request.isl + request.osl + largest
-    max_len = _max_model_len(request)
-    if max_len is not None and max_len < needed:
-        raise InputError(
-            f"--max-model-len {max_len} is too small for ISL {request.isl} + OSL {request.osl} "
-            f"+ k {largest} = {needed}; set --max-model-len {needed} or more "
-            "(the article's 1K/1K example uses 2304)"
-        )
-    return max_len or needed
-
-
-def engine_flags(request: TuneRequest, spec: dict[str, Any] | None, max_len: int) -> list[str]:
-    """Everything after the model and address: parallelism, engine and serve arguments, spec."""
-    flags = ["--tensor-parallel-size", str(request.engine.tensor_parallel_size)]
-    if not any(arg.startswith("--max-model-len") for arg in request.serve_args):
-        flags += ["--max-model-len", str(max_len)]
-    flags += serve_flags(request.engine.engine_args) + list(request.serve_args)
-    if spec is not None:
-        flags += ["--speculative-config", json.dumps(spec)]
-    return flags
-
-
-def bench_command(
-    request: TuneRequest, port: int, concurrency: int, result_dir: Path, name: str, warmups: int
-) -> list[str]:
-    num_prompts = request.num_prompts or max(2 * concurrency, 8)
-    cmd = [
-        sys.executable,
-        "-c",
-        BENCH_SCRIPT,
-        "--backend",
-        "vllm",
-        "--model",
-        str(request.target),
-        "--host",
-        HOST,
-        "--port",
-        str(port),
-        "--max-concurrency",
-        str(concurrency),
-        "--num-prompts",
-        str(num_prompts),
-        "--save-result",
-        "--result-dir",
-        str(result_dir),
-        "--result-filename",
-        name,
-        "--temperature",
-        "0",
-        "--seed",
-        "0",
-        "--disable-tqdm",
-        "--num-warmups",
-        str(warmups),
-    ]
-    if request.prompts is not None:
-        cmd += [
-            "--dataset-name",
-            "custom",
-            "--dataset-path",
-            str(request.prompts),
-            "--custom-output-len",
-            str(request.osl),
-            "--skip-chat-template",
-        ]
-    else:
-        cmd += [
-            "--dataset-name",
-            "random",
-            "--random-input-len",
-            str(request.isl),
-            "--random-output-len",
-            str(request.osl),
-            "--ignore-eos",
-        ]
-    return cmd
-
-
-def run_bench(cmd: list[str], result_file: Path, log_path: Path, timeout: float) -> dict[str, Any]:
-    """Run one ``vllm bench serve`` child to its end; its ``--save-result`` file, read."""
-    log = result_file.with_suffix(".log")
-    done = run_child(cmd, log, os.environ, timeout)
-    with log_path.open("ab") as combined:
-        combined.write(log.read_bytes())
-    if done.timed_out:
-        raise CheckFailed(f"vllm bench serve did not finish within {timeout:.0f}s")
-    if not done.ok or not result_file.is_file():
-        tail = log.read_text(errors="replace")[-LOG_TAIL_CHARS:]
-        raise CheckFailed(f"vllm bench serve failed ({done.cause()}):\n{tail}")
-    return dict(json.loads(result_file.read_text()))
 
 
 def to_result(k: int, concurrency: int, raws: list[dict[str, Any]], schedule: bool) -> TuneResult:
@@ -270,13 +117,11 @@ def measure(
         for concurrency in request.concurrencies:
             raws = []
             for repeat in range(request.repeats):
-                name = f"{config.label}-c{concurrency}-r{repeat}.json"
+                result = scratch / f"{config.label}-c{concurrency}-r{repeat}.json"
                 warmups = concurrency if repeat == 0 else 0
-                bench = bench_command(request, server.port, concurrency, scratch, name, warmups)
+                bench = bench_command(request, server.port, concurrency, result, warmups=warmups)
                 raws.append(
-                    run_bench(
-                        bench, scratch / name, request.out / "bench.log", request.bench_timeout_s
-                    )
+                    run_bench(bench, result, request.out / "bench.log", request.bench_timeout_s)
                 )
             results.append(to_result(config.k, concurrency, raws, config.schedule))
             runs = ", ".join(f"{t:.1f}" for t in results[-1].runs)
@@ -287,11 +132,7 @@ def measure(
 def tune(request: TuneRequest, progress: Any = lambda _m: None) -> dict[str, Any]:
     """Run the sweep and write results.json, results.md and the plots into ``request.out``."""
     max_len = check_request(request)
-    on_cpu = probe_vllm(sys.executable).device_type == "cpu"
-    workers = worker_count(
-        {"tensor_parallel_size": request.engine.tensor_parallel_size, **request.engine.engine_args}
-    )
-    env = dict(os.environ) | platform_env(os.environ, on_cpu, workers, usable_cores())
+    env = serve_env(request)
     request.out.mkdir(parents=True, exist_ok=True)
     draft = str(request.draft)
     configs = [Configuration(label="no-speculation", k=0, spec=None)] + [
@@ -310,7 +151,8 @@ def tune(request: TuneRequest, progress: Any = lambda _m: None) -> dict[str, Any
             results += measure(request, config, env, max_len, Path(scratch), progress)
         else:
             progress(f"no schedule run: {skipped}")
-    summary = summarize(request, results, max_len)
+    on_cpu = probe_vllm(sys.executable).on_cpu
+    summary = summarize(request, results, max_len, environment(environ=env, gpus=not on_cpu))
     write_reports(request.out, summary)
     return summary
 
@@ -339,7 +181,13 @@ def planned_schedule(
     return ranges, None
 
 
-def summarize(request: TuneRequest, results: list[TuneResult], max_len: int) -> dict[str, Any]:
+def summarize(
+    request: TuneRequest,
+    results: list[TuneResult],
+    max_len: int,
+    env: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """results.json's content (``env``: the run's ``environment()`` block)."""
     sweep = sweep_runs(results)
     ranges, skipped = planned_schedule(request, sweep)
     scheduled = [r for r in results if r.schedule]
@@ -352,17 +200,9 @@ def summarize(request: TuneRequest, results: list[TuneResult], max_len: int) -> 
         spec = speculative_config(draft, choice["k"])
     ranged = any(k for _, _, k in ranges)
     return {
-        "target": str(request.target),
-        "draft": draft,
-        "ks": list(request.ks),
-        "concurrencies": list(request.concurrencies),
-        "isl": request.isl,
-        "osl": request.osl,
-        "repeats": request.repeats,
-        "prompts": str(request.prompts) if request.prompts else None,
-        "max_model_len": max_len,
-        "tensor_parallel_size": request.engine.tensor_parallel_size,
-        "engine_args": dict(request.engine.engine_args),
+        "schema_version": SCHEMA_VERSION,
+        "kind": SWEEP,
+        **workload(request, max_len),
         "results": [_row(r, sweep) for r in results if not r.schedule],
         "recommended_k": {str(c): winner(runs) for c, runs in sweep.items()},
         "best_single_k": best_single(sweep, request.ks),
@@ -372,12 +212,13 @@ def summarize(request: TuneRequest, results: list[TuneResult], max_len: int) -> 
             "measured": bool(scheduled),
             "not_measured_because": skipped,
             "results": [_row(r, sweep) for r in scheduled],
-            "serve_command": _serve_line(request, schedule_config(draft, ranges), max_len)
+            "serve_command": serve_line(request, schedule_config(draft, ranges), max_len)
             if ranged
             else None,
         },
         "recommendation": choice,
-        "serve_command": _serve_line(request, spec, max_len),
+        "serve_command": serve_line(request, spec, max_len),
+        "environment": env,
     }
 
 
@@ -438,7 +279,3 @@ def _row(r: TuneResult, sweep: dict[int, dict[int, Runs]]) -> dict[str, Any]:
         "throughput_max": max(r.runs),
         "speedup": r.output_throughput / baseline if baseline else None,
     }
-
-
-def _serve_line(request: TuneRequest, spec: dict[str, Any] | None, max_len: int) -> str:
-    return shlex.join(["vllm", "serve", str(request.target), *engine_flags(request, spec, max_len)])

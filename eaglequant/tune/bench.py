@@ -1,0 +1,92 @@
+"""``vllm bench serve`` against one running server: its command line, its run, its result.
+
+vLLM's own benchmark client is run as a child (this interpreter, ``vllm.benchmarks.serve``)
+with ``--save-result``; the result file is what tune records. The workload (random
+tokens of ISL/OSL, or a prompts file) and the seed are the same for every configuration.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+from eaglequant.engine.process import run_child
+from eaglequant.engine.server import HOST, LOG_TAIL_CHARS
+from eaglequant.errors import CheckFailed
+from eaglequant.tune.request import TuneRequest
+
+BENCH_SCRIPT = (
+    "import sys\n"
+    "from vllm.benchmarks.serve import add_cli_args, main\n"
+    "from vllm.utils.argparse_utils import FlexibleArgumentParser\n"
+    "parser = FlexibleArgumentParser()\n"
+    "add_cli_args(parser)\n"
+    "main(parser.parse_args(sys.argv[1:]))\n"
+)
+MEASURED_SEED = 0
+# Warm-up requests use other random prompts, so the measured ones meet no cached prefix.
+WARMUP_SEED = 1
+
+
+def num_prompts(request: TuneRequest, concurrency: int) -> int:
+    return request.num_prompts or max(2 * concurrency, 8)
+
+
+def bench_command(
+    request: TuneRequest,
+    port: int,
+    concurrency: int,
+    result_file: Path,
+    *,
+    warmups: int = 0,
+    prompts: int | None = None,
+    seed: int = MEASURED_SEED,
+) -> list[str]:
+    """The ``vllm bench serve`` command line for one measurement at ``concurrency``."""
+    cmd = [sys.executable, "-c", BENCH_SCRIPT, "--backend", "vllm", "--model", str(request.target)]
+    cmd += ["--host", HOST, "--port", str(port), "--max-concurrency", str(concurrency)]
+    cmd += ["--num-prompts", str(prompts or num_prompts(request, concurrency))]
+    cmd += ["--save-result", "--result-dir", str(result_file.parent)]
+    cmd += ["--result-filename", result_file.name, "--temperature", "0", "--seed", str(seed)]
+    cmd += ["--disable-tqdm", "--num-warmups", str(warmups)]
+    return cmd + dataset_flags(request)
+
+
+def dataset_flags(request: TuneRequest) -> list[str]:
+    """The workload: a prompts file (custom dataset) or random tokens of ISL/OSL."""
+    if request.prompts is not None:
+        return [
+            "--dataset-name",
+            "custom",
+            "--dataset-path",
+            str(request.prompts),
+            "--custom-output-len",
+            str(request.osl),
+            "--skip-chat-template",
+        ]
+    return [
+        "--dataset-name",
+        "random",
+        "--random-input-len",
+        str(request.isl),
+        "--random-output-len",
+        str(request.osl),
+        "--ignore-eos",
+    ]
+
+
+def run_bench(cmd: list[str], result_file: Path, log_path: Path, timeout: float) -> dict[str, Any]:
+    """Run one ``vllm bench serve`` child to its end; its ``--save-result`` file, read."""
+    log = result_file.with_suffix(".log")
+    done = run_child(cmd, log, os.environ, timeout)
+    with log_path.open("ab") as combined:
+        combined.write(log.read_bytes())
+    if done.timed_out:
+        raise CheckFailed(f"vllm bench serve did not finish within {timeout:.0f}s")
+    if not done.ok or not result_file.is_file():
+        tail = log.read_text(errors="replace")[-LOG_TAIL_CHARS:]
+        raise CheckFailed(f"vllm bench serve failed ({done.cause()}):\n{tail}")
+    return dict(json.loads(result_file.read_text()))
