@@ -159,3 +159,13 @@ def test_the_card_carries_the_release_table(comparison_out: Path, fp8_toy_draft:
     assert "Controlled: one vLLM build" in text and "- Software: eaglequant" in text
     assert summary["serve_lines"][2]["line"] in text
     assert (fp8_toy_draft / "speedup.png").is_file() and "](speedup.png)" in text
+    # An older results.json (no schema_version) is refused in one line, the card untouched.
+    older = comparison_out.parent / "older"
+    older.mkdir()
+    (older / "results.json").write_text(json.dumps({"target": "t", "results": []}))
+    refused = CliRunner().invoke(main, [*args[:-1], str(older)])
+    assert refused.exit_code == 2 and refused.output.splitlines()[-1] == (
+        "error: tune results.json: no schema_version, kind None; this eaglequant reads "
+        "schema_version 2 (sweep or comparison); re-run eaglequant tune"
+    )
+    assert (fp8_toy_draft / "README.md").read_text() == text

@@ -40,7 +40,17 @@ from eaglequant.errors import InputError
 @click.option(
     "--osl", type=click.IntRange(min=1), default=1024, show_default=True, help="Output length."
 )
-@click.option("--prompts", type=PATH, help="A .jsonl of {'prompt': ...} instead of random tokens.")
+@click.option(
+    "--prompts",
+    type=PATH,
+    help="A .jsonl of {'prompt': ...} instead of random tokens (or, with --dataset "
+    "sharegpt, a ShareGPT .json).",
+)
+@click.option(
+    "--dataset",
+    type=click.Choice(["random", "custom", "sharegpt"]),
+    help="vllm bench serve's dataset (default: custom with --prompts, else random).",
+)
 @click.option(
     "--num-prompts", type=click.IntRange(min=1), help="Requests per level (default 2x concurrency)."
 )
@@ -72,6 +82,7 @@ def tune(
     isl: int,
     osl: int,
     prompts: Path | None,
+    dataset: str | None,
     num_prompts: int | None,
     repeats: int,
     schedule: str | None,
@@ -104,6 +115,7 @@ def tune(
         isl=isl,
         osl=osl,
         prompts=prompts,
+        dataset=dataset,
         num_prompts=num_prompts,
         repeats=repeats,
         schedule=None if schedule is None else _schedule(schedule),

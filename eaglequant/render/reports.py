@@ -7,6 +7,7 @@ Both are rendered from their JSON form, so ``validate --markdown``, tune's
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from typing import Any
 
 from eaglequant.environment import environment_markdown
@@ -69,7 +70,7 @@ def validation_markdown(report: dict[str, Any], heading: str = "##") -> str:
     return "\n".join([*lines, "", f"**{verdict}.**", ""])
 
 
-def tune_markdown(summary: dict[str, Any]) -> str:
+def tune_markdown(summary: Mapping[str, Any]) -> str:
     """Tune's results (a sweep or a baseline comparison) as Markdown, with the environment.
 
     An older or foreign results.json is refused in one line (``InputError``).
@@ -82,7 +83,7 @@ def tune_markdown(summary: dict[str, Any]) -> str:
     return text
 
 
-def sweep_markdown(summary: dict[str, Any]) -> str:
+def sweep_markdown(summary: Mapping[str, Any]) -> str:
     """Throughput by concurrency and configuration, schedule, recommendation, acceptance."""
     schedule = summary["schedule"]
     header = ["concurrency", *(config_name(k) for k in [0, *summary["ks"]])]
@@ -109,7 +110,7 @@ def config_name(k: int) -> str:
     return f"k={k}" if k else "no speculation"
 
 
-def point(summary: dict[str, Any], k: int | None, concurrency: int) -> dict[str, Any] | None:
+def point(summary: Mapping[str, Any], k: int | None, concurrency: int) -> dict[str, Any] | None:
     """The result row of single k ``k`` (None: the schedule's server) at one concurrency."""
     rows = summary["schedule"]["results"] if k is None else summary["results"]
     return next(
@@ -128,7 +129,7 @@ def _cell(row: dict[str, Any] | None) -> str:
     return f"{text} ({row['speedup']:.2f}x)"
 
 
-def _tune_notes(summary: dict[str, Any]) -> list[str]:
+def _tune_notes(summary: Mapping[str, Any]) -> list[str]:
     repeats = summary["repeats"]
     notes = [
         f"Output tokens/s, mean of {repeats} repeat(s) [slowest-fastest] (speedup over no "
@@ -160,7 +161,7 @@ def _tune_notes(summary: dict[str, Any]) -> list[str]:
     return notes
 
 
-def recommendation_name(summary: dict[str, Any]) -> str:
+def recommendation_name(summary: Mapping[str, Any]) -> str:
     choice = summary["recommendation"]
     if choice["schedule"]:
         return f"the schedule {json.dumps(summary['schedule']['ranges'])}"

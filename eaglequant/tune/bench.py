@@ -16,7 +16,7 @@ from typing import Any
 from eaglequant.engine.process import run_child
 from eaglequant.engine.server import HOST, LOG_TAIL_CHARS
 from eaglequant.errors import CheckFailed
-from eaglequant.tune.request import TuneRequest
+from eaglequant.tune.request import TuneRequest, dataset_name
 
 BENCH_SCRIPT = (
     "import sys\n"
@@ -56,8 +56,9 @@ def bench_command(
 
 
 def dataset_flags(request: TuneRequest) -> list[str]:
-    """The workload: a prompts file (custom dataset) or random tokens of ISL/OSL."""
-    if request.prompts is not None:
+    """The workload: random tokens of ISL/OSL, a prompts file, or a ShareGPT file."""
+    name = dataset_name(request)
+    if name == "custom":
         return [
             "--dataset-name",
             "custom",
@@ -66,6 +67,16 @@ def dataset_flags(request: TuneRequest) -> list[str]:
             "--custom-output-len",
             str(request.osl),
             "--skip-chat-template",
+        ]
+    if name == "sharegpt":
+        path = str(request.prompts)
+        return [
+            "--dataset-name",
+            name,
+            "--dataset-path",
+            path,
+            "--sharegpt-output-len",
+            str(request.osl),
         ]
     return [
         "--dataset-name",

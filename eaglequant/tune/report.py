@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import os
 import tempfile
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -54,7 +55,7 @@ def write_comparison(out: Path, summary: ComparisonSummary) -> None:
     plot_comparison(out, summary)
 
 
-def write_reports(out: Path, summary: dict[str, Any]) -> None:
+def write_reports(out: Path, summary: Mapping[str, Any]) -> None:
     write_text(out / "results.json", json.dumps(summary, indent=2) + "\n")
     text = (
         "## num_speculative_tokens sweep on vllm serve\n\n"
@@ -70,7 +71,7 @@ def write_reports(out: Path, summary: dict[str, Any]) -> None:
     plot(out, summary)
 
 
-def title(summary: dict[str, Any]) -> str:
+def title(summary: Mapping[str, Any]) -> str:
     target, draft = (Path(*Path(summary[key]).parts[-2:]) for key in ("target", "draft"))
     return (
         f"target {target}, draft {draft}\n"
@@ -78,7 +79,7 @@ def title(summary: dict[str, Any]) -> str:
     )
 
 
-def series(summary: dict[str, Any]) -> list[tuple[str, int | None, bool]]:
+def series(summary: Mapping[str, Any]) -> list[tuple[str, int | None, bool]]:
     """(label, k or None for the schedule, recommended) for every measured configuration."""
     choice = summary["recommendation"]
     found = [
@@ -90,7 +91,7 @@ def series(summary: dict[str, Any]) -> list[tuple[str, int | None, bool]]:
     return found
 
 
-def plot(out: Path, summary: dict[str, Any]) -> None:
+def plot(out: Path, summary: Mapping[str, Any]) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -99,7 +100,9 @@ def plot(out: Path, summary: dict[str, Any]) -> None:
     _acceptance_plot(out / "acceptance.png", summary)
 
 
-def _bars(summary: dict[str, Any], k: int | None, speedup: bool) -> tuple[list[float], list[Any]]:
+def _bars(
+    summary: Mapping[str, Any], k: int | None, speedup: bool
+) -> tuple[list[float], list[Any]]:
     """Means and min-max error bars of one configuration by concurrency (speedup: over no
     speculation)."""
     values, low, high = [], [], []
@@ -113,7 +116,7 @@ def _bars(summary: dict[str, Any], k: int | None, speedup: bool) -> tuple[list[f
     return values, [low, high]
 
 
-def _concurrency_plot(path: Path, summary: dict[str, Any], speedup: bool) -> None:
+def _concurrency_plot(path: Path, summary: Mapping[str, Any], speedup: bool) -> None:
     import matplotlib.pyplot as plt
     from matplotlib.ticker import NullLocator
 
@@ -145,7 +148,7 @@ def _concurrency_plot(path: Path, summary: dict[str, Any], speedup: bool) -> Non
     _finish(figure, axes, title(summary), path)
 
 
-def _acceptance_plot(path: Path, summary: dict[str, Any]) -> None:
+def _acceptance_plot(path: Path, summary: Mapping[str, Any]) -> None:
     import matplotlib.pyplot as plt
     from matplotlib.ticker import MaxNLocator
 

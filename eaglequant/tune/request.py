@@ -37,6 +37,9 @@ from eaglequant.tune.summary import Workload
 # started and stopped inside every round, or all started once and kept alive.
 RESTART = "restart"
 KEEP = "keep"
+# vllm bench serve's datasets tune drives: random tokens of ISL/OSL, a .jsonl of prompts
+# (custom), a ShareGPT .json (conversations; OSL tokens generated for each).
+DATASETS = ("random", "custom", "sharegpt")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -50,6 +53,8 @@ class TuneRequest:
     isl: int = 1024
     osl: int = 1024
     prompts: Path | None = None
+    # None: custom where prompts are given, else random.
+    dataset: str | None = None
     num_prompts: int | None = None
     repeats: int = 3
     # Measure this schedule (first batch size, last, k) instead of the one built from the winners.
@@ -104,6 +109,10 @@ def check_request(request: TuneRequest) -> int:
             )
     if request.prompts is not None and not request.prompts.is_file():
         raise InputError(f"{request.prompts}: no such prompts file")
+    if request.dataset is not None and request.dataset not in DATASETS:
+        raise InputError(f"dataset {request.dataset!r}: use one of {', '.join(DATASETS)}")
+    if dataset_name(request) != "random" and request.prompts is None:
+        raise InputError(f"the {dataset_name(request)} dataset reads a file; pass the prompts")
     if request.repeats < 1:
         raise InputError(f"repeats {request.repeats}: measure each point at least once")
     if request.servers not in (RESTART, KEEP):
@@ -122,6 +131,12 @@ def check_request(request: TuneRequest) -> int:
             "(the article's 1K/1K example uses 2304)"
         )
     return max_len or needed
+
+
+def dataset_name(request: TuneRequest) -> str:
+    if request.dataset is not None:
+        return request.dataset
+    return "random" if request.prompts is None else "custom"
 
 
 def engine_flags(request: TuneRequest, spec: dict[str, Any] | None, max_len: int) -> list[str]:
@@ -172,6 +187,7 @@ def workload(request: TuneRequest, max_len: int) -> Workload:
         "osl": request.osl,
         "repeats": request.repeats,
         "prompts": str(request.prompts) if request.prompts else None,
+        "dataset": dataset_name(request),
         "max_model_len": max_len,
         "tensor_parallel_size": request.engine.tensor_parallel_size,
         "engine_args": dict(request.engine.engine_args),

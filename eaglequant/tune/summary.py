@@ -8,6 +8,7 @@ rounds). ``check_summary`` turns an older or foreign file into one line.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any, Literal, TypedDict, cast
 
 from eaglequant.errors import InputError
@@ -107,9 +108,24 @@ class Workload(TypedDict):
     osl: int
     repeats: int
     prompts: str | None
+    dataset: str
     max_model_len: int
     tensor_parallel_size: int
     engine_args: dict[str, Any]
+
+
+class SweepSummary(Workload):
+    """No speculation and each k of one draft, the schedule, and what was recommended."""
+
+    schema_version: int
+    kind: Literal["sweep"]
+    results: list[dict[str, Any]]
+    recommended_k: dict[str, int]
+    best_single_k: int
+    schedule: dict[str, Any]
+    recommendation: dict[str, Any]
+    serve_command: str
+    environment: dict[str, Any] | None
 
 
 class ComparisonSummary(Workload):
@@ -129,7 +145,7 @@ class ComparisonSummary(Workload):
     environment: dict[str, Any]
 
 
-def check_summary(summary: dict[str, Any], where: str = "tune results.json") -> str:
+def check_summary(summary: Mapping[str, Any], where: str = "tune results.json") -> str:
     """The summary's kind; an InputError naming the file when it is not one this version reads."""
     version = summary.get("schema_version")
     kind = summary.get("kind")
@@ -142,5 +158,5 @@ def check_summary(summary: dict[str, Any], where: str = "tune results.json") -> 
     return str(kind)
 
 
-def as_comparison(summary: dict[str, Any]) -> ComparisonSummary:
+def as_comparison(summary: Mapping[str, Any]) -> ComparisonSummary:
     return cast(ComparisonSummary, summary)

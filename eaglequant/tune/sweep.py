@@ -43,7 +43,7 @@ from eaglequant.tune.request import (
     serve_line,
     workload,
 )
-from eaglequant.tune.summary import SCHEMA_VERSION, SWEEP
+from eaglequant.tune.summary import SCHEMA_VERSION, SWEEP, SweepSummary
 
 
 @dataclass
@@ -129,7 +129,7 @@ def measure(
     return results
 
 
-def tune(request: TuneRequest, progress: Any = lambda _m: None) -> dict[str, Any]:
+def tune(request: TuneRequest, progress: Any = lambda _m: None) -> SweepSummary:
     """Run the sweep and write results.json, results.md and the plots into ``request.out``."""
     max_len = check_request(request)
     env = serve_env(request)
@@ -186,7 +186,7 @@ def summarize(
     results: list[TuneResult],
     max_len: int,
     env: dict[str, Any] | None = None,
-) -> dict[str, Any]:
+) -> SweepSummary:
     """results.json's content (``env``: the run's ``environment()`` block)."""
     sweep = sweep_runs(results)
     ranges, skipped = planned_schedule(request, sweep)

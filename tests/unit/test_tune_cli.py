@@ -47,3 +47,32 @@ def test_a_schedule_does_not_go_with_a_baseline() -> None:
     assert _error(args) == (
         "error: a baseline comparison measures single ks; drop the schedule or the baseline"
     )
+
+
+def test_the_dataset_goes_to_vllm_bench_serve_as_its_own_options(tmp_path: Path) -> None:
+    from eaglequant.tune.bench import bench_command
+    from eaglequant.tune.request import TuneRequest
+
+    share = tmp_path / "sharegpt.json"
+    share.write_text('[{"conversations": [{"from": "human", "value": "hi"}, {"value": "yo"}]}]')
+    common = {"target": TOY / "target", "draft": TOY / "draft", "osl": 32}
+    flags = {
+        name: bench_command(TuneRequest(**common, **extra), 8000, 4, tmp_path / "r.json")
+        for name, extra in [
+            ("random", {}),
+            ("custom", {"prompts": share}),
+            ("sharegpt", {"prompts": share, "dataset": "sharegpt"}),
+        ]
+    }
+    assert flags["random"][-7:] == [
+        "--dataset-name", "random", "--random-input-len", "1024", "--random-output-len", "32",
+        "--ignore-eos",
+    ]  # fmt: skip
+    assert flags["custom"][-7:-3] == ["--dataset-name", "custom", "--dataset-path", str(share)]
+    assert flags["sharegpt"][-6:] == [
+        "--dataset-name", "sharegpt", "--dataset-path", str(share), "--sharegpt-output-len", "32",
+    ]  # fmt: skip
+    assert "--max-concurrency" in flags["random"] and "--num-warmups" in flags["random"]
+    assert _error([*BASE, "--dataset", "sharegpt"]) == (
+        "error: the sharegpt dataset reads a file; pass the prompts"
+    )
