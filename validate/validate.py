@@ -41,7 +41,7 @@ from eaglequant.engine.config import (
     llm_kwargs,
     probe_vllm,
 )
-from eaglequant.engine.process import ChildRun, run_child
+from eaglequant.engine.process import ChildRun, log_tail, run_child
 from eaglequant.errors import EngineFailed, InputError
 from eaglequant.exclusions import predict_fates
 from eaglequant.io.checkpoint import read_checkpoint
@@ -57,7 +57,6 @@ from eaglequant.validate.lossless import (
     lossless_check,
 )
 
-LOG_TAIL_CHARS = 4000
 BAD_EXCLUSION_SIGNATURE = "Attempted to load weight"
 
 
@@ -236,7 +235,7 @@ def _engine_summary(engine: dict[str, Any]) -> dict[str, Any]:
         summary["outputs_sha256"] = outputs_digest(result["token_ids"])
         summary["token_ids"] = result["token_ids"]
     if not engine["ok"]:
-        summary["log_tail"] = engine["log"][-LOG_TAIL_CHARS:]
+        summary["log_tail"] = log_tail(engine["log"])
     return summary
 
 
@@ -263,7 +262,7 @@ def acceptance(metrics: dict[str, Any]) -> dict[str, Any]:
 def _engine_checks(request: ValidateRequest, engines: dict[str, dict[str, Any]]) -> list[Check]:
     failed = [role for role, e in engines.items() if not e["ok"]]
     if failed:
-        tails = {role: engines[role]["log"][-LOG_TAIL_CHARS:] for role in failed}
+        tails = {role: log_tail(engines[role]["log"]) for role in failed}
         causes = ", ".join(f"{role}: {_exit_cause(engines[role])}" for role in failed)
         return [
             Check(

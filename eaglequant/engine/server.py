@@ -24,12 +24,11 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from eaglequant.engine.process import kill_group, start_child
+from eaglequant.engine.process import kill_group, log_tail, start_child
 from eaglequant.errors import CheckFailed
 
 HOST = "127.0.0.1"
 SERVER_MODULE = "vllm.entrypoints.openai.api_server"
-LOG_TAIL_CHARS = 3000
 STOP_GRACE_S = 20.0
 # The root cause of a failed start: the first exception line vLLM logged (a worker's, say,
 # ahead of the engine's generic "Engine core initialization failed").
@@ -116,7 +115,7 @@ class Server:
         self.process = None
 
     def log_tail(self) -> str:
-        return self.log.read_text(errors="replace")[-LOG_TAIL_CHARS:]
+        return log_tail(self.log)
 
     def first_error(self) -> str:
         """`` (SomeError: why)`` from the log, or nothing when it names no exception."""

@@ -13,8 +13,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from eaglequant.engine.process import run_child
-from eaglequant.engine.server import HOST, LOG_TAIL_CHARS
+from eaglequant.engine.process import log_tail, run_child
+from eaglequant.engine.server import HOST
 from eaglequant.errors import CheckFailed
 from eaglequant.tune.request import TuneRequest, dataset_name
 
@@ -98,6 +98,5 @@ def run_bench(cmd: list[str], result_file: Path, log_path: Path, timeout: float)
     if done.timed_out:
         raise CheckFailed(f"vllm bench serve did not finish within {timeout:.0f}s")
     if not done.ok or not result_file.is_file():
-        tail = log.read_text(errors="replace")[-LOG_TAIL_CHARS:]
-        raise CheckFailed(f"vllm bench serve failed ({done.cause()}):\n{tail}")
+        raise CheckFailed(f"vllm bench serve failed ({done.cause()}):\n{log_tail(log)}")
     return dict(json.loads(result_file.read_text()))

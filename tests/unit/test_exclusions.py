@@ -2,13 +2,10 @@
 
 from __future__ import annotations
 
-import pytest
-
 from eaglequant.exclusions import (
     is_excluded,
     predict_fates,
     rewrite_exclude,
-    vllm_linear_names,
 )
 
 
@@ -64,28 +61,3 @@ def test_bare_fc_leaves_fc_quantized_regex_fixes_it() -> None:
 def test_partial_fused_exclusion_is_an_error_as_in_vllm() -> None:
     fates = {f.vllm_name: f for f in predict_fates(quark_config(["re:.*q_proj"]), 2)}
     assert fates["model.layers.2.self_attn.qkv_proj"].scheme == "error"
-
-
-EXCLUDE_CASES = [
-    ["fc", "lm_head"],
-    ["re:.*fc.*", "re:.*lm_head.*"],
-    ["model.fc"],
-    ["re:.*[qkv]_proj"],
-    ["re:.*q_proj", "re:.*k_proj", "re:.*v_proj"],
-    ["re:model\\.layers\\.\\d+\\.mlp\\..*"],
-    ["model.layers.3.mlp.gate_proj", "model.layers.3.mlp.up_proj"],
-    ["re:.*qkv_proj.*"],
-    [],
-]
-
-
-@pytest.mark.parametrize("exclude", EXCLUDE_CASES)
-def test_prediction_agrees_with_vllm_should_ignore_layer(exclude: list[str]) -> None:
-    utils = pytest.importorskip("vllm.model_executor.layers.quantization.quark.utils")
-    fused = {"qkv_proj": ["q_proj", "k_proj", "v_proj"], "gate_up_proj": ["gate_proj", "up_proj"]}
-    for name in vllm_linear_names(3):
-        if name == "lm_head":
-            continue
-        assert is_excluded(name, exclude) == utils.should_ignore_layer(
-            name, ignore=exclude, fused_mapping=fused
-        ), (name, exclude)

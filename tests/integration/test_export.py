@@ -18,7 +18,6 @@ from eaglequant.io.checkpoint import read_checkpoint
 from eaglequant.recipe import load_recipe
 from tests.conftest import VOCAB, tree_digest
 
-pytestmark = pytest.mark.slow
 PASS_THROUGH = [
     "fc.weight",
     "lm_head.weight",

@@ -20,15 +20,13 @@ each path, comparing the written input scales and the manifest's top-1 agreement
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
 import torch
-from safetensors import safe_open
 
 from eaglequant.devtools.synthetic import draft_config, write_random_draft
-from eaglequant.draft import FIRST_LAYER, MIDLAYER_LINEARS
+from eaglequant.draft import FIRST_LAYER
 from eaglequant.errors import InputError
 from eaglequant.io.checkpoint import read_checkpoint
 from eaglequant.model import compute
@@ -36,12 +34,10 @@ from eaglequant.model.eagle3 import Eagle3Draft, UpcastLinear
 from eaglequant.model.load import load_draft_module, load_reference_layer
 from eaglequant.model.ranges import input_amax
 from eaglequant.quantize.measure import SimulatedFp8Linear
-from eaglequant.quantize.quark_backend import _native_while_calibrating, quantize_static
-from eaglequant.recipe import load_recipe
+from eaglequant.quantize.quark_backend import _native_while_calibrating
+from tests.support import RANGE_RTOL, STEPS, compute_batches
 
-RANGE_RTOL = 2e-4
 MIN_AGREEMENT = 0.998
-STEPS = 3
 
 
 MIDLAYERS = ("float32 midlayer", "bf16 midlayer")
@@ -54,34 +50,6 @@ def bf16_draft(tmp_path: Path, request: pytest.FixtureRequest) -> Eagle3Draft:
     if request.param == "bf16 midlayer":
         model.midlayer = load_reference_layer(ckpt, FIRST_LAYER)
     return model
-
-
-@pytest.fixture
-def linear_dtypes(monkeypatch: pytest.MonkeyPatch) -> list[tuple[torch.dtype, torch.dtype]]:
-    """(input, weight) dtypes of every ``F.linear`` call the test makes."""
-    calls: list[tuple[torch.dtype, torch.dtype]] = []
-    linear = torch.nn.functional.linear
-
-    def recording(
-        x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
-    ) -> torch.Tensor:
-        calls.append((x.dtype, weight.dtype))
-        return linear(x, weight, bias)
-
-    monkeypatch.setattr(torch.nn.functional, "linear", recording)
-    return calls
-
-
-def _batches(model: Eagle3Draft) -> list[dict[str, torch.Tensor]]:
-    generator = torch.Generator().manual_seed(1)
-    dims = model.dims
-    return [
-        {
-            "aux_hidden": 2 * torch.randn(4, 64, dims.fc_in, generator=generator),
-            "next_ids": torch.randint(0, dims.vocab, (4, 64), generator=generator),
-        }
-        for _ in range(4)
-    ]
 
 
 @torch.no_grad()
@@ -112,7 +80,7 @@ def test_both_paths_give_the_same_ranges_and_top1(
     monkeypatch: pytest.MonkeyPatch,
     linear_dtypes: list[tuple[torch.dtype, torch.dtype]],
 ) -> None:
-    batches = _batches(bf16_draft)
+    batches = compute_batches(bf16_draft)
     monkeypatch.setenv(compute.GEMM_ENV, "bf16")
     native = _statistics(bf16_draft, batches)
     midlayer_in_bf16 = bf16_draft.midlayer.mlp.down_proj.weight.dtype == torch.bfloat16
@@ -206,69 +174,6 @@ def test_unknown_path_is_an_input_error(monkeypatch: pytest.MonkeyPatch) -> None
         compute.cpu_gemm_path()
 
 
-@pytest.mark.slow
-def test_exports_forced_to_either_path_agree(
-    pair: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """Input scales within RANGE_RTOL, top-1 agreement (384 held-out tokens) within 1/200."""
-    from tests import test_export as export
-
-    capture = tmp_path / "capture"
-    export._capture(
-        pair, capture, "--draft", str(pair["draft"]), "--samples", "14", "--seq-len", "48"
-    )
-    written = {}
-    for path in compute.GEMM_PATHS:
-        monkeypatch.setenv(compute.GEMM_ENV, path)
-        out = tmp_path / path
-        calibration = ["--calib-hidden-states", str(capture), "--calib-samples", "6"]
-        export._export([str(pair["draft"]), str(out), *calibration])
-        manifest = json.loads((out / "eaglequant.json").read_text())
-        assert path in manifest["device"]["gemm"]
-        with safe_open(str(out / "model.safetensors"), framework="pt") as handle:
-            scales = {n: float(handle.get_tensor(f"{n}.input_scale")) for n in MIDLAYER_LINEARS}
-        written[path] = scales, manifest["top1_agreement_by_step"]
-    (native_scales, native_top1), (upcast_scales, upcast_top1) = written.values()
-    for name, scale in native_scales.items():
-        assert abs(upcast_scales[name] - scale) <= RANGE_RTOL * scale, name
-    assert all(abs(a - b) <= 1 / 200 for a, b in zip(native_top1, upcast_top1, strict=True))
-
-
-@pytest.mark.slow
-def test_quark_calibrates_in_bf16_only_where_native_and_freezes_float32(
-    tmp_path: Path,
-    monkeypatch: pytest.MonkeyPatch,
-    linear_dtypes: list[tuple[torch.dtype, torch.dtype]],
-) -> None:
-    """Quark's forward passes: the midlayer in BF16 on the BF16 path, in float32 on the other;
-    the weights are float32 again for ``freeze``, and the written input scales agree."""
-    from quark.torch import ModelQuantizer
-
-    frozen: list[torch.dtype] = []
-    freeze = ModelQuantizer.freeze
-
-    def freezing(model: Eagle3Draft) -> Eagle3Draft:
-        frozen.extend(model.get_submodule(n).weight.dtype for n in MIDLAYER_LINEARS)
-        return freeze(model)
-
-    monkeypatch.setattr(ModelQuantizer, "freeze", staticmethod(freezing))
-    ckpt = read_checkpoint(write_random_draft(tmp_path / "d", draft_config()))
-    scales, bf16_calls = {}, {}
-    for path in compute.GEMM_PATHS:
-        monkeypatch.setenv(compute.GEMM_ENV, path)
-        model = load_draft_module(ckpt)
-        model.unroll_steps = STEPS
-        linear_dtypes.clear()
-        result = quantize_static(model, load_recipe(), _batches(model), tmp_path / path)
-        bf16_calls[path] = linear_dtypes.count((torch.bfloat16, torch.bfloat16))
-        scales[path] = {n: float(result.tensors[f"{n}.input_scale"]) for n in MIDLAYER_LINEARS}
-    # per batch and step: 7 midlayer linears, plus fc once and lm_head on the scored steps
-    assert bf16_calls["bf16"] >= 7 * STEPS * 4 and bf16_calls["float32"] == 0
-    assert frozen == [torch.float32] * 2 * len(MIDLAYER_LINEARS)
-    for name, scale in scales["bf16"].items():
-        assert abs(scales["float32"][name] - scale) <= RANGE_RTOL * scale, name
-
-
 @pytest.mark.parametrize("weights", ["from BF16", "not BF16 values"])
 def test_calibration_holds_bf16_weights_only_when_exact(
     weights: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
@@ -281,7 +186,7 @@ def test_calibration_holds_bf16_weights_only_when_exact(
         down.weight.data[0, 0] += down.weight.data[0, 0].abs() * 2**-12
     before = down.weight.detach().clone()
     seen: list[torch.dtype] = []
-    batch = _batches(model)[0]
+    batch = compute_batches(model)[0]
     with _native_while_calibrating(model):
         model.register_forward_pre_hook(lambda *_: seen.append(down.weight.dtype))
         model(batch["aux_hidden"], batch["next_ids"])

@@ -24,8 +24,6 @@ from eaglequant.serving import speculative_config
 from eaglequant.validate.validate import acceptance, read_prompts
 from tests.conftest import PYTHON, TOY, run_child
 
-pytestmark = [pytest.mark.vllm, pytest.mark.slow]
-
 # path -> (AVX-512 reported, AVX-512 BF16 reported, the library vLLM must load)
 PATHS = {
     "avx2": (False, False, "_C_AVX2.abi3.so"),

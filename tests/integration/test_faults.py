@@ -11,13 +11,9 @@ import sys
 import time
 from pathlib import Path
 
-import pytest
-
 from eaglequant.io.checkpoint import read_checkpoint
 from eaglequant.io.output import TEMP_MARK
 from tests.conftest import tree_digest
-
-pytestmark = pytest.mark.slow
 
 
 def _export_cmd(src: Path, out: Path, *extra: str) -> list[str]:

@@ -2,11 +2,8 @@
 
 from __future__ import annotations
 
-import itertools
 import json
 from pathlib import Path
-
-import pytest
 
 from eaglequant.tune.choice import (
     beats,
@@ -21,6 +18,42 @@ from eaglequant.tune.sweep import TuneRequest, TuneResult, summarize, to_result
 from tests.conftest import TOY
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+def _results(table: dict[int, dict[int, list[float]]]) -> list[TuneResult]:
+    return [
+        TuneResult(
+            k=k,
+            concurrency=c,
+            runs=runs,
+            mean_tpot_ms=None,
+            acceptance_length=1.5 if k else None,
+            per_position=[0.5] * k,
+        )
+        for c, by_k in table.items()
+        for k, runs in by_k.items()
+    ]
+
+
+REQUEST = TuneRequest(
+    target=TOY / "target", draft=TOY / "draft", ks=(2, 4), concurrencies=(1, 8), isl=64, osl=64
+)
+
+
+SWEEP = {
+    1: {0: [104.0, 105.0, 103.0], 2: [62.0, 63.0, 61.0], 4: [49.0, 50.0, 48.0]},
+    8: {0: [300.0, 302.0, 298.0], 2: [340.0, 338.0, 342.0], 4: [320.0, 330.0, 325.0]},
+}
+
+
+def _schedule_run(at_1: list[float], at_8: list[float]) -> list[TuneResult]:
+    runs = {1: at_1, 8: at_8}
+    return [
+        TuneResult(
+            k=2, concurrency=c, runs=r, mean_tpot_ms=None, acceptance_length=None, schedule=True
+        )
+        for c, r in runs.items()
+    ]
 
 
 def test_beats_only_beyond_the_spread() -> None:
@@ -58,55 +91,6 @@ def test_schedule_ranges_from_winners() -> None:
     assert schedule_from_winners({4: 0, 8: 0}) == [(1, 8, 0)]
 
 
-@pytest.mark.parametrize(
-    "winners",
-    [{1: 0, 8: 2}, {4: 8, 8: 6, 16: 6, 32: 4, 64: 0}, {1: 3}, {2: 0, 3: 5, 100: 0}],
-)
-def test_schedule_passes_vllms_own_validator(winners: dict[int, int]) -> None:
-    from vllm.v1.spec_decode.dynamic.utils import (
-        build_dynamic_sd_schedule_lookup,
-        validate_and_normalize_dynamic_sd_schedule,
-    )
-
-    from eaglequant.serving import schedule_config
-
-    ranges = schedule_from_winners(winners)
-    spec = schedule_config("draft", ranges)
-    schedule = spec["num_speculative_tokens_per_batch_size"]
-    assert validate_and_normalize_dynamic_sd_schedule(schedule) == ranges
-    assert ranges[0][0] == 1
-    assert all(a[1] < b[0] for a, b in itertools.pairwise(ranges))
-    largest = max(winners)
-    if spec["num_speculative_tokens"] == 0:
-        return  # every range 0: vLLM needs no schedule, tune serves none
-    lookup = build_dynamic_sd_schedule_lookup(schedule, largest, spec["num_speculative_tokens"])
-    assert [lookup[c] for c in sorted(winners)] == [winners[c] for c in sorted(winners)]
-
-
-@pytest.mark.parametrize(
-    "schedule",
-    [
-        [(1, 4, 6), (5, 64, 3)],
-        [(1, 1, 0), (2, 8, 2)],
-        [(1, 1, 0), (3, 8, 2)],  # a gap: vLLM carries the previous k through it
-        [(2, 8, 2)],
-        [(1, 4, 2), (4, 8, 3)],
-        [(1, 8, 3), (9, 4, 2)],
-        [(1, 8, -1)],
-        [],
-    ],
-)
-def test_a_given_schedule_is_judged_as_vllm_judges_it(schedule: list[tuple[int, int, int]]) -> None:
-    from vllm.v1.spec_decode.dynamic.utils import validate_and_normalize_dynamic_sd_schedule
-
-    try:
-        validate_and_normalize_dynamic_sd_schedule([list(r) for r in schedule])
-    except ValueError:
-        assert schedule_problem(schedule) is not None
-    else:
-        assert schedule_problem(schedule) is None
-
-
 def test_a_schedule_without_speculation_is_refused() -> None:
     assert schedule_problem([(1, 8, 0)]) == (
         "every k is 0: that is no speculation, which the sweep measures anyway"
@@ -130,40 +114,6 @@ def test_best_single_prefers_matching_the_winners_then_speed() -> None:
     assert best_single(sweep, (0, 2, 4)) == 0
     sweep[8][4] = [360.0, 362.0]
     assert best_single(sweep, (2, 4)) == 4  # now the winner at 8: matching comes first
-
-
-def _results(table: dict[int, dict[int, list[float]]]) -> list[TuneResult]:
-    return [
-        TuneResult(
-            k=k,
-            concurrency=c,
-            runs=runs,
-            mean_tpot_ms=None,
-            acceptance_length=1.5 if k else None,
-            per_position=[0.5] * k,
-        )
-        for c, by_k in table.items()
-        for k, runs in by_k.items()
-    ]
-
-
-REQUEST = TuneRequest(
-    target=TOY / "target", draft=TOY / "draft", ks=(2, 4), concurrencies=(1, 8), isl=64, osl=64
-)
-SWEEP = {
-    1: {0: [104.0, 105.0, 103.0], 2: [62.0, 63.0, 61.0], 4: [49.0, 50.0, 48.0]},
-    8: {0: [300.0, 302.0, 298.0], 2: [340.0, 338.0, 342.0], 4: [320.0, 330.0, 325.0]},
-}
-
-
-def _schedule_run(at_1: list[float], at_8: list[float]) -> list[TuneResult]:
-    runs = {1: at_1, 8: at_8}
-    return [
-        TuneResult(
-            k=2, concurrency=c, runs=r, mean_tpot_ms=None, acceptance_length=None, schedule=True
-        )
-        for c, r in runs.items()
-    ]
 
 
 def test_summary_recommends_a_schedule_that_held_and_reports_it(tmp_path: Path) -> None:

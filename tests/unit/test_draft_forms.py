@@ -12,36 +12,41 @@ from typing import Any
 
 import pytest
 import torch
-from click.testing import CliRunner
 
-from eaglequant.cli import main
 from eaglequant.devtools.synthetic import draft_config, write_random_draft
-from eaglequant.draft import FIRST_LAYER, dims_from_config, structure_problems
+from eaglequant.draft import FIRST_LAYER, structure_problems
 from eaglequant.io.checkpoint import read_checkpoint
 from eaglequant.model.load import load_draft_module, load_reference_layer
-from tests.conftest import MLA, edit_config, tree_digest
+from tests.conftest import edit_config, tree_digest
+from tests.support import invoke
 
 
-def _invoke(args: list[str]) -> tuple[int, str]:
-    result = CliRunner().invoke(main, args)
-    return result.exit_code, result.output
+def _rename_tensors(folder: Path, old: str, new: str) -> None:
+    from safetensors.torch import load_file, save_file
+
+    path = folder / "model.safetensors"
+    tensors = {k.replace(old, new, 1): v for k, v in load_file(str(path)).items()}
+    save_file(tensors, str(path), metadata={"format": "pt"})
 
 
-def test_plain_llama_config_over_eagle3_tensors_exports_and_keeps_its_form(
-    tmp_path: Path,
-) -> None:
-    config = draft_config(architectures=["LlamaForCausalLM"])
-    draft = write_random_draft(tmp_path / "plain", config, seed=4)
-    code, output = _invoke(["inspect", str(draft), "--json"])
-    assert code == 0, output
-    assert json.loads(output)["form"] == "plain Llama config, EAGLE-3 tensors"
-    out = tmp_path / "fp8"
-    code, output = _invoke(["export", str(draft), str(out), "--calib", "none"])
-    assert code == 0, output
-    written = json.loads((out / "config.json").read_text())
-    assert written["architectures"] == ["LlamaForCausalLM"]  # vLLM serves it as Eagle3Llama…
-    assert written["quantization_config"]["exclude"] == ["re:.*fc.*", "re:.*lm_head.*"]
-    assert read_checkpoint(out).tensors["midlayer.mlp.up_proj.weight"].dtype == "F8_E4M3"
+def _step_outputs(draft: Path, **flags: bool) -> list[torch.Tensor]:
+    edit_config(draft, **{k: v or None for k, v in flags.items()})
+    model = load_draft_module(read_checkpoint(draft)).float()
+    generator = torch.Generator().manual_seed(0)
+    aux = torch.randn(1, 6, model.dims.fc_in, generator=generator)
+    ids = torch.randint(0, model.dims.vocab, (1, 6), generator=generator)
+    return [s.logits for s in model.unroll(aux, ids, 2) if s.logits is not None]
+
+
+LAYERED = {
+    "eagle3": ({}, None, "midlayer."),
+    "speculators": ({}, "target", "layers.0."),
+    "qwen3": (
+        {"architectures": ["Eagle3Qwen3ForCausalLM"], "model_type": "qwen3"},
+        None,
+        "layers.0.",
+    ),
+}
 
 
 @pytest.mark.parametrize(
@@ -59,7 +64,7 @@ def test_forms_vllm_would_not_serve_are_refused_with_its_reason(
 ) -> None:
     edit_config(tiny_draft, **change)
     before = tree_digest(tiny_draft)
-    code, output = _invoke(["export", str(tiny_draft), str(tmp_path / "o"), "--calib", "none"])
+    code, output = invoke(["export", str(tiny_draft), str(tmp_path / "o"), "--calib", "none"])
     assert code == 2 and output.startswith("error: ") and message in output, output
     assert len(output.strip().splitlines()) == 1
     assert tree_digest(tiny_draft) == before and not (tmp_path / "o").exists()
@@ -72,7 +77,7 @@ def test_a_variant_without_its_norm_tensor_is_refused(
     tiny_draft: Path, tmp_path: Path, flag: str, tensor: str
 ) -> None:
     edit_config(tiny_draft, **{flag: True})
-    code, output = _invoke(["export", str(tiny_draft), str(tmp_path / "o"), "--calib", "none"])
+    code, output = invoke(["export", str(tiny_draft), str(tmp_path / "o"), "--calib", "none"])
     assert code == 2, output
     assert output == f"error: {tiny_draft}: tensor '{tensor}' is missing; re-export the draft\n"
 
@@ -85,7 +90,7 @@ def test_qwen3_drafts_are_read_with_layers_0_names_and_q_k_norms(tmp_path: Path)
     assert (
         ckpt.tensors["midlayer.self_attn.q_norm.weight"].name == "layers.0.self_attn.q_norm.weight"
     )
-    code, output = _invoke(["inspect", str(draft), "--json"])
+    code, output = invoke(["inspect", str(draft), "--json"])
     assert code == 0, output
     assert json.loads(output)["form"] == "plain Qwen3 config, EAGLE-3 tensors"
     model = load_draft_module(ckpt)
@@ -118,33 +123,16 @@ def test_qwen3_drafts_vllm_would_misread_are_refused(
     config = draft_config(architectures=["Eagle3Qwen3ForCausalLM"], model_type="qwen3")
     draft = write_random_draft(tmp_path / "q", config, seed=7)
     edit(draft)
-    code, output = _invoke(["export", str(draft), str(tmp_path / "o"), "--calib", "none"])
+    code, output = invoke(["export", str(draft), str(tmp_path / "o"), "--calib", "none"])
     assert code == 2 and output.startswith("error: ") and message in output, output
-
-
-def _rename_tensors(folder: Path, old: str, new: str) -> None:
-    from safetensors.torch import load_file, save_file
-
-    path = folder / "model.safetensors"
-    tensors = {k.replace(old, new, 1): v for k, v in load_file(str(path)).items()}
-    save_file(tensors, str(path), metadata={"format": "pt"})
 
 
 def test_a_plain_llama_config_without_eagle3_tensors_is_not_a_draft(tmp_path: Path) -> None:
     config = draft_config(architectures=["LlamaForCausalLM"])
     draft = write_random_draft(tmp_path / "plain", config, seed=4)
     (draft / "model.safetensors").rename(draft / "other.bin")
-    code, output = _invoke(["inspect", str(draft)])
+    code, output = invoke(["inspect", str(draft)])
     assert code == 2, output
-
-
-def _step_outputs(draft: Path, **flags: bool) -> list[torch.Tensor]:
-    edit_config(draft, **{k: v or None for k, v in flags.items()})
-    model = load_draft_module(read_checkpoint(draft)).float()
-    generator = torch.Generator().manual_seed(0)
-    aux = torch.randn(1, 6, model.dims.fc_in, generator=generator)
-    ids = torch.randint(0, model.dims.vocab, (1, 6), generator=generator)
-    return [s.logits for s in model.unroll(aux, ids, 2) if s.logits is not None]
 
 
 @pytest.mark.parametrize("flag", ["norm_before_residual", "norm_output"])
@@ -179,17 +167,6 @@ def test_norm_before_residual_is_vllms_formula(tiny_draft: Path) -> None:
     torch.testing.assert_close(got, expected)
 
 
-LAYERED = {
-    "eagle3": ({}, None, "midlayer."),
-    "speculators": ({}, "target", "layers.0."),
-    "qwen3": (
-        {"architectures": ["Eagle3Qwen3ForCausalLM"], "model_type": "qwen3"},
-        None,
-        "layers.0.",
-    ),
-}
-
-
 @pytest.mark.parametrize("form", sorted(LAYERED))
 def test_inspect_names_every_layer_of_a_multi_layer_draft(tmp_path: Path, form: str) -> None:
     """vLLM builds draft layer i as model.layers.<target layers + i> from the first layer's
@@ -197,7 +174,7 @@ def test_inspect_names_every_layer_of_a_multi_layer_draft(tmp_path: Path, form: 
     change, verifier, first = LAYERED[form]
     config = draft_config(num_hidden_layers=2, **change)
     draft = write_random_draft(tmp_path / "d", config, seed=3, speculators_verifier=verifier)
-    code, output = _invoke(["inspect", str(draft), "--json", "--target-layers", "4"])
+    code, output = invoke(["inspect", str(draft), "--json", "--target-layers", "4"])
     assert code == 0, output
     report = json.loads(output)
     assert ", 2 layers" in report["form"] and report["dims"]["layers"] == 2
@@ -250,7 +227,7 @@ def test_multi_layer_drafts_vllm_would_misread_are_refused(
     tensors = load_file(str(path))
     edit(tensors)
     save_file(tensors, str(path), metadata={"format": "pt"})
-    code, output = _invoke(["export", str(draft), str(tmp_path / "o"), "--calib", "none"])
+    code, output = invoke(["export", str(draft), str(tmp_path / "o"), "--calib", "none"])
     assert code == 2 and output.startswith("error: ") and message in output, output
     assert len(output.strip().splitlines()) == 1
 
@@ -326,7 +303,7 @@ def test_a_quantized_fc_is_a_problem_vllm_would_load(tiny_draft: Path, tmp_path:
     save_file(tensors, str(tiny_draft / "model.safetensors"), metadata={"format": "pt"})
     problems = structure_problems(read_checkpoint(tiny_draft))
     assert [p.loadable for p in problems] == [True, True]
-    code, output = _invoke(["inspect", str(tiny_draft), "--json"])
+    code, output = invoke(["inspect", str(tiny_draft), "--json"])
     assert code == 1
     reported = json.loads(output)["problems"]
     assert reported[0].endswith(
@@ -335,26 +312,6 @@ def test_a_quantized_fc_is_a_problem_vllm_would_load(tiny_draft: Path, tmp_path:
         "from the BF16 draft (eaglequant export keeps fc and lm_head BF16)"
     )
     assert "would refuse" not in output
-
-
-@pytest.mark.slow
-def test_attention_bias_reaches_the_module_and_passes_through_export(tmp_path: Path) -> None:
-    """q/k/v/o biases (vLLM's qkv_proj and o_proj carry them) are in the module's math, and
-    the export keeps them byte for byte beside Quark's FP8 weights."""
-    draft = write_random_draft(tmp_path / "d", draft_config(attention_bias=True), seed=6)
-    model = load_draft_module(read_checkpoint(draft)).float()
-    q_proj = model.midlayer.self_attn.q_proj
-    assert q_proj.bias is not None and torch.equal(
-        q_proj.bias, read_checkpoint(draft).load_tensor("midlayer.self_attn.q_proj.bias").float()
-    )
-    out = tmp_path / "fp8"
-    code, output = _invoke(["export", str(draft), str(out), "--calib", "none"])
-    assert code == 0, output
-    source, written = read_checkpoint(draft), read_checkpoint(out)
-    for proj in ("q_proj", "k_proj", "v_proj", "o_proj"):
-        name = f"midlayer.self_attn.{proj}.bias"
-        assert written.read_raw(name) == source.read_raw(name)
-        assert written.tensors[f"midlayer.self_attn.{proj}.weight"].dtype == "F8_E4M3"
 
 
 def test_the_measurement_layers_carry_the_biases(tmp_path: Path) -> None:
@@ -387,67 +344,3 @@ def test_the_measurement_layers_carry_the_biases(tmp_path: Path) -> None:
         torch.testing.assert_close(
             added - without.midlayer.self_attn.get_submodule(proj)(x), bias.expand_as(added)
         )
-
-
-FORMS = {
-    "eagle3": {},
-    "plain-llama": {"architectures": ["LlamaForCausalLM"]},
-    "norm_before_residual": {"norm_before_residual": True},
-    "norm_output": {"norm_output": True},
-    "norm_before_fc": {"norm_before_fc": True},
-    "fc_norm": {"fc_norm": True},
-    "attention_bias": {"attention_bias": True},
-    "qwen3": {"architectures": ["Eagle3Qwen3ForCausalLM"], "model_type": "qwen3"},
-    "plain-qwen3": {"architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3"},
-    "2-layers": {"num_hidden_layers": 2},
-    "2-layers-plain-llama": {"architectures": ["LlamaForCausalLM"], "num_hidden_layers": 2},
-    "2-layers-qwen3": {"architectures": ["Eagle3Qwen3ForCausalLM"], "model_type": "qwen3"}
-    | {"num_hidden_layers": 2, "attention_bias": True},
-    "3-layers-speculators": {"num_hidden_layers": 3, "norm_before_residual": True},
-    "mla": MLA,
-    "plain-deepseek-v2": MLA | {"architectures": ["DeepseekV2ForCausalLM"]},
-}
-# An MLA draft's kv_b_proj stays BF16 (vLLM splits it into W_UK/W_UV, see mla_draft.py).
-KV_B_PROJ = "re:(.*\\.)?layers\\.\\d+\\.self_attn\\.kv_b_proj$"
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize("form", sorted(FORMS))
-def test_export_of_each_form_tensor_by_tensor(tmp_path: Path, form: str) -> None:
-    """Every form exported: the same stored names, every layer's linears FP8 with per-tensor
-    weight scales max|W|/448 (dequantized within one FP8 step), every other tensor (an MLA
-    draft's kv_b_proj too) byte-identical, the config the input's plus the quantization
-    config."""
-    verifier = "target" if "speculators" in form else None
-    config = draft_config(**FORMS[form])
-    draft = write_random_draft(tmp_path / "d", config, seed=8, speculators_verifier=verifier)
-    out = tmp_path / "fp8"
-    code, output = _invoke(["export", str(draft), str(out), "--calib", "none"])
-    assert code == 0, output
-    source, written = read_checkpoint(draft), read_checkpoint(out)
-    linears = dims_from_config(source.config).linears
-    assert len(linears) == 7 * config["num_hidden_layers"]  # an MLA layer's: all but kv_b_proj
-    mla = "kv_lora_rank" in FORMS[form]
-    assert ("midlayer.self_attn.kv_b_proj.weight" in source.tensors) == mla
-    assert "midlayer.self_attn.kv_b_proj" not in linears
-    quantized = {f"{name}.weight" for name in linears}
-    for name, info in source.tensors.items():
-        assert written.tensors[name].name == info.name
-        if name not in quantized:
-            assert written.read_raw(name) == source.read_raw(name), name
-            continue
-        layer = name.removesuffix(".weight")
-        weight = source.load_tensor(name).float()
-        scale = written.load_tensor(f"{layer}.weight_scale").float()
-        torch.testing.assert_close(scale, weight.abs().max() / 448.0, rtol=1e-6, atol=0)
-        dequantized = written.load_tensor(name).float() * scale
-        assert written.tensors[name].dtype == "F8_E4M3"
-        assert (dequantized - weight).abs().max() <= weight.abs().max() / 16
-        assert written.tensors[f"{layer}.input_scale"].shape == ()
-    assert set(written.tensors) == set(source.tensors) | {
-        f"{n}{s}" for n in linears for s in (".weight_scale", ".input_scale")
-    }
-    config = json.loads((out / "config.json").read_text())
-    kept = [KV_B_PROJ] if mla else []
-    assert config.pop("quantization_config")["exclude"] == ["re:.*fc.*", "re:.*lm_head.*", *kept]
-    assert config == json.loads((draft / "config.json").read_text())

@@ -1,7 +1,7 @@
 """MLA EAGLE-3 drafts (vLLM's deepseek_eagle3.py): recognised, named, and refused with reasons.
 
 The module-vs-vLLM proof and the real engine's layer check are in
-tests/test_draft_equivalence.py; the tensor-by-tensor export in tests/test_draft_forms.py.
+tests/engine/test_draft_equivalence.py; the tensor-by-tensor export in tests/unit/test_draft_forms.py.
 """
 
 from __future__ import annotations
@@ -20,23 +20,7 @@ from eaglequant.devtools.synthetic import draft_config, write_random_draft
 from eaglequant.draft import dims_from_config
 from eaglequant.mla_draft import DEFAULTS, Rope, rope_from_config
 from tests.conftest import MLA, MLA_YARN, edit_config, tree_digest
-
-
-def _inspect(folder: Path) -> tuple[int, dict[str, Any]]:
-    result = CliRunner().invoke(main, ["inspect", str(folder), "--json", "--target-layers", "4"])
-    return result.exit_code, json.loads(result.output)
-
-
-def _fates(report: dict[str, Any]) -> dict[str, tuple[list[str], bool, str]]:
-    return {
-        f["vllm_name"]: (f["checkpoint_names"], f["quantized"], f["reason"])
-        for f in report["fates"]
-    }
-
-
-@pytest.fixture
-def mla_draft(tmp_path: Path) -> Path:
-    return write_random_draft(tmp_path / "mla", draft_config(**MLA), seed=3)
+from tests.support import fates_by_name, inspect_json
 
 
 def test_defaults_are_deepseek_v2_configs(tmp_path: Path) -> None:
@@ -71,12 +55,12 @@ def test_rope_read_as_transformers_standardises_it() -> None:
 
 def test_inspect_names_every_mla_linear_with_vllms_fate(mla_draft: Path) -> None:
     """vLLM fuses q_a_proj and kv_a_proj_with_mqa into fused_qkv_a_proj (one fate)."""
-    code, report = _inspect(mla_draft)
+    code, report = inspect_json(mla_draft)
     assert code == 0, report
     assert report["form"] == "EAGLE-3 MLA (DeepSeek-V2 attention)"
     assert report["dims"]["mla"]["kv_lora_rank"] == 48
     attn = "midlayer.self_attn"
-    assert {n: c for n, (c, _, _) in _fates(report).items()} == {
+    assert {n: c for n, (c, _, _) in fates_by_name(report).items()} == {
         "model.layers.4.self_attn.fused_qkv_a_proj": [
             f"{attn}.q_a_proj",
             f"{attn}.kv_a_proj_with_mqa",
@@ -96,7 +80,7 @@ def test_an_mla_draft_without_q_lora_is_refused_with_vllms_load_error(mla_draft:
     weight to fused_qkv_a_proj, and its loader fails (seen with a real engine)."""
     path = mla_draft / "config.json"
     path.write_text(json.dumps(json.loads(path.read_text()) | {"q_lora_rank": None}))
-    code, report = _inspect(mla_draft)
+    code, report = inspect_json(mla_draft)
     assert code == 1 and report["form"] == "unrecognised"
     assert report["problems"] == [
         f"{path}: q_lora_rank is null: vLLM 0.32's MLA drafter then builds q_proj and "
@@ -105,23 +89,6 @@ def test_an_mla_draft_without_q_lora_is_refused_with_vllms_load_error(mla_draft:
         "'layers.0.self_attn.fused_qkv_a_proj'); serve an MLA draft with q LoRA (q_a_proj, "
         "q_a_layernorm, q_b_proj)"
     ]
-
-
-@pytest.mark.slow
-def test_inspect_of_the_export_predicts_kv_b_proj_bf16(mla_draft: Path, tmp_path: Path) -> None:
-    out = tmp_path / "fp8"
-    result = CliRunner().invoke(main, ["export", str(mla_draft), str(out), "--calib", "none"])
-    assert result.exit_code == 0, result.output
-    code, report = _inspect(out)
-    assert code == 0 and report["problems"] == [], report
-    fates = _fates(report)
-    assert {n for n, (_, quantized, _) in fates.items() if not quantized} == {
-        "model.layers.4.self_attn.kv_b_proj",
-        "model.fc",
-        "lm_head",
-    }
-    assert fates["model.layers.4.self_attn.kv_b_proj"][2] == "excluded"
-    assert fates["model.layers.4.self_attn.fused_qkv_a_proj"][1]
 
 
 @pytest.mark.parametrize(
@@ -165,7 +132,7 @@ def test_moe_tensors_in_the_draft_layer_are_refused(mla_draft: Path) -> None:
     tensors = load_file(str(path))
     tensors["midlayer.mlp.experts.0.gate_proj.weight"] = torch.zeros(8, 64, dtype=torch.bfloat16)
     save_file(tensors, str(path), metadata={"format": "pt"})
-    code, report = _inspect(mla_draft)
+    code, report = inspect_json(mla_draft)
     assert code == 1
     assert report["problems"] == [
         f"{path}: tensor 'midlayer.mlp.experts.0.gate_proj.weight': is not part of this "
@@ -179,13 +146,13 @@ def test_a_plain_deepseek_v2_config_over_eagle3_tensors_is_an_mla_draft(tmp_path
     without EAGLE-3 tensors (fc, the MLA midlayer) such a config is a target, not a draft."""
     config = draft_config(**MLA | {"architectures": ["DeepseekV2ForCausalLM"]})
     draft = write_random_draft(tmp_path / "plain", config, seed=5)
-    code, report = _inspect(draft)
+    code, report = inspect_json(draft)
     assert code == 0, report
     assert report["form"] == "plain MLA (DeepSeek-V2 attention) config, EAGLE-3 tensors"
     path = draft / "model.safetensors"
     tensors = load_file(str(path))
     del tensors["fc.weight"]
     save_file(tensors, str(path), metadata={"format": "pt"})
-    code, report = _inspect(draft)
+    code, report = inspect_json(draft)
     assert code == 1 and report["form"] == "unrecognised"
     assert "is not an EAGLE-3 Llama draft" in report["problems"][0]

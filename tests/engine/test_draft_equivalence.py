@@ -43,7 +43,6 @@ from tests.conftest import (
     run_child,
 )
 
-pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 TOLERANCE = 1e-4
 PROMPT = "def function_12(x):\n    return x * 12 + 5\n\ndef function_13(x):"
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 from statistics import fmean
 
@@ -12,99 +11,10 @@ import yaml
 from click.testing import CliRunner
 
 from eaglequant.cli import main
-from eaglequant.engine.config import EngineOptions
-from eaglequant.errors import InputError
-from eaglequant.tune.request import TuneRequest, check_request, engine_flags
 from tests.conftest import TOY, toy_prompts_file
+from tests.support import servers_running
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
-
-
-def test_max_model_len_headroom_is_checked_before_serving(tmp_path: Path) -> None:
-    request = TuneRequest(
-        target=TOY / "target",
-        draft=TOY / "draft",
-        ks=(4, 6, 8),
-        isl=1024,
-        osl=1024,
-        engine=EngineOptions(max_model_len=2048),
-    )
-    with pytest.raises(
-        InputError, match=r"--max-model-len 2048 is too small .* set --max-model-len 2056"
-    ):
-        check_request(request)
-    given = TuneRequest(
-        target=TOY / "target",
-        draft=TOY / "draft",
-        ks=(2,),
-        isl=8,
-        osl=8,
-        engine=EngineOptions(max_model_len=300),
-    )
-    assert " ".join(engine_flags(given, None, check_request(given))).startswith(
-        "--tensor-parallel-size 1 --max-model-len 300"
-    )
-    passthrough = TuneRequest(
-        target=TOY / "target", draft=TOY / "draft", ks=(6,), serve_args=("--max-model-len", "2304")
-    )
-    assert check_request(passthrough) == 2304
-    result = CliRunner().invoke(
-        main,
-        [
-            "tune",
-            "--target",
-            str(TOY / "target"),
-            "--draft",
-            str(TOY / "draft"),
-            "--max-model-len",
-            "100",
-        ],
-    )
-    assert result.exit_code == 2 and "is too small" in result.output
-
-
-def test_a_bad_schedule_or_repeats_is_refused_before_serving() -> None:
-    base = {"target": TOY / "target", "draft": TOY / "draft", "ks": (2,), "isl": 10, "osl": 10}
-    with pytest.raises(InputError, match=r"must start at batch size 1"):
-        check_request(TuneRequest(**base, schedule=((2, 8, 2),)))
-    with pytest.raises(InputError, match=r"at least once"):
-        check_request(TuneRequest(**base, repeats=0))
-    # The headroom covers a given schedule's k beyond the swept ks.
-    assert check_request(TuneRequest(**base, schedule=((1, 1, 0), (2, 8, 7)))) == 27
-    args = ["tune", "--target", str(TOY / "target"), "--draft", str(TOY / "draft")]
-    result = CliRunner().invoke(main, [*args, "--schedule", "1-4:2"])
-    assert result.exit_code == 2
-    assert result.output.splitlines()[-1] == (
-        "error: --schedule '1-4:2': give a JSON list of [first batch size, last, k], "
-        "e.g. [[1,4,6],[5,64,3]]"
-    )
-    assert not _servers_running()
-
-
-def test_unknown_engine_arg_is_refused_before_any_server_starts() -> None:
-    args = ["tune", "--target", str(TOY / "target"), "--draft", str(TOY / "draft")]
-    result = CliRunner().invoke(main, [*args, "--engine-arg", "gpu_memory_util=0.9"])
-    assert result.exit_code == 2
-    assert result.output.splitlines()[-1] == (
-        "error: engine argument 'gpu_memory_util' is not a vLLM EngineArgs field; "
-        "did you mean 'gpu_memory_utilization'?"
-    )
-    assert not _servers_running()
-
-
-def _servers_running() -> list[str]:
-    """vLLM servers this test process started and left running (not others on the machine)."""
-    found = []
-    for pid in os.listdir("/proc"):
-        if pid.isdigit():
-            try:
-                cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
-                parent = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
-            except (OSError, IndexError, ValueError):
-                continue
-            if "vllm.entrypoints.openai.api_server" in cmdline and parent == os.getpid():
-                found.append(cmdline)
-    return found
 
 
 @pytest.fixture(scope="module")
@@ -181,8 +91,6 @@ def tune_out(tmp_path_factory: pytest.TempPathFactory, fp8_draft: Path) -> Path:
     return out
 
 
-@pytest.mark.vllm
-@pytest.mark.slow
 def test_tune_runs_servers_and_writes_results(tune_out: Path) -> None:
     summary = json.loads((tune_out / "results.json").read_text())
     measured = {(r["k"], r["concurrency"]) for r in summary["results"]}
@@ -199,11 +107,9 @@ def test_tune_runs_servers_and_writes_results(tune_out: Path) -> None:
     )
     for name in ("throughput.png", "speedup.png", "acceptance.png"):
         assert (tune_out / name).read_bytes()[:8] == PNG_MAGIC
-    assert not _servers_running()
+    assert not servers_running()
 
 
-@pytest.mark.vllm
-@pytest.mark.slow
 def test_where_speculation_loses_no_speculation_is_recommended(tune_out: Path) -> None:
     summary = json.loads((tune_out / "results.json").read_text())
     runs = {(r["k"], r["concurrency"]): r["runs"] for r in summary["results"]}
@@ -219,8 +125,6 @@ def test_where_speculation_loses_no_speculation_is_recommended(tune_out: Path) -
         assert "--speculative-config" not in summary["serve_command"]
 
 
-@pytest.mark.vllm
-@pytest.mark.slow
 def test_the_schedule_is_served_measured_and_reported(tune_out: Path) -> None:
     summary = json.loads((tune_out / "results.json").read_text())
     schedule = summary["schedule"]
@@ -242,8 +146,6 @@ def test_the_schedule_is_served_measured_and_reported(tune_out: Path) -> None:
         assert line in text
 
 
-@pytest.mark.vllm
-@pytest.mark.slow
 def test_card_from_export_and_tuning(tune_out: Path, fp8_draft: Path) -> None:
     card = CliRunner().invoke(
         main,

@@ -27,7 +27,6 @@ from eaglequant.validate.validate import (
 )
 from tests.conftest import TOY, toy_prompts_file
 
-pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 PROMPTS = 8
 MAX_TOKENS = 32
 

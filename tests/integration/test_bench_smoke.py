@@ -7,11 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
-
 from tests.conftest import REPO
-
-pytestmark = pytest.mark.slow
 
 
 def test_small_benchmark_runs_and_ptpc_matches_quark(tmp_path: Path) -> None:

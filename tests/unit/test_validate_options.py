@@ -46,14 +46,3 @@ def test_thresholds_come_from_the_recipe_the_draft_was_exported_with(tmp_path: P
     recipe = {"name": "custom", "validation": {"min_acceptance_ratio": 0.9, "scale_tolerance": 8}}
     (tmp_path / MANIFEST_FILE).write_text(json.dumps({"recipe": recipe}))
     assert validation_spec(tmp_path, None) == ValidationSpec(0.9, 8)
-
-
-def test_a_named_recipe_overrides_the_manifest(tmp_path: Path) -> None:
-    recipe_file = tmp_path / "strict.yaml"
-    recipe_file.write_text(
-        (Path(__file__).parent.parent / "configs" / "fp8-static.yaml")
-        .read_text()
-        .replace("min_acceptance_ratio: 0.98", "min_acceptance_ratio: 0.995")
-    )
-    (tmp_path / MANIFEST_FILE).write_text(json.dumps({"recipe": {"validation": {}}}))
-    assert validation_spec(tmp_path, str(recipe_file)).min_acceptance_ratio == 0.995
