@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from eaglequant.engine.config import device_count
+from eaglequant.engine.config import EngineOptions, device_count
 from eaglequant.errors import InputError
 from eaglequant.render.reports import comparison_markdown, tune_markdown
 from eaglequant.tune.baseline import Candidate, Run, Sample, candidates, summarize
@@ -223,6 +223,7 @@ def summary(tmp_path: Path) -> Any:
         ks=(3,),
         concurrencies=(4, 64),
         servers=KEEP,
+        engine=EngineOptions(tensor_parallel_size=4),
         out=tmp_path,
     )
     configs = candidates(request)
@@ -281,7 +282,7 @@ def test_the_release_table(summary: Any, tmp_path: Path) -> None:
     assert "Controlled: one vLLM build (0.32.0) for all three configurations" in text
     assert "3 server start(s), 180 s in all" in text
     assert "round 1: baseline k=3 -> draft k=3 -> no speculation" in text
-    assert "- draft k=3: `vllm serve /models/target --tensor-parallel-size 1" in text
+    assert "- draft k=3: `vllm serve /models/target --tensor-parallel-size 4" in text
     saved = json.loads((tmp_path / "results.json").read_text())
     assert saved == json.loads(json.dumps(summary))
     assert (tmp_path / "results.md").read_text().endswith(text)
