@@ -31,7 +31,7 @@ from eaglequant.engine.server import Server
 from eaglequant.environment import environment
 from eaglequant.errors import CheckFailed
 from eaglequant.serving import speculative_config
-from eaglequant.tune.bench import WARMUP_SEED, bench_command, run_bench
+from eaglequant.tune.bench import bench_command, run_bench, warm_up
 from eaglequant.tune.compare import (
     best_by_concurrency,
     choose,
@@ -132,19 +132,11 @@ class Run:
         start_s = server.start(self.request.server_timeout_s)
         try:
             self.starts.append({"label": candidate.label, "round": round_, "start_s": start_s})
-            self.warm_up(server, name)
+            level = max(self.request.concurrencies)
+            warm_up(self.request, server.url, level, self.request.bench_timeout_s)
             yield server
         finally:
             server.stop()
-
-    def warm_up(self, server: Server, name: str) -> None:
-        """The same warm-up for every server: max-concurrency requests of other prompts."""
-        level = max(self.request.concurrencies)
-        result = self.scratch / f"warmup-{name}.json"
-        cmd = bench_command(
-            self.request, server.port, level, result, prompts=level, seed=WARMUP_SEED
-        )
-        run_bench(cmd, result, self.request.out / "bench.log", self.request.bench_timeout_s)
 
     def measure(self, server: Server, candidate: Candidate, concurrency: int, round_: int) -> None:
         """One bench run; the /metrics delta around it must agree with the bench's file."""

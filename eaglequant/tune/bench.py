@@ -10,6 +10,8 @@ from __future__ import annotations
 import json
 import os
 import sys
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -26,9 +28,10 @@ BENCH_SCRIPT = (
     "add_cli_args(parser)\n"
     "main(parser.parse_args(sys.argv[1:]))\n"
 )
-MEASURED_SEED = 0
-# Warm-up requests use other random prompts, so the measured ones meet no cached prefix.
-WARMUP_SEED = 1
+SEED = 0
+# Warm-up prompts are token ids cycling through 1..WARMUP_IDS (inside any real vocabulary):
+# exactly ISL tokens, and no prefix that a measured prompt could find cached.
+WARMUP_IDS = 1000
 
 
 def num_prompts(request: TuneRequest, concurrency: int) -> int:
@@ -42,15 +45,13 @@ def bench_command(
     result_file: Path,
     *,
     warmups: int = 0,
-    prompts: int | None = None,
-    seed: int = MEASURED_SEED,
 ) -> list[str]:
     """The ``vllm bench serve`` command line for one measurement at ``concurrency``."""
     cmd = [sys.executable, "-c", BENCH_SCRIPT, "--backend", "vllm", "--model", str(request.target)]
     cmd += ["--host", HOST, "--port", str(port), "--max-concurrency", str(concurrency)]
-    cmd += ["--num-prompts", str(prompts or num_prompts(request, concurrency))]
+    cmd += ["--num-prompts", str(num_prompts(request, concurrency))]
     cmd += ["--save-result", "--result-dir", str(result_file.parent)]
-    cmd += ["--result-filename", result_file.name, "--temperature", "0", "--seed", str(seed)]
+    cmd += ["--result-filename", result_file.name, "--temperature", "0", "--seed", str(SEED)]
     cmd += ["--disable-tqdm", "--num-warmups", str(warmups)]
     return cmd + dataset_flags(request)
 
@@ -100,3 +101,33 @@ def run_bench(cmd: list[str], result_file: Path, log_path: Path, timeout: float)
     if not done.ok or not result_file.is_file():
         raise CheckFailed(f"vllm bench serve failed ({done.cause()}):\n{log_tail(log)}")
     return dict(json.loads(result_file.read_text()))
+
+
+def warm_up(request: TuneRequest, url: str, concurrency: int, timeout: float) -> None:
+    """``concurrency`` completions of OSL tokens at once (ISL-token prompts) on one server.
+
+    Sent straight to ``/v1/completions`` (no bench process to start): the same requests
+    for every configuration, before the /metrics snapshot that opens the measurement.
+    """
+    body = json.dumps(
+        {
+            "model": str(request.target),
+            "prompt": [1 + i % WARMUP_IDS for i in range(request.isl)],
+            "max_tokens": request.osl,
+            "temperature": 0,
+            "ignore_eos": True,
+        }
+    ).encode()
+
+    def complete(_: int) -> None:
+        post = urllib.request.Request(
+            f"{url}/v1/completions", data=body, headers={"Content-Type": "application/json"}
+        )
+        try:
+            with urllib.request.urlopen(post, timeout=timeout) as response:
+                response.read()
+        except OSError as exc:  # URLError, HTTPError, timeouts
+            raise CheckFailed(f"the warm-up request to {url} failed: {exc}") from exc
+
+    with ThreadPoolExecutor(max_workers=concurrency) as pool:
+        list(pool.map(complete, range(concurrency)))
