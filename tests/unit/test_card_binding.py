@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
 
 import pytest
@@ -15,8 +14,10 @@ from eaglequant.cli import main
 from eaglequant.errors import InputError
 from eaglequant.provenance import command_string, machine_paths
 from eaglequant.render.reports import PLOTS
+from eaglequant.tune.report import write_reports
+from eaglequant.tune.sweep import TuneRequest, TuneResult, summarize
 from eaglequant.validate.validate import ValidateRequest, check_inputs
-from tests.conftest import REPO, TOY
+from tests.conftest import TOY
 from tests.exported import LOCAL_NAMES, Exported, flip_byte, make_exported
 
 REPO_ID = "example/toy-eagle3-fp8"
@@ -155,9 +156,24 @@ def test_card_embeds_recorded_tune_results_without_their_paths(
     exported: Exported, tmp_path: Path
 ) -> None:
     tune_dir = tmp_path / "tune-local"
-    shutil.copytree(REPO / "bench" / "results-tune" / "toy-target", tune_dir)
-    summary = json.loads((tune_dir / "results.json").read_text())
-    assert summary["target"].startswith("/")  # recorded on another machine, absolute
+    request = TuneRequest(
+        target=TOY / "target", draft=exported.folder, ks=(2,), concurrencies=(1,), isl=64, osl=32
+    )
+    results = [
+        TuneResult(
+            k=k,
+            concurrency=1,
+            runs=runs,
+            mean_tpot_ms=None,
+            acceptance_length=2.5 if k else None,
+            per_position=[0.8, 0.7][:k],
+        )
+        for k, runs in ((0, [243.3, 221.3, 266.6]), (2, [210.6, 205.0, 215.1]))
+    ]
+    summary = summarize(request, results, 200)
+    tune_dir.mkdir()
+    write_reports(tune_dir, summary)
+    assert summary["target"].startswith("/")  # recorded on this machine, absolute
     code, output = card(exported, "--tune", str(tune_dir))
     assert code == 0, output
     text = (exported.folder / "README.md").read_text()
