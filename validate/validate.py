@@ -45,8 +45,10 @@ from eaglequant.engine.process import ChildRun, run_child
 from eaglequant.errors import EngineFailed, InputError
 from eaglequant.exclusions import predict_fates
 from eaglequant.io.checkpoint import read_checkpoint
-from eaglequant.io.records import jsonl_records, read_utf8
 from eaglequant.manifest import MANIFEST_FILE, read_json_object
+from eaglequant.prompts.chat import RenderedPrompts, render_for_target
+from eaglequant.prompts.records import read_prompts as read_prompts
+from eaglequant.prompts.source import text_hashes
 from eaglequant.recipe import ValidationSpec, load_recipe
 from eaglequant.serving import speculative_config
 from eaglequant.validate.check import Check
@@ -77,6 +79,9 @@ class ValidateRequest:
     tie_margin: float = DEFAULT_TIE_MARGIN
     capture: CaptureEngine = field(default_factory=CaptureEngine)
     hidden_states: Path | None = None
+    categories: list[str] | None = None  # one per prompt
+    prompt_set: dict[str, Any] | None = None  # the prompts' source and sha256
+    chat_template: bool = True  # render with the target's chat template when it has one
 
 
 @dataclass
@@ -92,6 +97,9 @@ class ValidationReport:
     engines: dict[str, dict[str, Any]]
     checks: list[Check]
     serve_command: str | None = None
+    chat_template: bool = False
+    prompt_set: dict[str, Any] | None = None
+    calibration_overlap: dict[str, Any] | None = None
 
     @property
     def passed(self) -> bool:
@@ -101,23 +109,6 @@ class ValidationReport:
         data = asdict(self)
         data["passed"] = self.passed
         return data
-
-
-def read_prompts(path: Path) -> list[str]:
-    """Prompts from a .jsonl (``text`` or ``prompt`` fields) or .txt (one per line)."""
-    raw = read_utf8(path, "prompts")
-    if path.suffix == ".jsonl":
-        prompts = []
-        for number, record in jsonl_records(path, raw):
-            text = record.get("text", record.get("prompt"))
-            if not isinstance(text, str):
-                raise InputError(f"{path}:{number}: needs a 'text' or 'prompt' string")
-            prompts.append(text)
-    else:
-        prompts = [line for line in raw.splitlines() if line.strip()]
-    if not prompts:
-        raise InputError(f"{path}: holds no prompts")
-    return prompts
 
 
 def validation_spec(draft: Path, recipe: str | None) -> ValidationSpec:
@@ -141,6 +132,11 @@ def check_inputs(request: ValidateRequest) -> None:
     """Everything that can be checked before any engine starts."""
     if not request.target.is_dir():
         raise InputError(f"{request.target}: no such target folder; pass the target model's folder")
+    if request.categories is not None and len(request.categories) != len(request.prompts):
+        raise InputError(
+            f"{len(request.categories)} categories for {len(request.prompts)} prompts; "
+            "give one category per prompt"
+        )
     dims = {}
     for folder in (request.draft, request.baseline):
         ckpt = read_checkpoint(folder)  # as vLLM reads it, in any draft format
@@ -167,17 +163,18 @@ def validate(
 ) -> ValidationReport:
     """Run the three engines (or reuse finished ``target``/``bf16`` runs) and the six checks."""
     check_inputs(request)
+    rendered = engine_prompts(request)
     engines: dict[str, dict[str, Any]] = dict(reuse or {})
     for role, draft in (("target", None), ("bf16", request.baseline), ("fp8", request.draft)):
         if role in engines:
             continue
         progress(f"vLLM engine: {role} ...")
-        engines[role] = run_engine(request, draft)
+        engines[role] = run_engine(request, draft, rendered)
         state = "ok" if engines[role]["ok"] else "FAILED"
         progress(f"vLLM engine: {role} {state} ({engines[role]['wall_s']:.0f}s)")
     checks = _engine_checks(request, engines)
     progress("scale plausibility ...")
-    checks.append(scale_plausibility(request, engines["target"]))
+    checks.append(scale_plausibility(request, engines["target"], rendered))
     fp8 = engines["fp8"]
     fp8_config = fp8.get("result", {}).get("engine_config", {})
     return ValidationReport(
@@ -192,18 +189,45 @@ def validate(
         engines={role: _engine_summary(e) for role, e in engines.items()},
         checks=checks,
         serve_command=fp8_config.get("serve_line"),
+        chat_template=rendered.chat_template,
+        prompt_set=request.prompt_set,
+        calibration_overlap=calibration_overlap(request.draft, request.prompts),
     )
 
 
-def run_engine(request: ValidateRequest, draft: Path | None) -> dict[str, Any]:
+def engine_prompts(request: ValidateRequest) -> RenderedPrompts:
+    """The prompts as every engine gets them: through the target's chat template, if asked."""
+    return render_for_target(request.target, request.prompts, request.chat_template)
+
+
+def calibration_overlap(draft: Path, prompts: list[str]) -> dict[str, Any] | None:
+    """How many validation prompts the draft was calibrated on (its manifest's text hashes);
+    None when the manifest records none."""
+    manifest = draft / MANIFEST_FILE
+    if not manifest.is_file():
+        return None
+    calibration = read_json_object(manifest, "export manifest").get("calibration") or {}
+    data = calibration.get("data") or (calibration.get("capture") or {}).get("data")
+    if not isinstance(data, dict) or not data.get("text_hashes"):
+        return None
+    calibrated = set(data["text_hashes"])
+    shared = sum(1 for digest in text_hashes(prompts) if digest in calibrated)
+    return {"calibration": data.get("source"), "shared": shared, "prompts": len(prompts)}
+
+
+def run_engine(
+    request: ValidateRequest, draft: Path | None, rendered: RenderedPrompts | None = None
+) -> dict[str, Any]:
     """One engine in a child process (own process group), bounded by the timeout."""
+    rendered = rendered or engine_prompts(request)
     with tempfile.TemporaryDirectory(prefix="eaglequant-engine-") as scratch:
         spec_path, out_path = Path(scratch) / "spec.json", Path(scratch) / "out.json"
         log_path = Path(scratch) / "engine.log"
         speculative = speculative_config(str(draft), request.k) if draft else None
         spec = {
             "llm": llm_kwargs(request.engine, str(request.target), speculative),
-            "prompts": request.prompts,
+            "prompts": rendered.texts,
+            "add_special_tokens": rendered.add_special_tokens,
             "max_tokens": request.max_tokens,
             "logprobs": None if draft else TOP_LOGPROBS,
         }
@@ -368,7 +392,9 @@ def _per_position(engines: dict[str, dict[str, Any]]) -> Check:
     return Check("5 per-position", True, detail, {"fp8": fp8, "bf16": bf16})
 
 
-def scale_plausibility(request: ValidateRequest, target_engine: dict[str, Any]) -> Check:
+def scale_plausibility(
+    request: ValidateRequest, target_engine: dict[str, Any], rendered: RenderedPrompts
+) -> Check:
     """Check 6 on the validation sequences: each prompt and the target's own continuation."""
     from eaglequant.validate.plausibility import PlausibilityInputs
     from eaglequant.validate.plausibility import scale_plausibility as check
@@ -377,7 +403,8 @@ def scale_plausibility(request: ValidateRequest, target_engine: dict[str, Any]) 
         target=request.target,
         draft=request.draft,
         baseline=request.baseline,
-        prompts=request.prompts,
+        prompts=rendered.texts,
+        add_special_tokens=rendered.add_special_tokens,
         generated=target_engine.get("result", {}).get("token_ids"),
         k=request.k,
         tolerance=request.scale_tolerance,

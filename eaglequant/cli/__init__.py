@@ -21,6 +21,7 @@ from eaglequant.cli.card import card
 from eaglequant.cli.export import export
 from eaglequant.cli.fix_config import fix_config_command
 from eaglequant.cli.inspect import inspect
+from eaglequant.cli.prompts import prompts
 from eaglequant.cli.toy import toy
 from eaglequant.cli.tune import tune
 from eaglequant.cli.validate import validate
@@ -56,7 +57,7 @@ def main() -> None:
     """Turn a BF16 EAGLE-3 draft into a static FP8 E4M3 draft that vLLM loads, and prove it."""
 
 
-for _command in (inspect, fix_config_command, card, toy, export, capture, validate, tune):
+for _command in (inspect, fix_config_command, card, toy, export, capture, validate, tune, prompts):
     main.add_command(_command)
 
 if __name__ == "__main__":

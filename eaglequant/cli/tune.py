@@ -7,7 +7,7 @@ from pathlib import Path
 
 import click
 
-from eaglequant.cli.options import PATH, engine_options, engine_settings, int_list
+from eaglequant.cli.options import PATH, PROMPTS_FILE, engine_options, engine_settings, int_list
 from eaglequant.errors import InputError
 
 
@@ -28,7 +28,12 @@ from eaglequant.errors import InputError
 @click.option(
     "--osl", type=click.IntRange(min=1), default=1024, show_default=True, help="Output length."
 )
-@click.option("--prompts", type=PATH, help="A .jsonl of {'prompt': ...} instead of random tokens.")
+@click.option(
+    "--prompts",
+    type=PROMPTS_FILE,
+    help="A .jsonl of {'prompt': ...}, or a prompt set (mt-bench, humaneval, sharegpt[:N]), "
+    "instead of random tokens.",
+)
 @click.option(
     "--num-prompts", type=click.IntRange(min=1), help="Requests per level (default 2x concurrency)."
 )
