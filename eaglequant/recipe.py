@@ -52,6 +52,7 @@ class ValidationSpec:
 
     min_acceptance_ratio: float = 0.98
     scale_tolerance: float = 4.0
+    min_category_drafts: int = 256  # a prompt category is judged from this many draft tokens
 
 
 @dataclass(frozen=True)
@@ -167,6 +168,8 @@ def _check_values(recipe: Recipe, path: str) -> None:
         raise InputError(f"{path}: 'calibration.held_out' >= 0 and 'fixed_input_amax' > 0 required")
     if recipe.activation.granularity == "per_token" and not recipe.activation.dynamic:
         raise InputError(f"{path}: 'activation.granularity: per_token' requires 'dynamic: true'")
+    if recipe.validation.min_category_drafts < 1:
+        raise InputError(f"{path}: 'validation.min_category_drafts' must be at least 1")
     if (
         not 0 < recipe.validation.min_acceptance_ratio <= 1.5
         or recipe.validation.scale_tolerance <= 1

@@ -51,6 +51,7 @@ from eaglequant.prompts.records import read_prompts as read_prompts
 from eaglequant.prompts.source import text_hashes
 from eaglequant.recipe import ValidationSpec, load_recipe
 from eaglequant.serving import speculative_config
+from eaglequant.validate.categories import by_category
 from eaglequant.validate.check import Check
 from eaglequant.validate.lossless import (
     DEFAULT_MODE,
@@ -80,6 +81,7 @@ class ValidateRequest:
     capture: CaptureEngine = field(default_factory=CaptureEngine)
     hidden_states: Path | None = None
     categories: list[str] | None = None  # one per prompt
+    min_category_drafts: int = ValidationSpec.min_category_drafts
     prompt_set: dict[str, Any] | None = None  # the prompts' source and sha256
     chat_template: bool = True  # render with the target's chat template when it has one
 
@@ -100,6 +102,8 @@ class ValidationReport:
     chat_template: bool = False
     prompt_set: dict[str, Any] | None = None
     calibration_overlap: dict[str, Any] | None = None
+    categories: dict[str, dict[str, Any]] | None = None
+    min_category_drafts: int | None = None
 
     @property
     def passed(self) -> bool:
@@ -192,7 +196,20 @@ def validate(
         chat_template=rendered.chat_template,
         prompt_set=request.prompt_set,
         calibration_overlap=calibration_overlap(request.draft, request.prompts),
+        categories=_categories(request, engines),
+        min_category_drafts=request.min_category_drafts if request.categories else None,
     )
+
+
+def _categories(
+    request: ValidateRequest, engines: dict[str, dict[str, Any]]
+) -> dict[str, dict[str, Any]] | None:
+    """Acceptance by category for both drafts (None without categories or per-prompt counts)."""
+    results = {role: engines[role].get("result", {}) for role in ("bf16", "fp8")}
+    if request.categories is None or any("per_request" not in r for r in results.values()):
+        return None
+    per_request = {role: result["per_request"] for role, result in results.items()}
+    return by_category(request.categories, per_request, request.min_category_drafts)
 
 
 def engine_prompts(request: ValidateRequest) -> RenderedPrompts:

@@ -136,6 +136,7 @@ def validate(
         categories=prompt_set.categories,
         prompt_set=prompt_set.describe(),
         chat_template=not no_chat_template,
+        min_category_drafts=thresholds.min_category_drafts,
         k=k,
         max_tokens=max_tokens,
         min_acceptance_ratio=(
