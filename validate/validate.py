@@ -51,7 +51,7 @@ from eaglequant.prompts.records import read_prompts as read_prompts
 from eaglequant.prompts.source import text_hashes
 from eaglequant.recipe import ValidationSpec, load_recipe
 from eaglequant.serving import speculative_config
-from eaglequant.validate.categories import by_category
+from eaglequant.validate.categories import ROLES, by_category, category_summary
 from eaglequant.validate.check import Check
 from eaglequant.validate.lossless import (
     DEFAULT_MODE,
@@ -59,6 +59,7 @@ from eaglequant.validate.lossless import (
     TOP_LOGPROBS,
     lossless_check,
 )
+from eaglequant.validate.stats import FAIL, PromptCounts
 
 LOG_TAIL_CHARS = 4000
 BAD_EXCLUSION_SIGNATURE = "Attempted to load weight"
@@ -177,6 +178,9 @@ def validate(
         state = "ok" if engines[role]["ok"] else "FAILED"
         progress(f"vLLM engine: {role} {state} ({engines[role]['wall_s']:.0f}s)")
     checks = _engine_checks(request, engines)
+    categories = _categories(request, engines)
+    if categories is not None:
+        checks += category_checks(categories, request.min_acceptance_ratio)
     progress("scale plausibility ...")
     checks.append(scale_plausibility(request, engines["target"], rendered))
     fp8 = engines["fp8"]
@@ -196,7 +200,7 @@ def validate(
         chat_template=rendered.chat_template,
         prompt_set=request.prompt_set,
         calibration_overlap=calibration_overlap(request.draft, request.prompts),
-        categories=_categories(request, engines),
+        categories=categories,
         min_category_drafts=request.min_category_drafts if request.categories else None,
     )
 
@@ -205,11 +209,38 @@ def _categories(
     request: ValidateRequest, engines: dict[str, dict[str, Any]]
 ) -> dict[str, dict[str, Any]] | None:
     """Acceptance by category for both drafts (None without categories or per-prompt counts)."""
-    results = {role: engines[role].get("result", {}) for role in ("bf16", "fp8")}
-    if request.categories is None or any("per_request" not in r for r in results.values()):
+    counts = {role: engines[role].get("result", {}).get("per_request") for role in ROLES}
+    if request.categories is None or any(c is None or None in c for c in counts.values()):
         return None
-    per_request = {role: result["per_request"] for role, result in results.items()}
-    return by_category(request.categories, per_request, request.min_category_drafts)
+    return by_category(
+        request.categories,
+        {role: [PromptCounts.from_json(c) for c in counts[role]] for role in ROLES},
+        min_drafts=request.min_category_drafts,
+        threshold=request.min_acceptance_ratio,
+        acceptance=acceptance,
+    )
+
+
+def category_checks(table: dict[str, dict[str, Any]], threshold: float) -> list[Check]:
+    """Checks 2 and 5 for each judged category: failed when one category's verdict is FAIL."""
+    checks = []
+    for number, name, what in (
+        ("2", "2 acceptance by category", "mean acceptance length"),
+        ("5", "5 per-position by category", "acceptance at every position"),
+    ):
+        summary = category_summary(table, number)
+        failed = summary.get(FAIL, [])
+        parts = [
+            f"{verdict}: {', '.join(names)}"
+            for verdict, names in summary.items()
+            if names and verdict != "not judged"
+        ]
+        parts += [f"reported, not judged: {', '.join(summary['not judged'])}"] * bool(
+            summary["not judged"]
+        )
+        detail = f"FP8/BF16 {what} >= {threshold} per category; " + "; ".join(parts)
+        checks.append(Check(name, not failed, detail, {"verdicts": summary}))
+    return checks
 
 
 def engine_prompts(request: ValidateRequest) -> RenderedPrompts:

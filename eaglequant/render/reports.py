@@ -32,7 +32,14 @@ def category_rows(report: dict[str, Any]) -> list[tuple[str, ...]]:
     for name, row in (report.get("categories") or {}).items():
         bf16, fp8 = row["bf16"], row["fp8"]
         means = (bf16["mean_length"], fp8["mean_length"])
-        ratio = means[1] / means[0] if None not in means and means[0] else None
+        ratio = "-"
+        if None not in means and means[0]:
+            ratio = f"{means[1] / means[0]:.3f}"
+        if "ratio" in row:
+            interval = row["ratio"]["mean_length"]
+            ratio += f" [{interval['low']:.3f}, {interval['high']:.3f}]"
+        verdicts = row.get("verdicts")
+        checks = f"2 {verdicts['2']}, 5 {verdicts['5']}" if verdicts else "reported, not judged"
         positions = " / ".join(
             f"{f:.3f}:{b:.3f}"
             for f, b in zip(fp8["per_position"], bf16["per_position"], strict=False)
@@ -43,9 +50,9 @@ def category_rows(report: dict[str, Any]) -> list[tuple[str, ...]]:
                 str(row["prompts"]),
                 f"{bf16['draft_tokens']} / {fp8['draft_tokens']}",
                 *("-" if m is None else f"{m:.3f}" for m in means),
-                "-" if ratio is None else f"{ratio:.3f}",
+                ratio,
                 positions or "-",
-                row.get("verdict") or ("judged" if row["judged"] else "reported, not judged"),
+                checks,
             )
         )
     return rows
@@ -57,7 +64,7 @@ CATEGORY_COLUMNS = (
     "draft tokens BF16 / FP8",
     "BF16 mean acceptance",
     "FP8 mean acceptance",
-    "FP8/BF16",
+    "FP8/BF16 [95% interval]",
     "by position FP8:BF16",
     "checks 2 and 5",
 )

@@ -1,41 +1,62 @@
-"""Acceptance by category from per-prompt counts, and its table in the report."""
+"""Acceptance by category from per-prompt counts, its verdicts, and its table in the report."""
 
 from __future__ import annotations
 
 import pytest
 
 from eaglequant.render.reports import category_markdown
-from eaglequant.validate.categories import by_category, counts_acceptance
+from eaglequant.validate.categories import by_category
+from eaglequant.validate.stats import PromptCounts
+from eaglequant.validate.validate import acceptance, category_checks
 
 
-def _counts(histogram: list[int]) -> dict[str, object]:
-    return {"histogram": histogram, "num_draft_tokens": 3 * sum(histogram)}
+def _counts(histogram: list[int]) -> PromptCounts:
+    return PromptCounts(tuple(histogram), 3 * sum(histogram))
 
 
-def test_summed_histograms_give_vllms_mean_and_per_position() -> None:
-    # k=3; steps accepting 0..3 draft tokens: [2 steps j=0, 1 j=1, 0 j=2, 3 j=3] and [0, 0, 2, 2]
-    acc = counts_acceptance([_counts([2, 1, 0, 3]), _counts([0, 0, 2, 2])])
-    drafts, accepted = 10, 1 + 2 * 2 + 3 * 5
-    assert acc["drafts"] == drafts and acc["accepted"] == accepted
-    assert acc["mean_length"] == pytest.approx(1 + accepted / drafts)
-    assert acc["per_position"] == pytest.approx([8 / 10, 7 / 10, 5 / 10])
-    assert acc["draft_tokens"] == 30
-    assert counts_acceptance([_counts([0, 0, 0, 0])])["mean_length"] is None
-
-
-def test_small_categories_are_reported_not_judged() -> None:
-    categories = ["math", "code", "math"]
+def _table(min_drafts: int) -> dict:
+    # math: 4 prompts, FP8 accepts much less on three of them; code: one short prompt.
+    categories = ["math", "code", "math", "math", "math"]
+    full, half = [0, 0, 0, 10], [5, 0, 0, 5]
     per_request = {
-        "bf16": [_counts([0, 0, 0, 10]), _counts([1, 1, 1, 1]), _counts([0, 0, 0, 10])],
-        "fp8": [_counts([10, 0, 0, 0]), _counts([1, 1, 1, 1]), _counts([0, 0, 0, 10])],
+        "bf16": [_counts(full), _counts([1, 1, 1, 1]), *[_counts(full)] * 3],
+        "fp8": [_counts(half), _counts([1, 1, 1, 1]), _counts(half), _counts(half), _counts(full)],
     }
-    table = by_category(categories, per_request, min_drafts=40)
+    return by_category(
+        categories, per_request, min_drafts=min_drafts, threshold=0.98, acceptance=acceptance
+    )
+
+
+def test_pooled_category_counts_give_vllms_mean_and_per_position() -> None:
+    table = _table(min_drafts=100)
     assert list(table) == ["math", "code"]
-    assert table["math"]["prompts"] == 2 and table["math"]["judged"]
-    assert not table["code"]["judged"]  # 12 draft tokens per draft
-    assert table["math"]["bf16"]["mean_length"] == 4.0
-    assert table["math"]["fp8"]["mean_length"] == 2.5
-    lines = category_markdown({"categories": table, "min_category_drafts": 40})
-    assert lines[2].startswith("| math | 2 | 60 / 60 | 4.000 | 2.500 | 0.625 | 0.500:1.000 ")
+    math = table["math"]
+    assert math["prompts"] == 4 and math["bf16"]["mean_length"] == 4.0
+    assert math["fp8"]["mean_length"] == pytest.approx(1 + (3 * 15 + 30) / 40)
+    assert math["fp8"]["per_position"] == pytest.approx([25 / 40] * 3)
+    assert math["fp8"]["draft_tokens"] == 120
+    assert math["judged"] and math["verdicts"] == {"2": "FAIL", "5": "FAIL"}
+    assert not table["code"]["judged"] and "verdicts" not in table["code"]  # 12 draft tokens
+
+
+def test_a_failing_category_fails_checks_2_and_5_by_category() -> None:
+    checks = category_checks(_table(min_drafts=100), 0.98)
+    assert [(c.name, c.passed) for c in checks] == [
+        ("2 acceptance by category", False),
+        ("5 per-position by category", False),
+    ]
+    assert checks[0].detail == (
+        "FP8/BF16 mean acceptance length >= 0.98 per category; FAIL: math; "
+        "reported, not judged: code"
+    )
+    nothing_judged = category_checks(_table(min_drafts=10**6), 0.98)
+    assert all(c.passed for c in nothing_judged)
+
+
+def test_category_table_in_the_markdown() -> None:
+    lines = category_markdown({"categories": _table(min_drafts=100), "min_category_drafts": 100})
+    assert lines[2].startswith("| math | 4 | 120 / 120 | 4.000 | 2.875 | 0.719 [0.625, ")
+    assert lines[2].endswith("| 0.625:1.000 / 0.625:1.000 / 0.625:1.000 | 2 FAIL, 5 FAIL |")
     assert lines[3].endswith("| reported, not judged |")
+    assert lines[-2] == "Categories with fewer than 100 draft tokens are reported, not judged."
     assert category_markdown({"categories": None}) == []
