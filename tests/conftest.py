@@ -47,6 +47,8 @@ MLA = {
 MLA_ENGINE = MLA | {"kv_lora_rank": 512, "qk_rope_head_dim": 64, "qk_nope_head_dim": 32}
 TOY = REPO / "examples" / "toy"
 VOCAB = 512
+# The deeper toy target: 60 layers, so a target step costs many draft steps, as with a real one.
+ADDED_LAYERS = 56
 
 
 def tree_digest(folder: Path) -> dict[str, str]:
@@ -56,6 +58,17 @@ def tree_digest(folder: Path) -> dict[str, str]:
         for p in sorted(folder.rglob("*"))
         if p.is_file()
     }
+
+
+TIERS = ("unit", "integration", "engine")
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Each test's tier is its folder: tests/unit, tests/integration, tests/engine."""
+    for item in items:
+        tier = Path(str(item.fspath)).parent.name
+        if tier in TIERS:
+            item.add_marker(getattr(pytest.mark, tier))
 
 
 @pytest.fixture
@@ -231,3 +244,32 @@ def as_qwen3(src: Path, dst: Path) -> Path:
     """``src`` as a Qwen3 EAGLE-3 draft (``layers.0.*``), still lacking its q/k norms."""
     qwen3 = {"architectures": ["Eagle3Qwen3ForCausalLM"], "model_type": "qwen3"}
     return rewrite_draft(src, dst, read_checkpoint(src).config | qwen3, speculators.STORED_PREFIX)
+
+
+@pytest.fixture
+def linear_dtypes(monkeypatch: pytest.MonkeyPatch) -> list[tuple[torch.dtype, torch.dtype]]:
+    """(input, weight) dtypes of every ``F.linear`` call the test makes."""
+    calls: list[tuple[torch.dtype, torch.dtype]] = []
+    linear = torch.nn.functional.linear
+
+    def recording(
+        x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        calls.append((x.dtype, weight.dtype))
+        return linear(x, weight, bias)
+
+    monkeypatch.setattr(torch.nn.functional, "linear", recording)
+    return calls
+
+
+@pytest.fixture
+def mla_draft(tmp_path: Path) -> Path:
+    return write_random_draft(tmp_path / "mla", draft_config(**MLA), seed=3)
+
+
+@pytest.fixture(scope="module")
+def deep_target(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The toy target with 56 more layers that add exactly zero (tune pays off on it)."""
+    from eaglequant.devtools.toy import deepen_target
+
+    return deepen_target(TOY / "target", tmp_path_factory.mktemp("deep") / "target", ADDED_LAYERS)

@@ -1,6 +1,6 @@
 """One vLLM engine configuration in its own process.
 
-Run as ``python -m eaglequant.validate.engine_run SPEC OUT``.
+Run as ``python -m eaglequant.validate.engine_run SPEC OUT`` (:mod:`eaglequant.engine.child`).
 
 SPEC is a JSON file: ``llm`` (the ``vllm.LLM`` keyword arguments from
 ``eaglequant.engine.config.llm_kwargs``), prompts, whether their tokenization
@@ -19,9 +19,7 @@ compiled extension.
 
 from __future__ import annotations
 
-import json
 import os
-import sys
 import time
 from typing import Any
 
@@ -172,16 +170,7 @@ def _top_logprobs(per_position: Any) -> list[list[list[float]]] | None:
     ]
 
 
-def main() -> None:
-    spec_path, out_path = sys.argv[1], sys.argv[2]
-    with open(spec_path, encoding="utf-8") as handle:
-        spec = json.load(handle)
-    result = run(spec)
-    with open(out_path, "w", encoding="utf-8") as handle:
-        json.dump(result, handle, allow_nan=True)
-    sys.stdout.flush()
-    os._exit(0)  # skip vLLM's slow interpreter teardown; the result is on disk
-
-
 if __name__ == "__main__":
-    main()
+    from eaglequant.engine.child import serve_json_child
+
+    serve_json_child(run)

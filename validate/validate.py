@@ -41,11 +41,11 @@ from eaglequant.engine.config import (
     llm_kwargs,
     probe_vllm,
 )
-from eaglequant.engine.process import ChildRun, run_child
+from eaglequant.engine.process import ChildRun, log_tail, run_child
 from eaglequant.errors import EngineFailed, InputError
 from eaglequant.exclusions import predict_fates
 from eaglequant.io.checkpoint import read_checkpoint
-from eaglequant.manifest import MANIFEST_FILE, read_json_object
+from eaglequant.manifest import MANIFEST_FILE, read_json_object, read_manifest
 from eaglequant.prompts.chat import RenderedPrompts, render_for_target
 from eaglequant.prompts.records import read_prompts as read_prompts
 from eaglequant.prompts.source import text_hashes
@@ -61,7 +61,6 @@ from eaglequant.validate.lossless import (
 )
 from eaglequant.validate.stats import FAIL, PromptCounts
 
-LOG_TAIL_CHARS = 4000
 BAD_EXCLUSION_SIGNATURE = "Attempted to load weight"
 
 
@@ -123,8 +122,10 @@ def validation_spec(draft: Path, recipe: str | None) -> ValidationSpec:
     manifest = draft / MANIFEST_FILE
     if not manifest.is_file():
         return load_recipe().validation
-    block = read_json_object(manifest, "export manifest").get("recipe", {}).get("validation")
+    block = read_manifest(draft).get("recipe", {}).get("validation")
     try:
+        if not isinstance(block, dict):
+            raise TypeError(block)
         return ValidationSpec(**block)
     except TypeError as exc:
         raise InputError(
@@ -308,7 +309,7 @@ def _engine_summary(engine: dict[str, Any]) -> dict[str, Any]:
         summary["outputs_sha256"] = outputs_digest(result["token_ids"])
         summary["token_ids"] = result["token_ids"]
     if not engine["ok"]:
-        summary["log_tail"] = engine["log"][-LOG_TAIL_CHARS:]
+        summary["log_tail"] = log_tail(engine["log"])
     return summary
 
 
@@ -335,7 +336,7 @@ def acceptance(metrics: dict[str, Any]) -> dict[str, Any]:
 def _engine_checks(request: ValidateRequest, engines: dict[str, dict[str, Any]]) -> list[Check]:
     failed = [role for role, e in engines.items() if not e["ok"]]
     if failed:
-        tails = {role: engines[role]["log"][-LOG_TAIL_CHARS:] for role in failed}
+        tails = {role: log_tail(engines[role]["log"]) for role in failed}
         causes = ", ".join(f"{role}: {_exit_cause(engines[role])}" for role in failed)
         return [
             Check(

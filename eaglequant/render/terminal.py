@@ -78,6 +78,7 @@ def print_export(result) -> None:  # type: ignore[no-untyped-def]
             console.print(f"  - {step}")
         return
     manifest = result.manifest
+    assert manifest is not None  # an export that ran writes one
     calib = manifest["calibration"]
     table = Table(title=f"FP8 layers written to {result.out}")
     for column in ("layer", "w amax", "w scale", "in range", "in scale", "SQNR dB"):

@@ -15,7 +15,6 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
@@ -24,7 +23,6 @@ from eaglequant.prompts.records import read_prompts
 from eaglequant.validate.validate import ValidateRequest, run_engine, validate
 from tests.conftest import TOY
 
-pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 CODE = read_prompts(TOY / "prompts.jsonl")
 TABLES = [
     "values = [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20,",

@@ -18,7 +18,6 @@ from eaglequant.prompts import cache
 from eaglequant.prompts.registry import SETS
 from tests.conftest import TOY
 
-pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 MT_BENCH = ["writing", "roleplay", "reasoning", "math", "coding", "extraction", "stem"]
 MT_BENCH += ["humanities"]
 

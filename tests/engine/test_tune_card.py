@@ -1,0 +1,177 @@
+"""tune (real vllm serve + vllm bench serve on the toy pair) and the model card."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from statistics import fmean
+
+import pytest
+import yaml
+from click.testing import CliRunner
+
+from eaglequant.cli import main
+from tests.conftest import TOY, toy_prompts_file
+from tests.support import servers_running
+
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.fixture(scope="module")
+def fp8_draft(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The toy draft exported to FP8 (on this CPU, vLLM runs it through the FP8 plugin)."""
+    out = tmp_path_factory.mktemp("export") / "fp8"
+    result = CliRunner().invoke(
+        main,
+        [
+            "export",
+            str(TOY / "draft"),
+            str(out),
+            "--calib-target",
+            str(TOY / "target"),
+            "--calib-engine",
+            "transformers",
+            "--calib-data",
+            str(TOY / "calibration.jsonl"),
+            "--calib-samples",
+            "8",
+            "--base-model",
+            "toy/target",
+        ],
+        catch_exceptions=False,
+    )
+    assert result.exit_code == 0, result.output
+    return out
+
+
+# Batch size 1 without speculation, 2-4 with k=2: measured beside the sweep's own choices.
+SCHEDULE = [[1, 1, 0], [2, 4, 2]]
+
+
+@pytest.fixture(scope="module")
+def tune_out(tmp_path_factory: pytest.TempPathFactory, fp8_draft: Path) -> Path:
+    out = tmp_path_factory.mktemp("tune") / "results"
+    prompts = toy_prompts_file(out.parent / "prompts.jsonl", 8)
+    result = CliRunner().invoke(
+        main,
+        [
+            "tune",
+            "--target",
+            str(TOY / "target"),
+            "--draft",
+            str(fp8_draft),
+            "--k",
+            "2",
+            "--concurrency",
+            "1,4",
+            "--isl",
+            "64",
+            "--osl",
+            "24",
+            "--prompts",
+            str(prompts),
+            "--num-prompts",
+            "8",
+            "--repeats",
+            "3",
+            "--schedule",
+            json.dumps(SCHEDULE),
+            "--serve-arg",
+            "--enforce-eager",
+            "--tensor-parallel-size",
+            "1",
+            "--engine-arg",
+            "max_num_seqs=8",
+            "--out",
+            str(out),
+        ],
+        catch_exceptions=False,
+    )
+    assert result.exit_code == 0, result.output
+    return out
+
+
+def test_tune_runs_servers_and_writes_results(tune_out: Path) -> None:
+    summary = json.loads((tune_out / "results.json").read_text())
+    measured = {(r["k"], r["concurrency"]) for r in summary["results"]}
+    assert measured == {(k, c) for k in (0, 2) for c in (1, 4)}
+    for row in summary["results"]:
+        assert len(row["runs"]) == 3 and min(row["runs"]) > 0
+        assert row["throughput_min"] <= row["output_throughput"] <= row["throughput_max"]
+        if row["k"]:
+            assert row["acceptance_length"] > 1.0 and len(row["per_position"]) == row["k"]
+    assert summary["tensor_parallel_size"] == 1 and summary["engine_args"] == {"max_num_seqs": 8}
+    assert (
+        "--tensor-parallel-size 1 --max-model-len 90 --max-num-seqs 8 --enforce-eager"
+        in (summary["serve_command"])
+    )
+    for name in ("throughput.png", "speedup.png", "acceptance.png"):
+        assert (tune_out / name).read_bytes()[:8] == PNG_MAGIC
+    assert not servers_running()
+
+
+def test_where_speculation_loses_no_speculation_is_recommended(tune_out: Path) -> None:
+    summary = json.loads((tune_out / "results.json").read_text())
+    runs = {(r["k"], r["concurrency"]): r["runs"] for r in summary["results"]}
+    # Measured, not assumed: the FP8 draft through the CPU plugin is slower on average than no
+    # speculation at concurrency 1 on this machine (the issue's 0.60x case).
+    assert fmean(runs[2, 1]) < fmean(runs[0, 1]), runs
+    assert summary["recommended_k"]["1"] == 0
+    for concurrency in (1, 4):
+        beats = min(runs[2, concurrency]) > max(runs[0, concurrency])
+        assert summary["recommended_k"][str(concurrency)] == (2 if beats else 0)
+    if not any(summary["recommended_k"].values()):
+        assert summary["recommendation"]["choice"] == "none"
+        assert "--speculative-config" not in summary["serve_command"]
+
+
+def test_the_schedule_is_served_measured_and_reported(tune_out: Path) -> None:
+    summary = json.loads((tune_out / "results.json").read_text())
+    schedule = summary["schedule"]
+    assert schedule["given"] and schedule["measured"] and schedule["ranges"] == SCHEDULE
+    at = {r["concurrency"]: r for r in schedule["results"]}
+    assert set(at) == {1, 4} and all(len(r["runs"]) == 3 for r in at.values())
+    # vLLM applied it: no drafts at batch size 1, k=2 drafts once the batch grows.
+    assert at[1]["acceptance_length"] is None and at[1]["per_position"] == []
+    assert at[4]["acceptance_length"] > 1.0 and len(at[4]["per_position"]) == 2
+    line = schedule["serve_command"]
+    assert '"num_speculative_tokens_per_batch_size": [[1, 1, 0], [2, 4, 2]]' in line
+    text = (tune_out / "results.md").read_text()
+    assert "| concurrency | no spec | k=2 | schedule | winner |" in text
+    assert f"{at[4]['output_throughput']:.1f} [" in text
+    assert summary["serve_command"] in text and summary["recommendation"]["reason"] in text
+    if summary["recommendation"]["schedule"]:
+        assert summary["serve_command"] == line
+    else:
+        assert line in text
+
+
+def test_card_from_export_and_tuning(tune_out: Path, fp8_draft: Path) -> None:
+    card = CliRunner().invoke(
+        main,
+        [
+            "card",
+            str(fp8_draft),
+            "--base-model",
+            "toy/target",
+            "--tune",
+            str(tune_out),
+            "--license",
+            "mit",
+        ],
+    )
+    assert card.exit_code == 0, card.output
+    text = (fp8_draft / "README.md").read_text()
+    front = yaml.safe_load(text.split("---\n")[1])
+    assert front["base_model"] == "toy/target" and front["base_model_relation"] == "quantized"
+    assert front["license"] == "mit" and "eagle3" in front["tags"]
+    manifest = json.loads((fp8_draft / "eaglequant.json").read_text())
+    assert f"{manifest['layers'][0]['weight_scale']:.4g}" in text
+    assert manifest["files"]["model.safetensors"] in text
+    summary = json.loads((tune_out / "results.json").read_text())
+    first = next(r for r in summary["results"] if r["k"] == 2)
+    assert f"{first['output_throughput']:.1f}" in text
+    assert "| schedule | winner |" in text and json.dumps(SCHEDULE) in text
+    assert "re:.*fc.*" in text
+    for name in ("throughput.png", "speedup.png", "acceptance.png"):
+        assert (fp8_draft / name).is_file() and f"]({name})" in text

@@ -1,0 +1,102 @@
+"""Helpers shared by the test tiers: CLI runners, inputs for capture, and small inspectors."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import torch
+from click.testing import CliRunner
+
+from eaglequant.cli import main
+from eaglequant.io.output import TEMP_MARK
+from eaglequant.model.eagle3 import Eagle3Draft
+from tests.conftest import TOY, tree_digest
+
+# Capture: sequences and tokens per sequence of the toy captures.
+SAMPLES, SEQ_LEN = 8, 64
+# Compute paths: every midlayer input range within this relative tolerance across paths.
+RANGE_RTOL = 2e-4
+STEPS = 3
+
+
+def invoke(args: list[str]) -> tuple[int, str]:
+    result = CliRunner().invoke(main, args)
+    return result.exit_code, result.output
+
+
+def run_cli_checked(args: list[str]) -> tuple[int, str]:
+    """Run the CLI; on failure, every folder argument is unchanged and nothing new was created."""
+    folders = {Path(a): tree_digest(Path(a)) for a in args if Path(a).is_dir()}
+    absent = [Path(a) for a in args if "/" in a and not Path(a).exists()]
+    result = CliRunner().invoke(main, args)
+    if result.exit_code != 0:
+        for folder, digest in folders.items():
+            assert tree_digest(folder) == digest, f"{folder} was modified"
+        for path in absent:
+            assert not path.exists(), f"{path} was created"
+            assert not list(path.parent.glob(f".{path.name}{TEMP_MARK}*")), "temporary folder left"
+    return result.exit_code, result.output
+
+
+def assert_clean_failure(code: int, output: str, pattern: str) -> None:
+    assert code == 2, output
+    error_lines = [line for line in output.splitlines() if line.startswith("error:")]
+    assert len(error_lines) == 1, output
+    assert pattern in error_lines[0], output
+    assert "Traceback" not in output
+
+
+def put_nan(draft: Path, tensor: str) -> None:
+    from safetensors.torch import load_file, save_file
+
+    tensors = load_file(str(draft / "model.safetensors"))
+    tensors[tensor][0, 1] = float("nan")
+    save_file(tensors, str(draft / "model.safetensors"), metadata={"format": "pt"})
+
+
+def capture_args(out: Path, *extra: str, samples: int = SAMPLES) -> list[str]:
+    base = ["capture", "--target", str(TOY / "target"), "--data", str(TOY / "calibration.jsonl")]
+    sizes = ["--samples", str(samples), "--seq-len", str(SEQ_LEN), "--draft", str(TOY / "draft")]
+    return [*base, str(out), *sizes, *extra]
+
+
+def compute_batches(model: Eagle3Draft) -> list[dict[str, torch.Tensor]]:
+    generator = torch.Generator().manual_seed(1)
+    dims = model.dims
+    return [
+        {
+            "aux_hidden": 2 * torch.randn(4, 64, dims.fc_in, generator=generator),
+            "next_ids": torch.randint(0, dims.vocab, (4, 64), generator=generator),
+        }
+        for _ in range(4)
+    ]
+
+
+def inspect_json(folder: Path) -> tuple[int, dict[str, Any]]:
+    result = CliRunner().invoke(main, ["inspect", str(folder), "--json", "--target-layers", "4"])
+    return result.exit_code, json.loads(result.output)
+
+
+def fates_by_name(report: dict[str, Any]) -> dict[str, tuple[list[str], bool, str]]:
+    return {
+        f["vllm_name"]: (f["checkpoint_names"], f["quantized"], f["reason"])
+        for f in report["fates"]
+    }
+
+
+def servers_running() -> list[str]:
+    """vLLM servers this test process started and left running (not others on the machine)."""
+    found = []
+    for pid in os.listdir("/proc"):
+        if pid.isdigit():
+            try:
+                cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+                parent = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+            if "vllm.entrypoints.openai.api_server" in cmdline and parent == os.getpid():
+                found.append(cmdline)
+    return found
