@@ -121,13 +121,18 @@ def _fake_spec(member_bytes: bytes) -> PromptSetSpec:
     )
 
 
+def _install(folder: Path, spec: PromptSetSpec, data: bytes) -> None:
+    """``data`` in the cache as ``spec``'s file, as a fetch leaves it."""
+    folder.mkdir(parents=True)
+    cache.write_atomically(folder / spec.filename, data)
+    entry = {"file": spec.filename, "sha256": spec.sha256}
+    cache.write_atomically(folder / cache.INDEX_FILE, json.dumps({spec.name: entry}).encode())
+
+
 def test_cached_set_is_checked_on_every_load(empty_cache: Path) -> None:
     data = gzip.compress(b'{"prompt": "def f():\\n"}\n{"prompt": "def g():\\n"}\n')
     spec = _fake_spec(data)
-    empty_cache.mkdir(parents=True)
-    cache.write_atomically(empty_cache / spec.filename, data)
-    entry = {"file": spec.filename, "sha256": spec.sha256}
-    cache.write_atomically(empty_cache / cache.INDEX_FILE, json.dumps({spec.name: entry}).encode())
+    _install(empty_cache, spec, data)
     loaded, digest = cache.load(spec)
     assert digest == spec.sha256
     assert spec.parse(loaded, "x") == [Prompt("def f():\n", "code"), Prompt("def g():\n", "code")]
@@ -201,3 +206,20 @@ def test_a_tokenizer_without_template_sends_prompts_raw() -> None:
 
 def test_text_hash_is_a_prefix_of_the_sha256() -> None:
     assert text_hash("hi") == hashlib.sha256(b"hi").hexdigest()[:16]
+
+
+def test_a_set_becomes_a_prompt_file_for_tune(
+    empty_cache: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from eaglequant.cli.options import PROMPTS_FILE
+
+    data = gzip.compress(b'{"prompt": "def f():\\n"}\n{"prompt": "def g():\\n"}\n')
+    spec = _fake_spec(data)
+    monkeypatch.setitem(SETS, "humaneval", spec)
+    _install(empty_cache, spec, data)
+    path = PROMPTS_FILE.convert("humaneval:1", None, None)
+    assert path == empty_cache / "files" / "humaneval-1.jsonl"
+    assert path.read_text() == json.dumps({"prompt": "def f():\n"}) + "\n"
+    assert PROMPTS_FILE.convert("my.jsonl", None, None) == Path("my.jsonl")
+    result = CliRunner().invoke(main, ["tune", "--target", "t", "--draft", "d", "--prompts", "x:2"])
+    assert _one_error_line(result).startswith("error: prompt set 'x': unknown;")
