@@ -1,30 +1,27 @@
 """Acceptance by prompt category, from vLLM's per-request spec-decode counts.
 
-Each prompt's counts (``per_request``) are pooled over the prompts of a
-category (:func:`eaglequant.validate.stats.pooled_counts`), giving mean
-acceptance length and acceptance by position as vLLM's aggregate counters give
-them for the whole run. A category is judged only when both drafts proposed at
-least the recipe's ``min_category_drafts`` draft tokens in it: then the FP8 /
-BF16 ratios get paired bootstrap intervals over the category's prompts
-(:func:`~eaglequant.validate.stats.bootstrap_ratios`) and the one verdict rule
-(:func:`~eaglequant.validate.stats.judge`) decides check 2 (mean acceptance
-length) and check 5 (every position) for it.
+Each prompt's counts are pooled over the prompts of a category
+(:func:`eaglequant.validate.stats.pooled_counts`), giving mean acceptance
+length and acceptance by position as vLLM's aggregate counters give them for
+the whole run. A category is judged only when both drafts proposed at least
+the recipe's ``min_category_drafts`` draft tokens in it: then checks 2 and 5
+run on its prompts alone (:func:`eaglequant.validate.acceptance.acceptance_checks`,
+the same paired bootstrap and verdict rule as for all prompts).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import asdict
 from typing import Any
 
-from eaglequant.validate.stats import (
-    PromptCounts,
-    bootstrap_ratios,
-    judge,
-    overall_verdict,
-    pooled_counts,
-)
+from eaglequant.validate.acceptance import AcceptanceThresholds, acceptance_checks
+from eaglequant.validate.check import Check
+from eaglequant.validate.stats import PASS, PromptCounts, overall_verdict, pooled_counts
 
 ROLES = ("bf16", "fp8")
+CATEGORY_CHECKS = {"2": "2 acceptance by category", "5": "5 per-position by category"}
+NOT_JUDGED = "not judged"
 
 
 def category_members(categories: Sequence[str]) -> dict[str, list[int]]:
@@ -37,51 +34,44 @@ def category_members(categories: Sequence[str]) -> dict[str, list[int]]:
 
 def by_category(
     categories: Sequence[str],
-    per_request: dict[str, Sequence[PromptCounts]],
+    counts: Mapping[str, Sequence[PromptCounts]],
     *,
     min_drafts: int,
-    threshold: float,
+    thresholds: AcceptanceThresholds,
     acceptance: Callable[[dict[str, Any]], dict[str, Any]],
 ) -> dict[str, dict[str, Any]]:
-    """For each category: its prompts, each draft's acceptance (``acceptance`` of the pooled
-    counts), whether it is judged and, if so, the ratio intervals and checks 2 and 5's verdicts.
+    """For each category: its prompt count, each draft's acceptance (``acceptance`` of the
+    pooled counts), whether it is judged and, if so, its checks 2 and 5.
 
-    ``per_request``: for ``bf16`` and ``fp8``, one count record per prompt, in prompt order.
+    ``counts``: for ``bf16`` and ``fp8``, one record per prompt, in prompt order.
     """
     table = {}
     for name, indices in category_members(categories).items():
-        counts = {role: [per_request[role][i] for i in indices] for role in ROLES}
+        subset = {role: [counts[role][i] for i in indices] for role in ROLES}
         row: dict[str, Any] = {"prompts": len(indices)}
         for role in ROLES:
-            pooled = pooled_counts(counts[role])
+            pooled = pooled_counts(subset[role])
             row[role] = acceptance(pooled) | {"draft_tokens": pooled["num_draft_tokens"]}
         row["judged"] = all(row[role]["draft_tokens"] >= min_drafts for role in ROLES)
         if row["judged"]:
-            row |= _verdicts(counts["fp8"], counts["bf16"], threshold)
+            checks = acceptance_checks(subset["fp8"], subset["bf16"], thresholds)
+            row["checks"] = {number: asdict(c) for number, c in zip("25", checks, strict=True)}
         table[name] = row
     return table
 
 
-def _verdicts(
-    fp8: Sequence[PromptCounts], bf16: Sequence[PromptCounts], threshold: float
-) -> dict[str, Any]:
-    intervals = bootstrap_ratios(fp8, bf16, paired=True)
-    positions = [judge(i, threshold).verdict for i in intervals.per_position]
-    return {
-        "ratio": intervals.to_json(),
-        "verdicts": {
-            "2": judge(intervals.mean_length, threshold).verdict,
-            "5": overall_verdict(positions),
-        },
-    }
-
-
-def category_summary(table: dict[str, dict[str, Any]], check: str) -> dict[str, list[str]]:
-    """The judged categories by verdict for ``check`` (``2`` or ``5``), and those not judged."""
-    summary: dict[str, list[str]] = {"not judged": []}
-    for name, row in table.items():
-        if not row["judged"]:
-            summary["not judged"].append(name)
-            continue
-        summary.setdefault(row["verdicts"][check], []).append(name)
-    return summary
+def category_checks(table: Mapping[str, Mapping[str, Any]]) -> list[Check]:
+    """Checks 2 and 5 over the judged categories: FAIL if one fails, else INCONCLUSIVE if one
+    is, else PASS; the detail names each category's verdict and those not judged."""
+    checks = []
+    for number, name in CATEGORY_CHECKS.items():
+        by_verdict: dict[str, list[str]] = {}
+        for category, row in table.items():
+            verdict = row["checks"][number]["verdict"] if row["judged"] else NOT_JUDGED
+            by_verdict.setdefault(verdict, []).append(category)
+        judged = [v for v, names in by_verdict.items() if v != NOT_JUDGED for _ in names]
+        verdict = overall_verdict(judged) if judged else PASS
+        parts = [f"{v}: {', '.join(names)}" for v, names in by_verdict.items()]
+        detail = "; ".join(parts) if judged else f"no category judged ({parts[0]})"
+        checks.append(Check.judged(name, verdict, detail, {"categories": by_verdict}))
+    return checks

@@ -140,6 +140,11 @@ def _quantities(sums: np.ndarray) -> np.ndarray:
     return np.concatenate([length, rates], axis=-1)
 
 
+def pooled_quantities(prompts: Sequence[PromptCounts], k: int) -> list[float]:
+    """The run's mean acceptance length, then its acceptance rate at each of ``k`` positions."""
+    return [float(v) for v in _quantities(_matrix(prompts, k).sum(axis=0))]
+
+
 def _weights(rng: np.random.Generator, n: int, resamples: int) -> np.ndarray:
     """How often each of ``n`` prompts is drawn in each resample (n draws with replacement)."""
     return rng.multinomial(n, np.full(n, 1.0 / n), size=resamples).astype(np.float64)

@@ -10,16 +10,25 @@ reported with its numbers:
    (a first divergence to a token nearly tied with the target's best
    passes, as vLLM's GPU kernels are not batch-invariant, unless ``lossless``
    is ``strict``; see ``lossless.py``);
-2. acceptance: FP8 mean acceptance length >= ratio x BF16's;
+2. acceptance: the FP8/BF16 ratio of mean acceptance length, with a seeded
+   paired-bootstrap 95% interval over prompts (``stats.py``): PASS when the
+   interval clears the recipe's ratio, FAIL when it lies wholly below,
+   otherwise INCONCLUSIVE (about how many prompts would decide);
 3. layers: vLLM built ``fc`` and ``lm_head`` unquantized and every midlayer
    projection with the FP8 scheme, FP8 weights and finite positive scales;
 4. log: no "Attempted to load weight … float8_e4m3fn" (a bad exclusion);
-5. per-position acceptance of both drafts, side by side (information);
+5. per-position acceptance: each position's FP8/BF16 acceptance-rate ratio,
+   judged as check 2 against the recipe's per-position ratio;
 6. scale plausibility, outside vLLM: the BF16 draft run on the target's
    hidden states (captured with the chosen engine on the validation sequences,
    or read from a capture folder) gives each layer's input range;
    ``input_scale`` x 448 and ``weight_scale`` x 448 must lie within the
-   recipe's factor of the measured ranges, and no scale may be missing.
+   recipe's factor of the measured ranges, and no scale may be missing;
+7. regression (``--against`` an earlier report): this FP8 run's acceptance
+   against the earlier one's (``regression.py``).
+
+INCONCLUSIVE counts as not passed. The report (``to_json``) carries its kind
+and schema version (``eaglequant.validation_report``).
 """
 
 from __future__ import annotations
@@ -51,7 +60,12 @@ from eaglequant.prompts.records import read_prompts as read_prompts
 from eaglequant.prompts.source import text_hashes
 from eaglequant.recipe import ValidationSpec, load_recipe
 from eaglequant.serving import speculative_config
-from eaglequant.validate.categories import ROLES, by_category, category_summary
+from eaglequant.validate.acceptance import (
+    AcceptanceThresholds,
+    engine_acceptance_checks,
+    prompt_counts,
+)
+from eaglequant.validate.categories import ROLES, by_category, category_checks
 from eaglequant.validate.check import Check
 from eaglequant.validate.lossless import (
     DEFAULT_MODE,
@@ -59,7 +73,10 @@ from eaglequant.validate.lossless import (
     TOP_LOGPROBS,
     lossless_check,
 )
-from eaglequant.validate.stats import FAIL, PromptCounts
+from eaglequant.validate.regression import NAME as REGRESSION
+from eaglequant.validate.regression import RunCounts, check_comparable, regression_check
+from eaglequant.validate.stats import DEFAULT_RESAMPLES, DEFAULT_SEED, overall_verdict
+from eaglequant.validation_report import REPORT_KIND, SCHEMA_VERSION, prompts_digest
 
 BAD_EXCLUSION_SIGNATURE = "Attempted to load weight"
 
@@ -72,8 +89,10 @@ class ValidateRequest:
     prompts: list[str]
     k: int = 3
     max_tokens: int = 48
-    min_acceptance_ratio: float = 0.98
-    scale_tolerance: float = 4.0
+    min_acceptance_ratio: float = ValidationSpec.min_acceptance_ratio
+    min_position_ratio: float = ValidationSpec.min_position_ratio
+    max_regression: float = ValidationSpec.max_regression
+    scale_tolerance: float = ValidationSpec.scale_tolerance
     engine_timeout_s: float = 600.0
     engine: EngineOptions = field(default_factory=EngineOptions)
     lossless: str = DEFAULT_MODE
@@ -84,6 +103,9 @@ class ValidateRequest:
     min_category_drafts: int = ValidationSpec.min_category_drafts
     prompt_set: dict[str, Any] | None = None  # the prompts' source and sha256
     chat_template: bool = True  # render with the target's chat template when it has one
+    against: RunCounts | None = None
+    resamples: int = DEFAULT_RESAMPLES
+    seed: int = DEFAULT_SEED
 
 
 @dataclass
@@ -98,6 +120,7 @@ class ValidationReport:
     plugin_active: bool
     engines: dict[str, dict[str, Any]]
     checks: list[Check]
+    prompts_sha256: str
     serve_command: str | None = None
     chat_template: bool = False
     prompt_set: dict[str, Any] | None = None
@@ -109,9 +132,14 @@ class ValidationReport:
     def passed(self) -> bool:
         return all(c.passed for c in self.checks)
 
+    @property
+    def verdict(self) -> str:
+        return overall_verdict([c.verdict for c in self.checks])
+
     def to_json(self) -> dict[str, Any]:
-        data = asdict(self)
+        data = {"kind": REPORT_KIND, "schema_version": SCHEMA_VERSION, **asdict(self)}
         data["passed"] = self.passed
+        data["verdict"] = self.verdict
         return data
 
 
@@ -155,6 +183,8 @@ def check_inputs(request: ValidateRequest) -> None:
             raise InputError(
                 f"{request.draft}: has no quantization_config; pass the FP8 draft to validate"
             )
+    if request.against is not None:
+        check_comparable(request.against, request.k)
     check_engine_args(request.engine.engine_args, probe_vllm(sys.executable).engine_args)
     if request.hidden_states is not None:
         check_capture(request.hidden_states, dims[request.baseline])
@@ -181,9 +211,11 @@ def validate(
     checks = _engine_checks(request, engines)
     categories = _categories(request, engines)
     if categories is not None:
-        checks += category_checks(categories, request.min_acceptance_ratio)
+        checks += category_checks(categories)
     progress("scale plausibility ...")
     checks.append(scale_plausibility(request, engines["target"], rendered))
+    if request.against is not None:
+        checks.append(_regression(request, engines["fp8"]))
     fp8 = engines["fp8"]
     fp8_config = fp8.get("result", {}).get("engine_config", {})
     return ValidationReport(
@@ -197,6 +229,7 @@ def validate(
         plugin_active=bool(fp8.get("result", {}).get("plugin_active")),
         engines={role: _engine_summary(e) for role, e in engines.items()},
         checks=checks,
+        prompts_sha256=prompts_digest(request.prompts),
         serve_command=fp8_config.get("serve_line"),
         chat_template=rendered.chat_template,
         prompt_set=request.prompt_set,
@@ -210,38 +243,28 @@ def _categories(
     request: ValidateRequest, engines: dict[str, dict[str, Any]]
 ) -> dict[str, dict[str, Any]] | None:
     """Acceptance by category for both drafts (None without categories or per-prompt counts)."""
-    counts = {role: engines[role].get("result", {}).get("per_request") for role in ROLES}
-    if request.categories is None or any(c is None or None in c for c in counts.values()):
+    if request.categories is None or not all(engines[role]["ok"] for role in ROLES):
         return None
+    try:
+        counts = {role: prompt_counts(engines[role]["result"]) for role in ROLES}
+    except ValueError:
+        return None  # checks 2 and 5 already fail with the reason
     return by_category(
         request.categories,
-        {role: [PromptCounts.from_json(c) for c in counts[role]] for role in ROLES},
+        counts,
         min_drafts=request.min_category_drafts,
-        threshold=request.min_acceptance_ratio,
+        thresholds=_thresholds(request),
         acceptance=acceptance,
     )
 
 
-def category_checks(table: dict[str, dict[str, Any]], threshold: float) -> list[Check]:
-    """Checks 2 and 5 for each judged category: failed when one category's verdict is FAIL."""
-    checks = []
-    for number, name, what in (
-        ("2", "2 acceptance by category", "mean acceptance length"),
-        ("5", "5 per-position by category", "acceptance at every position"),
-    ):
-        summary = category_summary(table, number)
-        failed = summary.get(FAIL, [])
-        parts = [
-            f"{verdict}: {', '.join(names)}"
-            for verdict, names in summary.items()
-            if names and verdict != "not judged"
-        ]
-        parts += [f"reported, not judged: {', '.join(summary['not judged'])}"] * bool(
-            summary["not judged"]
-        )
-        detail = f"FP8/BF16 {what} >= {threshold} per category; " + "; ".join(parts)
-        checks.append(Check(name, not failed, detail, {"verdicts": summary}))
-    return checks
+def _thresholds(request: ValidateRequest) -> AcceptanceThresholds:
+    return AcceptanceThresholds(
+        min_acceptance_ratio=request.min_acceptance_ratio,
+        min_position_ratio=request.min_position_ratio,
+        resamples=request.resamples,
+        seed=request.seed,
+    )
 
 
 def engine_prompts(request: ValidateRequest) -> RenderedPrompts:
@@ -305,6 +328,8 @@ def _engine_summary(engine: dict[str, Any]) -> dict[str, Any]:
     summary |= {k: result[k] for k in keys if k in result}
     if "metrics" in result:
         summary["acceptance"] = acceptance(result["metrics"])
+    if result.get("per_request") is not None:
+        summary["per_prompt"] = result["per_request"]
     if "token_ids" in result:
         summary["outputs_sha256"] = outputs_digest(result["token_ids"])
         summary["token_ids"] = result["token_ids"]
@@ -348,6 +373,7 @@ def _engine_checks(request: ValidateRequest, engines: dict[str, dict[str, Any]])
             )
         ]
     target = engines["target"]["result"]
+    acceptance_check, per_position = engine_acceptance_checks(engines, _thresholds(request))
     return [
         lossless_check(
             target["token_ids"],
@@ -356,29 +382,15 @@ def _engine_checks(request: ValidateRequest, engines: dict[str, dict[str, Any]])
             request.lossless,
             request.tie_margin,
         ),
-        _acceptance_check(request, engines),
+        acceptance_check,
         layers_check(engines["fp8"]["result"]["draft_layers"], kept_bf16(request.draft)),
         _log_check(engines["fp8"]["log"]),
-        _per_position(engines),
+        per_position,
     ]
 
 
 def _exit_cause(engine: dict[str, Any]) -> str:
     return ChildRun(engine["returncode"], engine["timed_out"], engine["wall_s"]).cause()
-
-
-def _acceptance_check(request: ValidateRequest, engines: dict[str, dict[str, Any]]) -> Check:
-    bf16 = acceptance(engines["bf16"]["result"]["metrics"])["mean_length"]
-    fp8 = acceptance(engines["fp8"]["result"]["metrics"])["mean_length"]
-    if bf16 is None or fp8 is None:
-        return Check("2 acceptance", False, "no spec-decode metrics were reported")
-    ratio = fp8 / bf16
-    passed = ratio >= request.min_acceptance_ratio
-    detail = (
-        f"FP8 mean acceptance length {fp8:.3f} vs BF16 {bf16:.3f} "
-        f"(ratio {ratio:.3f}, required >= {request.min_acceptance_ratio})"
-    )
-    return Check("2 acceptance", passed, detail, {"fp8": fp8, "bf16": bf16, "ratio": ratio})
 
 
 def kept_bf16(draft: Path) -> frozenset[str]:
@@ -431,14 +443,30 @@ def _log_check(log: str) -> Check:
     return Check("4 engine log", not hits, detail, {"warnings": hits[:10]})
 
 
-def _per_position(engines: dict[str, dict[str, Any]]) -> Check:
-    bf16 = acceptance(engines["bf16"]["result"]["metrics"])["per_position"]
-    fp8 = acceptance(engines["fp8"]["result"]["metrics"])["per_position"]
-    detail = "per-position acceptance " + ", ".join(
-        f"pos {i + 1}: FP8 {f:.3f} / BF16 {b:.3f}"
-        for i, (f, b) in enumerate(zip(fp8, bf16, strict=False))
+def _regression(request: ValidateRequest, fp8: dict[str, Any]) -> Check:
+    """Check 7 on this run's FP8 engine against the earlier report's."""
+    assert request.against is not None
+    try:
+        counts = prompt_counts(fp8["result"]) if fp8["ok"] else None
+    except ValueError as exc:
+        return Check(REGRESSION, False, str(exc))
+    if counts is None:
+        return Check(REGRESSION, False, "the FP8 engine did not finish: nothing to compare")
+    current = RunCounts(
+        source="this run",
+        k=request.k,
+        max_tokens=request.max_tokens,
+        prompts_sha256=prompts_digest(request.prompts),
+        outputs_sha256=outputs_digest(fp8["result"]["token_ids"]),
+        per_prompt=tuple(counts),
     )
-    return Check("5 per-position", True, detail, {"fp8": fp8, "bf16": bf16})
+    return regression_check(
+        current,
+        request.against,
+        max_regression=request.max_regression,
+        resamples=request.resamples,
+        seed=request.seed,
+    )
 
 
 def scale_plausibility(

@@ -35,11 +35,12 @@ def category_rows(report: dict[str, Any]) -> list[tuple[str, ...]]:
         ratio = "-"
         if None not in means and means[0]:
             ratio = f"{means[1] / means[0]:.3f}"
-        if "ratio" in row:
-            interval = row["ratio"]["mean_length"]
+        checks = row.get("checks")
+        verdicts = "reported, not judged"
+        if checks:
+            interval = checks["2"]["numbers"]["interval"]
             ratio += f" [{interval['low']:.3f}, {interval['high']:.3f}]"
-        verdicts = row.get("verdicts")
-        checks = f"2 {verdicts['2']}, 5 {verdicts['5']}" if verdicts else "reported, not judged"
+            verdicts = f"2 {checks['2']['verdict']}, 5 {checks['5']['verdict']}"
         positions = " / ".join(
             f"{f:.3f}:{b:.3f}"
             for f, b in zip(fp8["per_position"], bf16["per_position"], strict=False)
@@ -52,7 +53,7 @@ def category_rows(report: dict[str, Any]) -> list[tuple[str, ...]]:
                 *("-" if m is None else f"{m:.3f}" for m in means),
                 ratio,
                 positions or "-",
-                checks,
+                verdicts,
             )
         )
     return rows
@@ -107,6 +108,24 @@ def prompts_line(report: dict[str, Any]) -> str:
     return text
 
 
+def check_verdict(check: dict[str, Any]) -> str:
+    """A check's PASS, FAIL or INCONCLUSIVE from its JSON form."""
+    return str(check.get("verdict") or ("PASS" if check["passed"] else "FAIL"))
+
+
+def report_verdict(report: dict[str, Any]) -> str:
+    """The report's verdict: FAIL if a check failed, else INCONCLUSIVE if one was, else PASS."""
+    verdicts = {check_verdict(c) for c in report["checks"]}
+    return next((v for v in ("FAIL", "INCONCLUSIVE") if v in verdicts), "PASS")
+
+
+VERDICT_LINES = {
+    "PASS": "All checks passed",
+    "FAIL": "Validation FAILED",
+    "INCONCLUSIVE": "Validation INCONCLUSIVE (too few prompts to decide)",
+}
+
+
 def validation_markdown(report: dict[str, Any], heading: str = "##") -> str:
     """The validation report: setup, acceptance table, checks, verdict, serve line."""
     llm = report["engines"].get("fp8", {}).get("engine_config", {}).get("llm", {})
@@ -136,8 +155,8 @@ def validation_markdown(report: dict[str, Any], heading: str = "##") -> str:
     lines += ["| check | result | detail |", "|---|---|---|"]
     for check in report["checks"]:
         detail = check["detail"].replace("|", "\\|")
-        lines.append(f"| {check['name']} | {'PASS' if check['passed'] else 'FAIL'} | {detail} |")
-    verdict = "All checks passed" if report["passed"] else "Validation FAILED"
+        lines.append(f"| {check['name']} | {check_verdict(check)} | {detail} |")
+    verdict = VERDICT_LINES[report_verdict(report)]
     return "\n".join([*lines, "", f"**{verdict}.**", ""])
 
 

@@ -13,8 +13,17 @@ from eaglequant.render.reports import (
     CATEGORY_COLUMNS,
     acceptance_rows,
     category_rows,
+    check_verdict,
     prompts_line,
+    report_verdict,
 )
+
+VERDICT_STYLES = {"PASS": "green", "FAIL": "red", "INCONCLUSIVE": "yellow"}
+VERDICT_LINES = {
+    "PASS": "all checks passed",
+    "FAIL": "validation FAILED",
+    "INCONCLUSIVE": "validation INCONCLUSIVE: too few prompts to decide",
+}
 
 console = Console(highlight=False, width=None if sys.stdout.isatty() else 160)
 
@@ -135,11 +144,12 @@ def print_validation(report: dict[str, Any]) -> None:
     for column in ("check", "result", "detail"):
         checks.add_column(column)
     for check in report["checks"]:
-        verdict = "[green]PASS[/green]" if check["passed"] else "[red]FAIL[/red]"
-        checks.add_row(check["name"], verdict, check["detail"])
+        verdict = check_verdict(check)
+        style = VERDICT_STYLES[verdict]
+        checks.add_row(check["name"], f"[{style}]{verdict}[/{style}]", check["detail"])
     console.print(checks)
-    console.print(
-        "[green]all checks passed[/green]" if report["passed"] else "[red]validation FAILED[/red]"
-    )
+    verdict = report_verdict(report)
+    style = VERDICT_STYLES[verdict]
+    console.print(f"[{style}]{VERDICT_LINES[verdict]}[/{style}]")
     if report.get("serve_command"):
         console.print(f"equivalent serve line: {report['serve_command']}", soft_wrap=True)

@@ -5,9 +5,12 @@ from __future__ import annotations
 import pytest
 
 from eaglequant.render.reports import category_markdown
-from eaglequant.validate.categories import by_category
+from eaglequant.validate.acceptance import AcceptanceThresholds
+from eaglequant.validate.categories import by_category, category_checks
 from eaglequant.validate.stats import PromptCounts
-from eaglequant.validate.validate import acceptance, category_checks
+from eaglequant.validate.validate import acceptance
+
+THRESHOLDS = AcceptanceThresholds(min_acceptance_ratio=0.98, min_position_ratio=0.95)
 
 
 def _counts(histogram: list[int]) -> PromptCounts:
@@ -23,7 +26,7 @@ def _table(min_drafts: int) -> dict:
         "fp8": [_counts(half), _counts([1, 1, 1, 1]), _counts(half), _counts(half), _counts(full)],
     }
     return by_category(
-        categories, per_request, min_drafts=min_drafts, threshold=0.98, acceptance=acceptance
+        categories, per_request, min_drafts=min_drafts, thresholds=THRESHOLDS, acceptance=acceptance
     )
 
 
@@ -35,22 +38,22 @@ def test_pooled_category_counts_give_vllms_mean_and_per_position() -> None:
     assert math["fp8"]["mean_length"] == pytest.approx(1 + (3 * 15 + 30) / 40)
     assert math["fp8"]["per_position"] == pytest.approx([25 / 40] * 3)
     assert math["fp8"]["draft_tokens"] == 120
-    assert math["judged"] and math["verdicts"] == {"2": "FAIL", "5": "FAIL"}
-    assert not table["code"]["judged"] and "verdicts" not in table["code"]  # 12 draft tokens
+    assert math["judged"]
+    assert [math["checks"][n]["verdict"] for n in "25"] == ["FAIL", "FAIL"]
+    assert math["checks"]["2"]["name"] == "2 acceptance"
+    assert not table["code"]["judged"] and "checks" not in table["code"]  # 12 draft tokens
 
 
 def test_a_failing_category_fails_checks_2_and_5_by_category() -> None:
-    checks = category_checks(_table(min_drafts=100), 0.98)
-    assert [(c.name, c.passed) for c in checks] == [
-        ("2 acceptance by category", False),
-        ("5 per-position by category", False),
+    checks = category_checks(_table(min_drafts=100))
+    assert [(c.name, c.verdict) for c in checks] == [
+        ("2 acceptance by category", "FAIL"),
+        ("5 per-position by category", "FAIL"),
     ]
-    assert checks[0].detail == (
-        "FP8/BF16 mean acceptance length >= 0.98 per category; FAIL: math; "
-        "reported, not judged: code"
-    )
-    nothing_judged = category_checks(_table(min_drafts=10**6), 0.98)
-    assert all(c.passed for c in nothing_judged)
+    assert checks[0].detail == "FAIL: math; not judged: code"
+    nothing_judged = category_checks(_table(min_drafts=10**6))
+    assert [c.verdict for c in nothing_judged] == ["PASS", "PASS"]
+    assert nothing_judged[0].detail == "no category judged (not judged: math, code)"
 
 
 def test_category_table_in_the_markdown() -> None:
