@@ -65,7 +65,12 @@ from eaglequant.validate.acceptance import (
     engine_acceptance_checks,
     prompt_counts,
 )
-from eaglequant.validate.categories import ROLES, by_category, category_checks
+from eaglequant.validate.categories import (
+    ROLES,
+    by_category,
+    category_checks,
+    category_regression,
+)
 from eaglequant.validate.check import Check
 from eaglequant.validate.lossless import (
     DEFAULT_MODE,
@@ -127,6 +132,7 @@ class ValidationReport:
     calibration_overlap: dict[str, Any] | None = None
     categories: dict[str, dict[str, Any]] | None = None
     min_category_drafts: int | None = None
+    prompt_categories: list[str] | None = None
 
     @property
     def passed(self) -> bool:
@@ -215,7 +221,7 @@ def validate(
     progress("scale plausibility ...")
     checks.append(scale_plausibility(request, engines["target"], rendered))
     if request.against is not None:
-        checks.append(_regression(request, engines["fp8"]))
+        checks += _regression(request, engines["fp8"])
     fp8 = engines["fp8"]
     fp8_config = fp8.get("result", {}).get("engine_config", {})
     return ValidationReport(
@@ -236,6 +242,7 @@ def validate(
         calibration_overlap=calibration_overlap(request.draft, request.prompts),
         categories=categories,
         min_category_drafts=request.min_category_drafts if request.categories else None,
+        prompt_categories=request.categories,
     )
 
 
@@ -443,15 +450,16 @@ def _log_check(log: str) -> Check:
     return Check("4 engine log", not hits, detail, {"warnings": hits[:10]})
 
 
-def _regression(request: ValidateRequest, fp8: dict[str, Any]) -> Check:
-    """Check 7 on this run's FP8 engine against the earlier report's."""
+def _regression(request: ValidateRequest, fp8: dict[str, Any]) -> list[Check]:
+    """Check 7 on this run's FP8 engine against the earlier report's, and per category when
+    both runs have categories."""
     assert request.against is not None
     try:
         counts = prompt_counts(fp8["result"]) if fp8["ok"] else None
     except ValueError as exc:
-        return Check(REGRESSION, False, str(exc))
+        return [Check(REGRESSION, False, str(exc))]
     if counts is None:
-        return Check(REGRESSION, False, "the FP8 engine did not finish: nothing to compare")
+        return [Check(REGRESSION, False, "the FP8 engine did not finish: nothing to compare")]
     current = RunCounts(
         source="this run",
         k=request.k,
@@ -459,14 +467,26 @@ def _regression(request: ValidateRequest, fp8: dict[str, Any]) -> Check:
         prompts_sha256=prompts_digest(request.prompts),
         outputs_sha256=outputs_digest(fp8["result"]["token_ids"]),
         per_prompt=tuple(counts),
+        categories=tuple(request.categories) if request.categories else None,
     )
-    return regression_check(
+    checks = [
+        regression_check(
+            current,
+            request.against,
+            max_regression=request.max_regression,
+            resamples=request.resamples,
+            seed=request.seed,
+        )
+    ]
+    by_category = category_regression(
         current,
         request.against,
+        min_drafts=request.min_category_drafts,
         max_regression=request.max_regression,
         resamples=request.resamples,
         seed=request.seed,
     )
+    return checks if by_category is None else [*checks, by_category]
 
 
 def scale_plausibility(

@@ -6,7 +6,8 @@ import pytest
 
 from eaglequant.render.reports import category_markdown
 from eaglequant.validate.acceptance import AcceptanceThresholds
-from eaglequant.validate.categories import by_category, category_checks
+from eaglequant.validate.categories import by_category, category_checks, category_regression
+from eaglequant.validate.regression import RunCounts
 from eaglequant.validate.stats import PromptCounts
 from eaglequant.validate.validate import acceptance
 
@@ -63,3 +64,29 @@ def test_category_table_in_the_markdown() -> None:
     assert lines[3].endswith("| reported, not judged |")
     assert lines[-2] == "Categories with fewer than 100 draft tokens are reported, not judged."
     assert category_markdown({"categories": None}) == []
+
+
+def _run(source: str, per_prompt: list[PromptCounts]) -> RunCounts:
+    categories = ("math",) * 4 + ("code",) * 4 + ("tiny",)
+    return RunCounts(source, 3, 32, "same-prompts", source, tuple(per_prompt), categories)
+
+
+def test_the_regression_gate_judges_each_category_both_runs_have() -> None:
+    full, half = _counts([0, 0, 0, 10]), _counts([5, 0, 0, 5])
+    before = _run("previous.json", [full] * 8 + [_counts([1, 0, 0, 0])])
+    now = _run("this run", [half, half, half, full] + [full] * 4 + [_counts([0, 1, 0, 0])])
+    check = category_regression(
+        now, before, min_drafts=60, max_regression=0.02, resamples=500, seed=0
+    )
+    assert check is not None and check.name == "7 regression by category"
+    assert not check.passed
+    assert check.detail == (
+        "vs previous.json: dropped beyond noise: math; no drop beyond noise: code; "
+        "not judged (fewer than 60 draft tokens): tiny"
+    )
+    assert check.numbers["categories"]["math"]["numbers"]["paired"] is True
+    plain = RunCounts("old.json", 3, 32, "same-prompts", "x", before.per_prompt, None)
+    assert (
+        category_regression(now, plain, min_drafts=60, max_regression=0.02, resamples=500, seed=0)
+        is None
+    )
