@@ -41,6 +41,7 @@ def _request(draft: Path) -> ValidateRequest:
         categories=CATEGORIES,
         max_tokens=32,
         min_acceptance_ratio=0.8,
+        min_position_ratio=0.8,
         min_category_drafts=48,
         engine_timeout_s=300,
         lossless="strict",
@@ -86,3 +87,6 @@ def test_a_category_collapse_fails_its_category_while_the_mean_passes(
     assert tables["judged"] and tables["verdicts"]["2"] == "FAIL"
     assert code["judged"] and code["verdicts"]["2"] != "FAIL"
     assert tables["fp8"]["mean_length"] < 0.6 * tables["bf16"]["mean_length"]
+    assert checks["5 per-position by category"].verdict == "FAIL"
+    overlap = {"calibration": str(TOY / "calibration.jsonl"), "shared": 0, "prompts": 34}
+    assert report.calibration_overlap == overlap  # held-out prompts: none calibrated on
