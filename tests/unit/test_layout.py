@@ -26,6 +26,7 @@ CORE = [
     "eaglequant.draft",
     "eaglequant.checks",
     "eaglequant.manifest",
+    "eaglequant.validation_report",
     "eaglequant.environment",
     "eaglequant.io.safetensors_header",
     "eaglequant.io.checkpoint",
