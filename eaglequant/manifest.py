@@ -40,6 +40,7 @@ class Manifest(TypedDict):
     device: dict[str, Any]
     timings_s: dict[str, float]
     files: dict[str, str]
+    command: str | None  # how export was run, path-free (eaglequant.provenance)
 
 
 def build_manifest(
@@ -52,6 +53,7 @@ def build_manifest(
     timings: dict[str, float],
     files: dict[str, str],
     device: dict[str, Any],
+    command: str | None = None,
 ) -> Manifest:
     """Provenance: versions, recipe, calibration, per-layer numbers, file checksums."""
     return {
@@ -68,6 +70,7 @@ def build_manifest(
         "device": device,
         "timings_s": timings,
         "files": files,
+        "command": command,
     }
 
 

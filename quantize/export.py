@@ -52,6 +52,7 @@ class ExportRequest:
     overwrite: bool = False
     dry_run: bool = False
     device: str = "auto"  # the export's arithmetic (Quark, measurement): auto, cpu or cuda
+    command: str | None = None  # how it was invoked, path-free (eaglequant.provenance)
 
 
 @dataclass
@@ -211,6 +212,7 @@ def _run(
             timings=timings,
             files=files,
             device=pipeline.describe_device(device),
+            command=request.command,
         )
 
 

@@ -133,8 +133,11 @@ def regression_check(
     threshold = 1 - max_regression
     quantities = [("mean acceptance length", ratios.mean_length)]
     quantities += [(f"position {p + 1}", i) for p, i in enumerate(ratios.per_position)]
-    now = pooled_quantities(current.per_prompt, current.k)
-    values = zip(now, pooled_quantities(previous.per_prompt, current.k), strict=True)
+    values = zip(
+        pooled_quantities(current.per_prompt, current.k),
+        pooled_quantities(previous.per_prompt, current.k),
+        strict=True,
+    )
     lines, drops = [], []
     for (label, interval), (now, before) in zip(quantities, values, strict=True):
         verdict = judge(interval, threshold).verdict

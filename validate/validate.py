@@ -41,6 +41,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from eaglequant.binding import binding
 from eaglequant.capture.run import CaptureEngine, check_engine
 from eaglequant.capture.store import check_capture
 from eaglequant.draft import check_target_fits, dims_from_config, structure_problems
@@ -51,6 +52,7 @@ from eaglequant.engine.config import (
     probe_vllm,
 )
 from eaglequant.engine.process import ChildRun, log_tail, run_child
+from eaglequant.environment import environment
 from eaglequant.errors import EngineFailed, InputError
 from eaglequant.exclusions import predict_fates
 from eaglequant.io.checkpoint import read_checkpoint
@@ -111,6 +113,7 @@ class ValidateRequest:
     against: RunCounts | None = None
     resamples: int = DEFAULT_RESAMPLES
     seed: int = DEFAULT_SEED
+    command: str | None = None  # how it was invoked, path-free (eaglequant.provenance)
 
 
 @dataclass
@@ -127,6 +130,10 @@ class ValidationReport:
     checks: list[Check]
     prompts_sha256: str
     serve_command: str | None = None
+    # The bytes validated: {"draft"|"baseline": {"name", "files": {relative path: sha256}}}.
+    files: dict[str, Any] = field(default_factory=dict)
+    command: str | None = None
+    environment: dict[str, Any] = field(default_factory=dict)
     chat_template: bool = False
     prompt_set: dict[str, Any] | None = None
     calibration_overlap: dict[str, Any] | None = None
@@ -168,8 +175,8 @@ def validation_spec(draft: Path, recipe: str | None) -> ValidationSpec:
         ) from exc
 
 
-def check_inputs(request: ValidateRequest) -> None:
-    """Everything that can be checked before any engine starts."""
+def check_inputs(request: ValidateRequest) -> dict[str, Any]:
+    """Everything that can be checked before any engine starts; the files it will validate."""
     if not request.target.is_dir():
         raise InputError(f"{request.target}: no such target folder; pass the target model's folder")
     if request.categories is not None and len(request.categories) != len(request.prompts):
@@ -177,6 +184,7 @@ def check_inputs(request: ValidateRequest) -> None:
             f"{len(request.categories)} categories for {len(request.prompts)} prompts; "
             "give one category per prompt"
         )
+    files = {"draft": binding(request.draft), "baseline": binding(request.baseline)}
     dims = {}
     for folder in (request.draft, request.baseline):
         ckpt = read_checkpoint(folder)  # as vLLM reads it, in any draft format
@@ -196,6 +204,7 @@ def check_inputs(request: ValidateRequest) -> None:
         check_capture(request.hidden_states, dims[request.baseline])
     else:
         check_engine(request.capture)
+    return files
 
 
 def validate(
@@ -204,7 +213,7 @@ def validate(
     reuse: dict[str, dict[str, Any]] | None = None,
 ) -> ValidationReport:
     """Run the three engines (or reuse finished ``target``/``bf16`` runs) and the six checks."""
-    check_inputs(request)
+    files = check_inputs(request)
     rendered = engine_prompts(request)
     engines: dict[str, dict[str, Any]] = dict(reuse or {})
     for role, draft in (("target", None), ("bf16", request.baseline), ("fp8", request.draft)):
@@ -237,6 +246,9 @@ def validate(
         checks=checks,
         prompts_sha256=prompts_digest(request.prompts),
         serve_command=fp8_config.get("serve_line"),
+        files=files,
+        command=request.command,
+        environment=environment(),
         chat_template=rendered.chat_template,
         prompt_set=request.prompt_set,
         calibration_overlap=calibration_overlap(request.draft, request.prompts),

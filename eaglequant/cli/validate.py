@@ -16,6 +16,7 @@ from eaglequant.cli.options import (
     engine_choice,
     engine_options,
     engine_settings,
+    invocation,
 )
 from eaglequant.cli.options import capture_engine as capture_engine_for
 
@@ -172,6 +173,7 @@ def validate(
         ),
         hidden_states=hidden_states,
         against=read_previous(against) if against else None,
+        command=invocation(),
     )
     report = run(request, progress=lambda m: click.echo(f"[eaglequant] {m}", err=True))
     data = report.to_json()

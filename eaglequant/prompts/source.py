@@ -122,3 +122,20 @@ def prompts_as_file(source: PromptSource) -> Path:
     lines = "".join(json.dumps({"prompt": p.text}) + "\n" for p in prompts.prompts)
     write_atomically(path, lines.encode("utf-8"))
     return path
+
+
+def bench_dataset_file(source: PromptSource | Path, dataset: str | None) -> Path:
+    """The file ``vllm bench serve`` reads for ``source``: a file as given; the set ``sharegpt``
+    under ``--dataset sharegpt`` as the installed ShareGPT file itself (sha256-checked, read by
+    vLLM's own ShareGPT loader); any other set as a ``.jsonl`` of its prompts."""
+    if isinstance(source, Path):
+        return source
+    if source.path is not None:
+        return source.path
+    if dataset == "sharegpt" and source.name == "sharegpt":
+        from eaglequant.prompts.cache import load, prompts_dir
+
+        spec = SETS["sharegpt"]
+        load(spec)  # InputError naming the fetch step when absent or changed
+        return prompts_dir() / spec.filename
+    return prompts_as_file(source)

@@ -36,6 +36,12 @@ CORE = [
     "eaglequant.io.output",
     "eaglequant.engine.config",
     "eaglequant.engine.process",
+    "eaglequant.engine.server",
+    "eaglequant.tune.request",
+    "eaglequant.tune.choice",
+    "eaglequant.tune.compare",
+    "eaglequant.tune.metrics",
+    "eaglequant.tune.summary",
     "eaglequant.capture.run",
     "eaglequant.capture.store",
 ]
