@@ -65,6 +65,7 @@ class TuneRequest:
     out: Path = Path("tune-results")
     server_timeout_s: float = 600.0
     bench_timeout_s: float = 1800.0
+    command: str | None = None  # how it was invoked, path-free (eaglequant.provenance)
 
 
 def _max_model_len(request: TuneRequest) -> int | None:
@@ -191,4 +192,5 @@ def workload(request: TuneRequest, max_len: int) -> Workload:
         "max_model_len": max_len,
         "tensor_parallel_size": request.engine.tensor_parallel_size,
         "engine_args": dict(request.engine.engine_args),
+        "command": request.command,
     }

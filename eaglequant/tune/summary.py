@@ -112,6 +112,7 @@ class Workload(TypedDict):
     max_model_len: int
     tensor_parallel_size: int
     engine_args: dict[str, Any]
+    command: str | None
 
 
 class SweepSummary(Workload):
