@@ -256,9 +256,20 @@ def public(data: dict[str, Any], names: PublicNames, local: list[str]) -> dict[s
         if "/" in path:
             replacements += [(path, name), (str(Path(path).resolve()), name)]
     replacements += [(path, "<PATH>") for path in local]
+    replacements += [(path, Path(path).name) for path in _described_files(data)]
     replacements.sort(key=lambda pair: len(pair[0]), reverse=True)
     cleaned = replace_strings(_without_run_env(data), replacements)
     return cleaned | {k: name for k, name in named.items() if isinstance(data.get(k), str)}
+
+
+def _described_files(data: dict[str, Any]) -> list[str]:
+    """Files a report names to describe its inputs (a prompts file, the calibration data):
+    the card keeps their names, not where they lie."""
+    found = [
+        (data.get("prompt_set") or {}).get("source"),
+        (data.get("calibration_overlap") or {}).get("calibration"),
+    ]
+    return [f for f in found if isinstance(f, str) and "/" in f]
 
 
 def _without_run_env(data: Any) -> Any:

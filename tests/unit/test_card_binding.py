@@ -182,3 +182,19 @@ def test_card_embeds_recorded_tune_results_without_their_paths(
     assert "# tune: the command line was not recorded" in text
     for name in PLOTS:
         assert (exported.folder / name).is_file() and f"]({name})" in text
+
+
+def test_card_names_prompt_and_calibration_files_not_where_they_lie(
+    exported: Exported, tmp_path: Path
+) -> None:
+    report = json.loads(exported.validation.read_text())
+    prompts, calib = tmp_path / "sets" / "my-prompts.jsonl", tmp_path / "data" / "calib.jsonl"
+    report["prompt_set"] = {"source": str(prompts), "sha256": "ab" * 32, "prompts": 32}
+    report["calibration_overlap"] = {"shared": 0, "prompts": 32, "calibration": str(calib)}
+    exported.validation.write_text(json.dumps(report))
+    code, output = card(exported)
+    assert code == 0, output
+    text = (exported.folder / "README.md").read_text()
+    assert f"Prompts: `my-prompts.jsonl` (sha256 `{'ab' * 32}`)" in text
+    assert "calibration texts (`calib.jsonl`)" in text
+    assert str(tmp_path) not in text and machine_paths(text) == []
