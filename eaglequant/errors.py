@@ -41,3 +41,15 @@ class QuarkFailed(EagleQuantError):
     """Quark's own flow, run by the export in its worker process, failed (exit 1)."""
 
     exit_code = 1
+
+
+class PublishFailed(EagleQuantError):
+    """The Hub refused or failed an upload the checks allowed (exit 1)."""
+
+    exit_code = 1
+
+
+class FetchFailed(EagleQuantError):
+    """A download the user asked for (``eaglequant prompts fetch``) failed (exit 1)."""
+
+    exit_code = 1

@@ -4,11 +4,22 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 
-from eaglequant.cli.options import PATH, engine_options, engine_settings, int_list
+from eaglequant.cli.options import (
+    PATH,
+    PROMPTS,
+    engine_options,
+    engine_settings,
+    int_list,
+    invocation,
+)
 from eaglequant.errors import InputError
+
+if TYPE_CHECKING:
+    from eaglequant.prompts.source import PromptSource
 
 
 @click.command()
@@ -16,6 +27,18 @@ from eaglequant.errors import InputError
     "--target", type=PATH, required=True, help="Target model folder (or what vllm serve takes)."
 )
 @click.option("--draft", type=PATH, required=True, help="The EAGLE-3 draft to serve with.")
+@click.option(
+    "--baseline",
+    type=PATH,
+    help="Compare --draft against this draft (e.g. the BF16 one) and no speculation, "
+    "under the same serve arguments in rotated rounds, instead of sweeping k.",
+)
+@click.option(
+    "--keep-servers",
+    is_flag=True,
+    help="With --baseline: start each configuration's server once and keep all alive "
+    "(needs memory for all at once); default: restart them in every round.",
+)
 @click.option(
     "--k", "ks", default="4,6,8", show_default=True, help="num_speculative_tokens values."
 )
@@ -28,7 +51,17 @@ from eaglequant.errors import InputError
 @click.option(
     "--osl", type=click.IntRange(min=1), default=1024, show_default=True, help="Output length."
 )
-@click.option("--prompts", type=PATH, help="A .jsonl of {'prompt': ...} instead of random tokens.")
+@click.option(
+    "--prompts",
+    type=PROMPTS,
+    help="A .jsonl of {'prompt': ...}, or a prompt set (mt-bench, humaneval, sharegpt[:N]), "
+    "instead of random tokens (with --dataset sharegpt: a ShareGPT .json, or the set sharegpt).",
+)
+@click.option(
+    "--dataset",
+    type=click.Choice(["random", "custom", "sharegpt"]),
+    help="vllm bench serve's dataset (default: custom with --prompts, else random).",
+)
 @click.option(
     "--num-prompts", type=click.IntRange(min=1), help="Requests per level (default 2x concurrency)."
 )
@@ -53,11 +86,14 @@ from eaglequant.errors import InputError
 def tune(
     target: Path,
     draft: Path,
+    baseline: Path | None,
+    keep_servers: bool,
     ks: str,
     concurrency: str,
     isl: int,
     osl: int,
-    prompts: Path | None,
+    prompts: PromptSource | Path | None,
+    dataset: str | None,
     num_prompts: int | None,
     repeats: int,
     schedule: str | None,
@@ -73,19 +109,25 @@ def tune(
     Every point is measured --repeats times; a k wins at a concurrency only when its slowest
     repeat beats no speculation's fastest. The per-concurrency winners become one
     per-batch-size schedule, served and measured too, and recommended where it held.
+    With --baseline: the release table, the draft against the baseline draft and no
+    speculation at every k and concurrency.
     """
-    from eaglequant.render.reports import recommendation_name
-    from eaglequant.validate.tune import TuneRequest
-    from eaglequant.validate.tune import tune as run
+    from eaglequant.prompts.source import bench_dataset_file
+    from eaglequant.tune.request import KEEP, RESTART, TuneRequest
 
+    if keep_servers and baseline is None:
+        raise InputError("--keep-servers applies to --baseline; add --baseline or drop it")
     request = TuneRequest(
         target=target,
         draft=draft,
+        baseline=baseline,
+        servers=KEEP if keep_servers else RESTART,
         ks=int_list(ks, "--k", minimum=1, example="4,6,8"),
         concurrencies=int_list(concurrency, "--concurrency", minimum=1, example="4,8,16"),
         isl=isl,
         osl=osl,
-        prompts=prompts,
+        prompts=bench_dataset_file(prompts, dataset) if prompts is not None else None,
+        dataset=dataset,
         num_prompts=num_prompts,
         repeats=repeats,
         schedule=None if schedule is None else _schedule(schedule),
@@ -93,8 +135,23 @@ def tune(
         engine=engine_settings(tensor_parallel_size, engine_args, max_model_len),
         out=out,
         server_timeout_s=server_timeout,
+        command=invocation(),
     )
-    summary = run(request, progress=lambda m: click.echo(f"[eaglequant] {m}", err=True))
+
+    def progress(message: str) -> None:
+        click.echo(f"[eaglequant] {message}", err=True)
+
+    if baseline is not None:
+        from eaglequant.tune.baseline import compare
+
+        comparison = compare(request, progress=progress)
+        click.echo((out / "results.md").read_text())
+        click.echo(f"recommended: {comparison['recommendation']['text']}")
+        return
+    from eaglequant.render.reports import recommendation_name
+    from eaglequant.tune.sweep import tune as run
+
+    summary = run(request, progress=progress)
     click.echo((out / "results.md").read_text())
     click.echo(f"winner by concurrency (0: no speculation): {summary['recommended_k']}")
     click.echo(f"recommended: {recommendation_name(summary)}")

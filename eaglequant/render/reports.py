@@ -7,7 +7,20 @@ Both are rendered from their JSON form, so ``validate --markdown``, tune's
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from typing import Any
+
+from eaglequant.environment import environment_markdown
+from eaglequant.tune.summary import (
+    BASELINE,
+    COMPARISON,
+    DRAFT,
+    NO_SPECULATION,
+    ComparisonSummary,
+    Point,
+    as_comparison,
+    check_summary,
+)
 
 PLOTS = ("throughput.png", "speedup.png", "acceptance.png")
 
@@ -23,6 +36,89 @@ def acceptance_rows(report: dict[str, Any]) -> list[tuple[str, str, str, str]]:
         timing = f"load {engine.get('load_s', '-')}s, generate {engine.get('generate_s', '-')}s"
         rows.append((role.upper(), "-" if mean is None else f"{mean:.3f}", per_pos, timing))
     return rows
+
+
+def category_rows(report: dict[str, Any]) -> list[tuple[str, ...]]:
+    """Per category: prompts, draft tokens, BF16 and FP8 mean acceptance, ratio, by position,
+    and whether the checks judged it (and how)."""
+    rows = []
+    for name, row in (report.get("categories") or {}).items():
+        bf16, fp8 = row["bf16"], row["fp8"]
+        means = (bf16["mean_length"], fp8["mean_length"])
+        ratio = "-"
+        if None not in means and means[0]:
+            ratio = f"{means[1] / means[0]:.3f}"
+        checks = row.get("checks")
+        verdicts = "reported, not judged"
+        if checks:
+            interval = checks["2"]["numbers"]["interval"]
+            ratio += f" [{interval['low']:.3f}, {interval['high']:.3f}]"
+            verdicts = f"2 {checks['2']['verdict']}, 5 {checks['5']['verdict']}"
+        positions = " / ".join(
+            f"{f:.3f}:{b:.3f}"
+            for f, b in zip(fp8["per_position"], bf16["per_position"], strict=False)
+        )
+        rows.append(
+            (
+                name,
+                str(row["prompts"]),
+                f"{bf16['draft_tokens']} / {fp8['draft_tokens']}",
+                *("-" if m is None else f"{m:.3f}" for m in means),
+                ratio,
+                positions or "-",
+                verdicts,
+            )
+        )
+    return rows
+
+
+CATEGORY_COLUMNS = (
+    "category",
+    "prompts",
+    "draft tokens BF16 / FP8",
+    "BF16 mean acceptance",
+    "FP8 mean acceptance",
+    "FP8/BF16 [95% interval]",
+    "by position FP8:BF16",
+    "checks 2 and 5",
+)
+
+
+def category_markdown(report: dict[str, Any]) -> list[str]:
+    """The per-category table (no lines when the report has no categories)."""
+    rows = category_rows(report)
+    if not rows:
+        return []
+    minimum = report.get("min_category_drafts")
+    lines = ["| " + " | ".join(CATEGORY_COLUMNS) + " |", "|" + "---|" * len(CATEGORY_COLUMNS)]
+    lines += ["| " + " | ".join(row) + " |" for row in rows]
+    note = f"Categories with fewer than {minimum} draft tokens are reported, not judged."
+    return [*lines, "", note, ""]
+
+
+def prompts_line(report: dict[str, Any]) -> str:
+    """Which prompts, identified by sha256, how they were rendered, and any calibration overlap."""
+    source = report.get("prompt_set")
+    text = (
+        f"Prompts: `{source['source']}` (sha256 `{source['sha256']}`)"
+        if source
+        else "Prompts: given in the request"
+    )
+    text += (
+        ", rendered with the target's chat template."
+        if report.get("chat_template")
+        else ", sent raw (no chat template)."
+    )
+    overlap = report.get("calibration_overlap")
+    if overlap and overlap["shared"]:
+        text += (
+            f" **{overlap['shared']} of {overlap['prompts']} prompts are among the draft's "
+            f"calibration texts** (`{overlap['calibration']}`): a draft validated on its own "
+            "calibration prompts proves less."
+        )
+    elif overlap:
+        text += f" None is among the draft's calibration texts (`{overlap['calibration']}`)."
+    return text
 
 
 def check_verdict(check: dict[str, Any]) -> str:
@@ -58,6 +154,7 @@ def validation_markdown(report: dict[str, Any], heading: str = "##") -> str:
         + ".",
         "",
     ]
+    lines += [prompts_line(report), ""]
     if report.get("serve_command"):
         lines += [f"Equivalent serve line: `{report['serve_command']}`", ""]
     config = report["engines"].get("fp8", {}).get("engine_config")
@@ -67,7 +164,8 @@ def validation_markdown(report: dict[str, Any], heading: str = "##") -> str:
     lines += ["| draft | mean acceptance length | acceptance by position | engine |"]
     lines += ["|---|---|---|---|"]
     lines += [f"| {a} | {b} | {c} | {d} |" for a, b, c, d in acceptance_rows(report)]
-    lines += ["", "| check | result | detail |", "|---|---|---|"]
+    lines += ["", *category_markdown(report)]
+    lines += ["| check | result | detail |", "|---|---|---|"]
     for check in report["checks"]:
         detail = check["detail"].replace("|", "\\|")
         lines.append(f"| {check['name']} | {check_verdict(check)} | {detail} |")
@@ -75,7 +173,20 @@ def validation_markdown(report: dict[str, Any], heading: str = "##") -> str:
     return "\n".join([*lines, "", f"**{verdict}.**", ""])
 
 
-def tune_markdown(summary: dict[str, Any]) -> str:
+def tune_markdown(summary: Mapping[str, Any]) -> str:
+    """Tune's results (a sweep or a baseline comparison) as Markdown, with the environment.
+
+    An older or foreign results.json is refused in one line (``InputError``).
+    """
+    if check_summary(summary) == COMPARISON:
+        return comparison_markdown(as_comparison(summary))
+    text = sweep_markdown(summary)
+    if summary.get("environment"):
+        text += "\nEnvironment:\n\n" + environment_markdown(summary["environment"])
+    return text
+
+
+def sweep_markdown(summary: Mapping[str, Any]) -> str:
     """Throughput by concurrency and configuration, schedule, recommendation, acceptance."""
     schedule = summary["schedule"]
     header = ["concurrency", *(config_name(k) for k in [0, *summary["ks"]])]
@@ -99,10 +210,10 @@ def tune_markdown(summary: dict[str, Any]) -> str:
 
 
 def config_name(k: int) -> str:
-    return f"k={k}" if k else "no spec"
+    return f"k={k}" if k else "no speculation"
 
 
-def point(summary: dict[str, Any], k: int | None, concurrency: int) -> dict[str, Any] | None:
+def point(summary: Mapping[str, Any], k: int | None, concurrency: int) -> dict[str, Any] | None:
     """The result row of single k ``k`` (None: the schedule's server) at one concurrency."""
     rows = summary["schedule"]["results"] if k is None else summary["results"]
     return next(
@@ -121,7 +232,7 @@ def _cell(row: dict[str, Any] | None) -> str:
     return f"{text} ({row['speedup']:.2f}x)"
 
 
-def _tune_notes(summary: dict[str, Any]) -> list[str]:
+def _tune_notes(summary: Mapping[str, Any]) -> list[str]:
     repeats = summary["repeats"]
     notes = [
         f"Output tokens/s, mean of {repeats} repeat(s) [slowest-fastest] (speedup over no "
@@ -153,7 +264,7 @@ def _tune_notes(summary: dict[str, Any]) -> list[str]:
     return notes
 
 
-def recommendation_name(summary: dict[str, Any]) -> str:
+def recommendation_name(summary: Mapping[str, Any]) -> str:
     choice = summary["recommendation"]
     if choice["schedule"]:
         return f"the schedule {json.dumps(summary['schedule']['ranges'])}"
@@ -168,3 +279,120 @@ def mean_positions(lists: list[list[float]]) -> list[float]:
         for i, value in enumerate(values):
             sums[i] += value
     return [s / len(lists) for s in sums]
+
+
+def comparison_markdown(summary: ComparisonSummary) -> str:
+    """The release table per k, what made it controlled, details, serve lines, environment."""
+    unit = summary["device_unit"]
+    lines: list[str] = []
+    for k in summary["ks"]:
+        lines += [f"**k={k}** (`num_speculative_tokens`), output tokens/s per {unit}:", ""]
+        lines += [*comparison_table(summary, k), ""]
+    lines += [f"**Recommended: {summary['recommendation']['text']}.**", ""]
+    lines += [controlled_text(summary), ""]
+    lines += _comparison_details(summary)
+    lines += ["", "Serve lines (identical but for `--speculative-config`):", ""]
+    lines += [f"- {s['label']}: `{s['line']}`" for s in summary["serve_lines"]]
+    lines += ["", "Environment:", "", environment_markdown(summary["environment"])]
+    return "\n".join(lines)
+
+
+def comparison_table(summary: ComparisonSummary, k: int) -> list[str]:
+    """concurrency | no speculation | baseline (x) | draft (x) | acceptance | verdict."""
+    unit = summary["device_unit"]
+    lines = [
+        f"| concurrency | {NO_SPECULATION} tok/s per {unit} | {BASELINE} (x {NO_SPECULATION}) "
+        f"| {DRAFT} (x {NO_SPECULATION}) | acceptance length {BASELINE} / {DRAFT} | verdict |",
+        "|---|---|---|---|---|---|",
+    ]
+    devices = summary["devices"]
+    for level in summary["concurrencies"]:
+        none = comparison_point(summary, NO_SPECULATION, 0, level)
+        base = comparison_point(summary, BASELINE, k, level)
+        draft = comparison_point(summary, DRAFT, k, level)
+        verdict = next(v for v in summary["verdicts"] if v["k"] == k and v["concurrency"] == level)
+        cells = [
+            str(level),
+            f"{none['per_device']:.1f} [{none['throughput_min'] / devices:.1f}-"
+            f"{none['throughput_max'] / devices:.1f}]",
+            _speedup_cell(base),
+            _speedup_cell(draft),
+            f"{_length(base)} / {_length(draft)}",
+            f"**{verdict['choice']}** ({verdict['text']})",
+        ]
+        lines.append("| " + " | ".join(cells) + " |")
+    return lines
+
+
+def controlled_text(summary: ComparisonSummary) -> str:
+    """What made the comparison controlled, in one paragraph."""
+    versions = summary["environment"].get("versions", {})
+    orders = "; ".join(f"round {r['round']}: " + " -> ".join(r["order"]) for r in summary["rounds"])
+    servers = (
+        "each configuration's server started once and kept alive for all rounds"
+        if summary["servers"] == "keep"
+        else "every configuration's server restarted in every round (one server at a time)"
+    )
+    starts = [s["start_s"] for s in summary["server_starts"]]
+    return (
+        f"Controlled: one vLLM build ({versions.get('vllm')}) for all three configurations, "
+        "the same serve arguments (only `--speculative-config` differs), the same prompts, "
+        f"the same warm-up (then /metrics read), {summary['repeats']} interleaved rounds with "
+        f"the serving order rotated ({orders}); {servers}; {len(starts)} server start(s), "
+        f"{sum(starts):.0f} s in all. Each cell is the mean of {summary['repeats']} repeat(s) "
+        "[slowest-fastest]; one configuration beats another only when its slowest repeat is "
+        "faster than the other's fastest, otherwise they tie. Acceptance is the server's own "
+        "/metrics counters over the measured requests (warm-up excluded), equal to "
+        "`vllm bench serve`'s for every repeat."
+    )
+
+
+def comparison_point(summary: ComparisonSummary, role: str, k: int, level: int) -> Point:
+    return next(
+        p
+        for p in summary["points"]
+        if p["role"] == role and p["k"] == k and p["concurrency"] == level
+    )
+
+
+def _speedup_cell(point: Point) -> str:
+    return (
+        f"{point['per_device']:.1f} ({point['speedup']:.2f}x; "
+        f"{point['speedup_min']:.2f}-{point['speedup_max']:.2f}x)"
+    )
+
+
+def _length(point: Point) -> str:
+    acceptance = point["acceptance"]
+    if acceptance is None or acceptance["mean_length"] is None:
+        return "-"
+    return f"{acceptance['mean_length']:.2f}"
+
+
+def _comparison_details(summary: ComparisonSummary) -> list[str]:
+    lines = [
+        "| configuration | concurrency | output tok/s by round | median TPOT ms "
+        "| median TTFT ms | acceptance length | acceptance by position |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for p in summary["points"]:
+        label = p["role"] if p["role"] == NO_SPECULATION else f"{p['role']} k={p['k']}"
+        acceptance = p["acceptance"]
+        positions = (
+            " / ".join(f"{x:.3f}" for x in acceptance["per_position"]) if acceptance else "-"
+        )
+        cells = [
+            label,
+            str(p["concurrency"]),
+            ", ".join(f"{r:.1f}" for r in p["runs"]),
+            _ms(p["median_tpot_ms"]),
+            _ms(p["median_ttft_ms"]),
+            _length(p),
+            positions,
+        ]
+        lines.append("| " + " | ".join(cells) + " |")
+    return lines
+
+
+def _ms(value: float | None) -> str:
+    return "-" if value is None else f"{value:.1f}"
