@@ -306,6 +306,12 @@ def _usage(
         note = "\nk by batch size, from the measured schedule in *Tuning* below.\n"
         return schedule_config(name, tuned["schedule"]["ranges"]), note
     k = choice.get("k") or tuned.get("best_single_k") or (report or {}).get("k") or 6
+    if choice and not choice["k"] and tuned.get("kind") == "comparison":
+        note = (
+            f"\nOn the setup measured in *Tuning* below this draft was not chosen at any "
+            f"concurrency ({choice.get('text', '')}); k={k} is shown for setups where it is.\n"
+        )
+        return speculative_config(name, k), note
     if choice and not choice["k"]:
         note = (
             f"\nOn the setup measured in *Tuning* below no k was faster than serving without "

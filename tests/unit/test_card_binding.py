@@ -198,3 +198,16 @@ def test_card_names_prompt_and_calibration_files_not_where_they_lie(
     assert f"Prompts: `my-prompts.jsonl` (sha256 `{'ab' * 32}`)" in text
     assert "calibration texts (`calib.jsonl`)" in text
     assert str(tmp_path) not in text and machine_paths(text) == []
+
+
+def test_a_comparison_that_chose_the_baseline_says_so_in_the_usage_note() -> None:
+    from eaglequant.render.card import _usage
+
+    tuning = {
+        "kind": "comparison",
+        "recommendation": {"text": "ship the BF16 draft", "by_concurrency": {}, "k": 0},
+    }
+    config, note = _usage(REPO_ID, {"k": 3}, tuning)
+    assert config["num_speculative_tokens"] == 3
+    assert "this draft was not chosen at any concurrency (ship the BF16 draft)" in note
+    assert "no k was faster" not in note
