@@ -20,6 +20,7 @@ import json
 import os
 import sys
 import time
+from collections.abc import Callable
 from typing import Any
 
 SPEC_METRICS = {
@@ -89,6 +90,11 @@ class DraftInspector:
     def eaglequant_draft_layers(self) -> list[dict[str, Any]]:
         return draft_layers(self)
 
+    def eaglequant_swap_draft(self, speculative: dict[str, Any]) -> dict[str, Any]:
+        from eaglequant.engine.swap import swap_draft
+
+        return swap_draft(self, speculative)
+
     def eaglequant_plugin_active(self) -> bool:
         from eaglequant.validate.cpu_fp8_plugin import ACTIVE_ENV
 
@@ -97,7 +103,18 @@ class DraftInspector:
 
 def run(spec: dict[str, Any]) -> dict[str, Any]:
     started = time.perf_counter()
-    from vllm import LLM, SamplingParams
+    llm, kwargs = open_llm(spec)
+    loaded = time.perf_counter()
+    result = generate(llm, spec, kwargs)
+    return result | {
+        "load_s": round(loaded - started, 2),
+        "generate_s": round(time.perf_counter() - loaded, 2),
+    }
+
+
+def open_llm(spec: dict[str, Any]) -> tuple[Any, dict[str, Any]]:
+    """The offline engine for ``spec["llm"]`` with the platform's defaults, and its arguments."""
+    from vllm import LLM
     from vllm.platforms import current_platform
 
     from eaglequant.engine.config import (
@@ -106,7 +123,6 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
         usable_cores,
         worker_count,
     )
-    from eaglequant.engine.record import engine_record, loaded_kernel_libraries
 
     on_cpu = current_platform.is_cpu()
     kwargs = platform_defaults(spec["llm"], on_cpu)
@@ -116,7 +132,16 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
         disable_log_stats=False,
         worker_extension_cls="eaglequant.validate.engine_run.DraftInspector",
     )
-    loaded = time.perf_counter()
+    return llm, kwargs
+
+
+def generate(llm: Any, spec: dict[str, Any], kwargs: dict[str, Any]) -> dict[str, Any]:
+    """Greedy outputs of ``spec``'s prompts and what the engine reports (metrics are cumulative)."""
+    from vllm import SamplingParams
+    from vllm.platforms import current_platform
+
+    from eaglequant.engine.record import engine_record, loaded_kernel_libraries
+
     params = SamplingParams(
         temperature=0.0,
         max_tokens=spec["max_tokens"],
@@ -124,7 +149,6 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
         logprobs=spec.get("logprobs"),
     )
     outputs = llm.generate(spec["prompts"], params, use_tqdm=False)
-    generated = time.perf_counter()
     speculative = kwargs.get("speculative_config") is not None
     return {
         "token_ids": [list(o.outputs[0].token_ids) for o in outputs],
@@ -136,8 +160,6 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
         "kernels": loaded_kernel_libraries(),
         "plugin_active": bool(llm.collective_rpc("eaglequant_plugin_active")[0]),
         "engine_config": engine_record(kwargs),
-        "load_s": round(loaded - started, 2),
-        "generate_s": round(generated - loaded, 2),
     }
 
 
@@ -151,11 +173,11 @@ def _top_logprobs(per_position: Any) -> list[list[list[float]]] | None:
     ]
 
 
-def main() -> None:
+def main(entry: Callable[[dict[str, Any]], dict[str, Any]] = run) -> None:
     spec_path, out_path = sys.argv[1], sys.argv[2]
     with open(spec_path, encoding="utf-8") as handle:
         spec = json.load(handle)
-    result = run(spec)
+    result = entry(spec)
     with open(out_path, "w", encoding="utf-8") as handle:
         json.dump(result, handle, allow_nan=True)
     sys.stdout.flush()

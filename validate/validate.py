@@ -1,7 +1,9 @@
 """``eaglequant validate``: prove an FP8 draft in vLLM speculative decoding against its BF16 draft.
 
-Three engine runs, each in its own process with a timeout (target alone,
-target + BF16 baseline draft, target + FP8 draft), greedy, the same prompts and
+Three engine runs (target alone, target + BF16 baseline draft, target + FP8
+draft), in child processes with a timeout: by default both drafts are served by
+one engine that swaps the draft (``single_engine``), else each run in its own
+engine (``engine_per_draft``); greedy, the same prompts and
 engine configuration (``eaglequant.engine.config``: the target's parallelism, the
 user's engine arguments, CPU-only defaults only on CPU), then six checks, each
 reported with its numbers:
@@ -29,6 +31,7 @@ import os
 import sys
 import tempfile
 from dataclasses import asdict, dataclass, field, replace
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -56,6 +59,7 @@ from eaglequant.validate.lossless import (
     TOP_LOGPROBS,
     lossless_check,
 )
+from eaglequant.validate.single_engine import PER_DRAFT, run_per_draft, run_single
 
 LOG_TAIL_CHARS = 4000
 BAD_EXCLUSION_SIGNATURE = "Attempted to load weight"
@@ -77,6 +81,7 @@ class ValidateRequest:
     tie_margin: float = DEFAULT_TIE_MARGIN
     capture: CaptureEngine = field(default_factory=CaptureEngine)
     hidden_states: Path | None = None
+    engine_per_draft: bool = False
 
 
 @dataclass
@@ -92,6 +97,10 @@ class ValidationReport:
     engines: dict[str, dict[str, Any]]
     checks: list[Check]
     serve_command: str | None = None
+    engine_mode: str = PER_DRAFT
+    target_loads: int = 0
+    load_s: float = 0.0
+    generate_s: float = 0.0
 
     @property
     def passed(self) -> bool:
@@ -168,13 +177,12 @@ def validate(
     """Run the three engines (or reuse finished ``target``/``bf16`` runs) and the six checks."""
     check_inputs(request)
     engines: dict[str, dict[str, Any]] = dict(reuse or {})
-    for role, draft in (("target", None), ("bf16", request.baseline), ("fp8", request.draft)):
-        if role in engines:
-            continue
-        progress(f"vLLM engine: {role} ...")
-        engines[role] = run_engine(request, draft)
-        state = "ok" if engines[role]["ok"] else "FAILED"
-        progress(f"vLLM engine: {role} {state} ({engines[role]['wall_s']:.0f}s)")
+    roles = [("target", None), ("bf16", request.baseline), ("fp8", request.draft)]
+    runner = run_per_draft if request.engine_per_draft else partial(run_single, request)
+    runs = runner(
+        [(r, d) for r, d in roles if r not in engines], partial(run_engine, request), progress
+    )
+    engines |= runs.engines
     checks = _engine_checks(request, engines)
     progress("scale plausibility ...")
     checks.append(scale_plausibility(request, engines["target"]))
@@ -192,7 +200,16 @@ def validate(
         engines={role: _engine_summary(e) for role, e in engines.items()},
         checks=checks,
         serve_command=fp8_config.get("serve_line"),
+        engine_mode=runs.mode,
+        target_loads=runs.target_loads + (request.hidden_states is None),
+        load_s=_total(runs.engines, "load_s"),
+        generate_s=_total(runs.engines, "generate_s"),
     )
+
+
+def _total(engines: dict[str, dict[str, Any]], key: str) -> float:
+    """Seconds over this run's engines (a shared engine's load counted once, its swaps each)."""
+    return round(sum(e.get("result", {}).get(key, 0.0) for e in engines.values()), 2)
 
 
 def run_engine(request: ValidateRequest, draft: Path | None) -> dict[str, Any]:
@@ -228,7 +245,7 @@ def run_engine(request: ValidateRequest, draft: Path | None) -> dict[str, Any]:
 def _engine_summary(engine: dict[str, Any]) -> dict[str, Any]:
     result = engine.get("result", {})
     summary = {k: engine[k] for k in ("ok", "returncode", "timed_out", "wall_s")}
-    keys = ("load_s", "generate_s", "metrics", "kernels", "engine_config")
+    keys = ("load_s", "generate_s", "swapped", "metrics", "kernels", "engine_config")
     summary |= {k: result[k] for k in keys if k in result}
     if "metrics" in result:
         summary["acceptance"] = acceptance(result["metrics"])

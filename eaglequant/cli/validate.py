@@ -72,6 +72,12 @@ from eaglequant.cli.options import capture_engine as capture_engine_for
     show_default=True,
     help="Logprob gap (nats) under which a token counts as tied with the target's best.",
 )
+@click.option(
+    "--engine-per-draft",
+    is_flag=True,
+    help="Start one engine per draft (each loads the target) instead of swapping the drafts "
+    "in one engine.",
+)
 @click.option("--json", "json_path", type=PATH, help="Write the JSON report here.")
 @click.option("--markdown", "markdown_path", type=PATH, help="Write the Markdown report here.")
 def validate(
@@ -92,6 +98,7 @@ def validate(
     hidden_states: Path | None,
     lossless: str,
     tie_margin: float,
+    engine_per_draft: bool,
     json_path: Path | None,
     markdown_path: Path | None,
 ) -> None:
@@ -126,6 +133,7 @@ def validate(
             capture_engine, "--capture-engine", engine_settings(tensor_parallel_size, engine_args)
         ),
         hidden_states=hidden_states,
+        engine_per_draft=engine_per_draft,
     )
     report = run(request, progress=lambda m: click.echo(f"[eaglequant] {m}", err=True))
     data = report.to_json()
