@@ -29,7 +29,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from eaglequant.draft import dims_from_config
 from eaglequant.engine.config import llm_kwargs
@@ -37,8 +37,8 @@ from eaglequant.engine.process import run_child
 from eaglequant.io.checkpoint import read_checkpoint
 from eaglequant.serving import speculative_config
 
-if TYPE_CHECKING:
-    from eaglequant.validate.validate import ValidateRequest
+# ``request`` below is validate's ``ValidateRequest`` (not imported: validate imports this).
+ValidateRequest = Any
 
 SINGLE, PER_DRAFT = "single", "per-draft"
 # Config keys that must agree, besides the dimensions, for two drafts to share an engine.

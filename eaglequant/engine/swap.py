@@ -13,6 +13,17 @@ Refused (the engine is left as it was) when the drafts differ in anything the
 allocated cache or the target's hidden-state outputs depend on, when the draft
 runs under CUDA graphs or ``torch.compile`` (captured graphs keep the old
 weights), or when vLLM lacks a hook this relies on.
+
+What it relies on in vLLM (re-check on an upgrade): ``SpeculativeConfig(**dict,
+target_model_config=, target_parallel_config=)`` building the draft's
+``draft_model_config``; ``get_draft_quant_config`` (``model_executor/models/utils.py``)
+reading the quantization from ``speculative_config.draft_model_config`` at build
+time; ``SpecDecodeBaseProposer.load_model(target_model)``,
+``._draft_attn_layer_names`` and ``.initialize_attn_backend(kv_cache_config,
+kernel_block_sizes)`` (``v1/spec_decode/llm_base_proposer.py``); attention layers
+registering by name in ``compilation_config.static_forward_context`` and
+``AttentionLayerBase.bind_kv_cache``; the runner's ``drafter``, ``model``,
+``kv_cache_config`` and ``_kernel_block_sizes`` (``v1/worker/gpu_model_runner.py``).
 """
 
 from __future__ import annotations

@@ -100,8 +100,16 @@ def test_swapped_drafts_equal_fresh_engines(
         assert result["engine_config"]["llm"]["speculative_config"]["model"] == str(draft)
         if draft in fresh:
             assert _seen(result) == fresh[draft], role
-    builds = {tuple(x["scheme"] for x in e["result"]["draft_layers"]) for e in shared.values()}
+    builds = {_build(e["result"]["draft_layers"]) for e in shared.values()}
     assert len(builds) == 3  # BF16, static FP8, PTPC FP8: three builds, each as when fresh
+
+
+def _build(layers: list[dict[str, Any]]) -> tuple[tuple[Any, ...], ...]:
+    """Each linear's scheme, weight dtype, weight scale count and whether its input is static."""
+    return tuple(
+        (x["scheme"], x["weight_dtype"], x.get("weight_scale", {}).get("count"), "input_scale" in x)
+        for x in layers
+    )
 
 
 @pytest.mark.parametrize("mutant", ["no-reset", "old-weights"])
@@ -118,3 +126,18 @@ def test_a_faulty_swap_is_caught(
     runs = json.loads(out.read_text())["runs"]
     assert runs[1]["token_ids"] == fresh[TOY / "draft"]["token_ids"]  # lossless all the same
     assert _seen(runs[1]) != fresh[TOY / "draft"]
+
+
+def test_a_swap_the_workers_refuse_keeps_the_first_run_and_says_why(
+    toy_fp8: Path, tmp_path: Path
+) -> None:
+    wider = tmp_path / "wider"
+    shutil.copytree(TOY / "draft", wider)
+    config = json.loads((wider / "config.json").read_text())
+    (wider / "config.json").write_text(json.dumps(config | {"max_position_embeddings": 4096}))
+    shared = run_shared(_request(toy_fp8), [("bf16", TOY / "draft"), ("wider", wider)])
+    assert shared["bf16"]["ok"] and not shared["bf16"]["result"]["swapped"]
+    assert not shared["wider"]["ok"]
+    assert shared["wider"]["refused"] == (
+        "the drafts differ in max_position_embeddings (2048 vs 4096)"
+    )

@@ -43,3 +43,12 @@ def test_counters_are_taken_over_one_run() -> None:
         "accepted_per_pos": [12, 7, 4],
     }
     assert metrics_delta(after, {}) == after
+
+
+def test_the_report_line_names_mode_loads_and_seconds() -> None:
+    from eaglequant.render.terminal import engines_line
+
+    report = {"engine_mode": "single", "target_loads": 3, "load_s": 41.26, "generate_s": 9.0}
+    assert engines_line(report) == (
+        "engines: single, target loaded 3x (41.3s loading in engines, 9.0s generating)"
+    )
