@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +25,7 @@ from safetensors.torch import load_file, save_file
 
 from eaglequant.cli import main
 from eaglequant.engine.config import EngineOptions
-from eaglequant.validate.single_engine import run_shared, shared_spec
+from eaglequant.validate.single_engine import run_shared, run_single, shared_spec
 from eaglequant.validate.validate import ValidateRequest, read_prompts, run_engine
 from tests.conftest import PYTHON, REPO, TOY, run_child
 
@@ -41,7 +42,7 @@ def other_bf16(tmp_path_factory: pytest.TempPathFactory) -> Path:
     weights = load_file(str(TOY / "draft" / "model.safetensors"))
     generator = torch.Generator().manual_seed(0)
     for name, tensor in weights.items():
-        if "layers" in name and tensor.dim() == 2:
+        if name.startswith("midlayer.") and tensor.dim() == 2:
             noise = torch.randn(tensor.shape, generator=generator) * tensor.float().std()
             weights[name] = (tensor.float() + noise).to(tensor.dtype)
     save_file(weights, str(out / "model.safetensors"))
@@ -128,16 +129,21 @@ def test_a_faulty_swap_is_caught(
     assert _seen(runs[1]) != fresh[TOY / "draft"]
 
 
-def test_a_swap_the_workers_refuse_keeps_the_first_run_and_says_why(
+def test_a_swap_the_workers_refuse_falls_back_to_its_own_engine(
     toy_fp8: Path, tmp_path: Path
 ) -> None:
+    """A difference only the workers see (not the shape validate reads first): the shared
+    engine's first run stays, the refused draft gets its own engine, one line says why."""
     wider = tmp_path / "wider"
     shutil.copytree(TOY / "draft", wider)
     config = json.loads((wider / "config.json").read_text())
     (wider / "config.json").write_text(json.dumps(config | {"max_position_embeddings": 4096}))
-    shared = run_shared(_request(toy_fp8), [("bf16", TOY / "draft"), ("wider", wider)])
-    assert shared["bf16"]["ok"] and not shared["bf16"]["result"]["swapped"]
-    assert not shared["wider"]["ok"]
-    assert shared["wider"]["refused"] == (
-        "the drafts differ in max_position_embeddings (2048 vs 4096)"
-    )
+    request = _request(toy_fp8)
+    lines: list[str] = []
+    roles = [("bf16", TOY / "draft"), ("wider", wider)]
+    runs = run_single(request, roles, partial(run_engine, request), lines.append)
+    reason = "the drafts differ in max_position_embeddings (2048 vs 4096)"
+    assert runs.mode == "single" and runs.fallback == reason and runs.target_loads == 2
+    assert runs.engines["bf16"]["shared_engine"] and not runs.engines["bf16"]["result"]["swapped"]
+    assert runs.engines["wider"]["ok"] and "shared_engine" not in runs.engines["wider"]
+    assert f"single engine refused ({reason}); separate engines for wider" in lines
