@@ -25,7 +25,8 @@ def main() -> None:
     from vllm import LLM
 
     from eaglequant.engine import swap
-    from eaglequant.validate import engine_run, single_engine
+    from eaglequant.engine.child import serve_json_child
+    from eaglequant.validate import single_engine
 
     if mutant == "no-reset":
         LLM.reset_prefix_cache = keep_prefix_cache  # type: ignore[method-assign]
@@ -33,7 +34,7 @@ def main() -> None:
         swap._swap = keep_old_draft
     else:
         raise SystemExit(f"unknown mutant {mutant!r}")
-    engine_run.main(single_engine.run)
+    serve_json_child(single_engine.run)
 
 
 if __name__ == "__main__":

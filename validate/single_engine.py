@@ -240,6 +240,6 @@ def _swap(llm: Any, speculative: dict[str, Any]) -> str | None:
 
 
 if __name__ == "__main__":
-    from eaglequant.validate.engine_run import main
+    from eaglequant.engine.child import serve_json_child
 
-    main(run)
+    serve_json_child(run)

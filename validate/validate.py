@@ -12,16 +12,25 @@ reported with its numbers:
    (a first divergence to a token nearly tied with the target's best
    passes, as vLLM's GPU kernels are not batch-invariant, unless ``lossless``
    is ``strict``; see ``lossless.py``);
-2. acceptance: FP8 mean acceptance length >= ratio x BF16's;
+2. acceptance: the FP8/BF16 ratio of mean acceptance length, with a seeded
+   paired-bootstrap 95% interval over prompts (``stats.py``): PASS when the
+   interval clears the recipe's ratio, FAIL when it lies wholly below,
+   otherwise INCONCLUSIVE (about how many prompts would decide);
 3. layers: vLLM built ``fc`` and ``lm_head`` unquantized and every midlayer
    projection with the FP8 scheme, FP8 weights and finite positive scales;
 4. log: no "Attempted to load weight … float8_e4m3fn" (a bad exclusion);
-5. per-position acceptance of both drafts, side by side (information);
+5. per-position acceptance: each position's FP8/BF16 acceptance-rate ratio,
+   judged as check 2 against the recipe's per-position ratio;
 6. scale plausibility, outside vLLM: the BF16 draft run on the target's
    hidden states (captured with the chosen engine on the validation sequences,
    or read from a capture folder) gives each layer's input range;
    ``input_scale`` x 448 and ``weight_scale`` x 448 must lie within the
-   recipe's factor of the measured ranges, and no scale may be missing.
+   recipe's factor of the measured ranges, and no scale may be missing;
+7. regression (``--against`` an earlier report): this FP8 run's acceptance
+   against the earlier one's (``regression.py``).
+
+INCONCLUSIVE counts as not passed. The report (``to_json``) carries its kind
+and schema version (``eaglequant.validation_report``).
 """
 
 from __future__ import annotations
@@ -44,14 +53,19 @@ from eaglequant.engine.config import (
     llm_kwargs,
     probe_vllm,
 )
-from eaglequant.engine.process import ChildRun, run_child
+from eaglequant.engine.process import ChildRun, log_tail, run_child
 from eaglequant.errors import EngineFailed, InputError
 from eaglequant.exclusions import predict_fates
 from eaglequant.io.checkpoint import read_checkpoint
 from eaglequant.io.records import jsonl_records, read_utf8
-from eaglequant.manifest import MANIFEST_FILE, read_json_object
+from eaglequant.manifest import MANIFEST_FILE, read_manifest
 from eaglequant.recipe import ValidationSpec, load_recipe
 from eaglequant.serving import speculative_config
+from eaglequant.validate.acceptance import (
+    AcceptanceThresholds,
+    engine_acceptance_checks,
+    prompt_counts,
+)
 from eaglequant.validate.check import Check
 from eaglequant.validate.lossless import (
     DEFAULT_MODE,
@@ -59,9 +73,12 @@ from eaglequant.validate.lossless import (
     TOP_LOGPROBS,
     lossless_check,
 )
+from eaglequant.validate.regression import NAME as REGRESSION
+from eaglequant.validate.regression import RunCounts, check_comparable, regression_check
 from eaglequant.validate.single_engine import PER_DRAFT, run_per_draft, run_single
+from eaglequant.validate.stats import DEFAULT_RESAMPLES, DEFAULT_SEED, overall_verdict
+from eaglequant.validation_report import REPORT_KIND, SCHEMA_VERSION, prompts_digest
 
-LOG_TAIL_CHARS = 4000
 BAD_EXCLUSION_SIGNATURE = "Attempted to load weight"
 
 
@@ -73,14 +90,19 @@ class ValidateRequest:
     prompts: list[str]
     k: int = 3
     max_tokens: int = 48
-    min_acceptance_ratio: float = 0.98
-    scale_tolerance: float = 4.0
+    min_acceptance_ratio: float = ValidationSpec.min_acceptance_ratio
+    min_position_ratio: float = ValidationSpec.min_position_ratio
+    max_regression: float = ValidationSpec.max_regression
+    scale_tolerance: float = ValidationSpec.scale_tolerance
     engine_timeout_s: float = 600.0
     engine: EngineOptions = field(default_factory=EngineOptions)
     lossless: str = DEFAULT_MODE
     tie_margin: float = DEFAULT_TIE_MARGIN
     capture: CaptureEngine = field(default_factory=CaptureEngine)
     hidden_states: Path | None = None
+    against: RunCounts | None = None
+    resamples: int = DEFAULT_RESAMPLES
+    seed: int = DEFAULT_SEED
     engine_per_draft: bool = False
 
 
@@ -96,6 +118,7 @@ class ValidationReport:
     plugin_active: bool
     engines: dict[str, dict[str, Any]]
     checks: list[Check]
+    prompts_sha256: str
     serve_command: str | None = None
     engine_mode: str = PER_DRAFT
     target_loads: int = 0
@@ -106,9 +129,14 @@ class ValidationReport:
     def passed(self) -> bool:
         return all(c.passed for c in self.checks)
 
+    @property
+    def verdict(self) -> str:
+        return overall_verdict([c.verdict for c in self.checks])
+
     def to_json(self) -> dict[str, Any]:
-        data = asdict(self)
+        data = {"kind": REPORT_KIND, "schema_version": SCHEMA_VERSION, **asdict(self)}
         data["passed"] = self.passed
+        data["verdict"] = self.verdict
         return data
 
 
@@ -136,8 +164,10 @@ def validation_spec(draft: Path, recipe: str | None) -> ValidationSpec:
     manifest = draft / MANIFEST_FILE
     if not manifest.is_file():
         return load_recipe().validation
-    block = read_json_object(manifest, "export manifest").get("recipe", {}).get("validation")
+    block = read_manifest(draft).get("recipe", {}).get("validation")
     try:
+        if not isinstance(block, dict):
+            raise TypeError(block)
         return ValidationSpec(**block)
     except TypeError as exc:
         raise InputError(
@@ -162,6 +192,8 @@ def check_inputs(request: ValidateRequest) -> None:
             raise InputError(
                 f"{request.draft}: has no quantization_config; pass the FP8 draft to validate"
             )
+    if request.against is not None:
+        check_comparable(request.against, request.k)
     check_engine_args(request.engine.engine_args, probe_vllm(sys.executable).engine_args)
     if request.hidden_states is not None:
         check_capture(request.hidden_states, dims[request.baseline])
@@ -186,6 +218,8 @@ def validate(
     checks = _engine_checks(request, engines)
     progress("scale plausibility ...")
     checks.append(scale_plausibility(request, engines["target"]))
+    if request.against is not None:
+        checks.append(_regression(request, engines["fp8"]))
     fp8 = engines["fp8"]
     fp8_config = fp8.get("result", {}).get("engine_config", {})
     return ValidationReport(
@@ -199,6 +233,7 @@ def validate(
         plugin_active=bool(fp8.get("result", {}).get("plugin_active")),
         engines={role: _engine_summary(e) for role, e in engines.items()},
         checks=checks,
+        prompts_sha256=prompts_digest(request.prompts),
         serve_command=fp8_config.get("serve_line"),
         engine_mode=runs.mode,
         target_loads=runs.target_loads + (request.hidden_states is None),
@@ -249,11 +284,13 @@ def _engine_summary(engine: dict[str, Any]) -> dict[str, Any]:
     summary |= {k: result[k] for k in keys if k in result}
     if "metrics" in result:
         summary["acceptance"] = acceptance(result["metrics"])
+    if result.get("per_request") is not None:
+        summary["per_prompt"] = result["per_request"]
     if "token_ids" in result:
         summary["outputs_sha256"] = outputs_digest(result["token_ids"])
         summary["token_ids"] = result["token_ids"]
     if not engine["ok"]:
-        summary["log_tail"] = engine["log"][-LOG_TAIL_CHARS:]
+        summary["log_tail"] = log_tail(engine["log"])
     return summary
 
 
@@ -280,7 +317,7 @@ def acceptance(metrics: dict[str, Any]) -> dict[str, Any]:
 def _engine_checks(request: ValidateRequest, engines: dict[str, dict[str, Any]]) -> list[Check]:
     failed = [role for role, e in engines.items() if not e["ok"]]
     if failed:
-        tails = {role: engines[role]["log"][-LOG_TAIL_CHARS:] for role in failed}
+        tails = {role: log_tail(engines[role]["log"]) for role in failed}
         causes = ", ".join(f"{role}: {_exit_cause(engines[role])}" for role in failed)
         return [
             Check(
@@ -292,6 +329,13 @@ def _engine_checks(request: ValidateRequest, engines: dict[str, dict[str, Any]])
             )
         ]
     target = engines["target"]["result"]
+    thresholds = AcceptanceThresholds(
+        min_acceptance_ratio=request.min_acceptance_ratio,
+        min_position_ratio=request.min_position_ratio,
+        resamples=request.resamples,
+        seed=request.seed,
+    )
+    acceptance_check, per_position = engine_acceptance_checks(engines, thresholds)
     return [
         lossless_check(
             target["token_ids"],
@@ -300,29 +344,15 @@ def _engine_checks(request: ValidateRequest, engines: dict[str, dict[str, Any]])
             request.lossless,
             request.tie_margin,
         ),
-        _acceptance_check(request, engines),
+        acceptance_check,
         layers_check(engines["fp8"]["result"]["draft_layers"], kept_bf16(request.draft)),
         _log_check(engines["fp8"]["log"]),
-        _per_position(engines),
+        per_position,
     ]
 
 
 def _exit_cause(engine: dict[str, Any]) -> str:
     return ChildRun(engine["returncode"], engine["timed_out"], engine["wall_s"]).cause()
-
-
-def _acceptance_check(request: ValidateRequest, engines: dict[str, dict[str, Any]]) -> Check:
-    bf16 = acceptance(engines["bf16"]["result"]["metrics"])["mean_length"]
-    fp8 = acceptance(engines["fp8"]["result"]["metrics"])["mean_length"]
-    if bf16 is None or fp8 is None:
-        return Check("2 acceptance", False, "no spec-decode metrics were reported")
-    ratio = fp8 / bf16
-    passed = ratio >= request.min_acceptance_ratio
-    detail = (
-        f"FP8 mean acceptance length {fp8:.3f} vs BF16 {bf16:.3f} "
-        f"(ratio {ratio:.3f}, required >= {request.min_acceptance_ratio})"
-    )
-    return Check("2 acceptance", passed, detail, {"fp8": fp8, "bf16": bf16, "ratio": ratio})
 
 
 def kept_bf16(draft: Path) -> frozenset[str]:
@@ -375,14 +405,30 @@ def _log_check(log: str) -> Check:
     return Check("4 engine log", not hits, detail, {"warnings": hits[:10]})
 
 
-def _per_position(engines: dict[str, dict[str, Any]]) -> Check:
-    bf16 = acceptance(engines["bf16"]["result"]["metrics"])["per_position"]
-    fp8 = acceptance(engines["fp8"]["result"]["metrics"])["per_position"]
-    detail = "per-position acceptance " + ", ".join(
-        f"pos {i + 1}: FP8 {f:.3f} / BF16 {b:.3f}"
-        for i, (f, b) in enumerate(zip(fp8, bf16, strict=False))
+def _regression(request: ValidateRequest, fp8: dict[str, Any]) -> Check:
+    """Check 7 on this run's FP8 engine against the earlier report's."""
+    assert request.against is not None
+    try:
+        counts = prompt_counts(fp8["result"]) if fp8["ok"] else None
+    except ValueError as exc:
+        return Check(REGRESSION, False, str(exc))
+    if counts is None:
+        return Check(REGRESSION, False, "the FP8 engine did not finish: nothing to compare")
+    current = RunCounts(
+        source="this run",
+        k=request.k,
+        max_tokens=request.max_tokens,
+        prompts_sha256=prompts_digest(request.prompts),
+        outputs_sha256=outputs_digest(fp8["result"]["token_ids"]),
+        per_prompt=tuple(counts),
     )
-    return Check("5 per-position", True, detail, {"fp8": fp8, "bf16": bf16})
+    return regression_check(
+        current,
+        request.against,
+        max_regression=request.max_regression,
+        resamples=request.resamples,
+        seed=request.seed,
+    )
 
 
 def scale_plausibility(request: ValidateRequest, target_engine: dict[str, Any]) -> Check:

@@ -20,7 +20,7 @@ import yaml
 from eaglequant.errors import InputError
 from eaglequant.exclusions import predict_fates
 from eaglequant.io.checkpoint import read_checkpoint
-from eaglequant.manifest import read_json_object, read_manifest
+from eaglequant.manifest import Manifest, read_json_object, read_manifest
 from eaglequant.render.reports import PLOTS, tune_markdown, validation_markdown
 from eaglequant.serving import schedule_config, speculative_config
 
@@ -86,7 +86,7 @@ def render(
     folder: Path,
     base_model: str,
     config: dict[str, Any],
-    manifest: dict[str, Any],
+    manifest: Manifest,
     report: dict[str, Any] | None,
     tuning: dict[str, Any] | None,
     license_id: str | None,
@@ -137,7 +137,7 @@ def _usage(
     return speculative_config(name, k), ""
 
 
-def _quantization_section(config: dict[str, Any], manifest: dict[str, Any]) -> str:
+def _quantization_section(config: dict[str, Any], manifest: Manifest) -> str:
     fates = predict_fates(config)
     rows = "\n".join(
         f"| `{', '.join(f.checkpoint_names)}` | "
@@ -153,7 +153,7 @@ def _quantization_section(config: dict[str, Any], manifest: dict[str, Any]) -> s
     )
 
 
-def _calibration_section(manifest: dict[str, Any]) -> str:
+def _calibration_section(manifest: Manifest) -> str:
     calib = manifest["calibration"]
     rows = "\n".join(
         f"| `{layer['name']}` | {layer['weight_scale']:.4g} | "
@@ -177,6 +177,6 @@ def _fmt(value: float | None, spec: str, missing: str = "dynamic") -> str:
     return missing if value is None else format(value, spec)
 
 
-def _files_section(manifest: dict[str, Any]) -> str:
+def _files_section(manifest: Manifest) -> str:
     rows = "\n".join(f"| `{name}` | `{digest}` |" for name, digest in manifest["files"].items())
     return "## Files (sha256)\n\n| file | sha256 |\n|---|---|\n" + rows + "\n"

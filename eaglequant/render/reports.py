@@ -25,6 +25,24 @@ def acceptance_rows(report: dict[str, Any]) -> list[tuple[str, str, str, str]]:
     return rows
 
 
+def check_verdict(check: dict[str, Any]) -> str:
+    """A check's PASS, FAIL or INCONCLUSIVE from its JSON form."""
+    return str(check.get("verdict") or ("PASS" if check["passed"] else "FAIL"))
+
+
+def report_verdict(report: dict[str, Any]) -> str:
+    """The report's verdict: FAIL if a check failed, else INCONCLUSIVE if one was, else PASS."""
+    verdicts = {check_verdict(c) for c in report["checks"]}
+    return next((v for v in ("FAIL", "INCONCLUSIVE") if v in verdicts), "PASS")
+
+
+VERDICT_LINES = {
+    "PASS": "All checks passed",
+    "FAIL": "Validation FAILED",
+    "INCONCLUSIVE": "Validation INCONCLUSIVE (too few prompts to decide)",
+}
+
+
 def validation_markdown(report: dict[str, Any], heading: str = "##") -> str:
     """The validation report: setup, acceptance table, checks, verdict, serve line."""
     llm = report["engines"].get("fp8", {}).get("engine_config", {}).get("llm", {})
@@ -52,8 +70,8 @@ def validation_markdown(report: dict[str, Any], heading: str = "##") -> str:
     lines += ["", "| check | result | detail |", "|---|---|---|"]
     for check in report["checks"]:
         detail = check["detail"].replace("|", "\\|")
-        lines.append(f"| {check['name']} | {'PASS' if check['passed'] else 'FAIL'} | {detail} |")
-    verdict = "All checks passed" if report["passed"] else "Validation FAILED"
+        lines.append(f"| {check['name']} | {check_verdict(check)} | {detail} |")
+    verdict = VERDICT_LINES[report_verdict(report)]
     return "\n".join([*lines, "", f"**{verdict}.**", ""])
 
 

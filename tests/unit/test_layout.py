@@ -24,6 +24,7 @@ CORE = [
     "eaglequant.exclusions",
     "eaglequant.fix_config",
     "eaglequant.draft",
+    "eaglequant.forms",
     "eaglequant.checks",
     "eaglequant.manifest",
     "eaglequant.environment",
