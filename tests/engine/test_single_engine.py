@@ -73,8 +73,9 @@ def _request(fp8: Path) -> ValidateRequest:
 
 
 def _seen(result: dict[str, Any]) -> dict[str, Any]:
-    """What must match a fresh engine: tokens, spec-decode counters, the drafter as built."""
-    return {k: result[k] for k in ("token_ids", "metrics", "draft_layers")}
+    """What must match a fresh engine: tokens, spec-decode counters (all and per prompt),
+    the drafter as built."""
+    return {k: result[k] for k in ("token_ids", "metrics", "per_request", "draft_layers")}
 
 
 @pytest.fixture(scope="module")
