@@ -90,6 +90,11 @@ class DraftInspector:
     def eaglequant_draft_layers(self) -> list[dict[str, Any]]:
         return draft_layers(self)
 
+    def eaglequant_swap_draft(self, speculative: dict[str, Any]) -> dict[str, Any]:
+        from eaglequant.engine.swap import swap_draft
+
+        return swap_draft(self, speculative)
+
     def eaglequant_plugin_active(self) -> bool:
         from eaglequant.validate.cpu_fp8_plugin import ACTIVE_ENV
 
@@ -98,7 +103,18 @@ class DraftInspector:
 
 def run(spec: dict[str, Any]) -> dict[str, Any]:
     started = time.perf_counter()
-    from vllm import LLM, SamplingParams
+    llm, kwargs = open_llm(spec)
+    loaded = time.perf_counter()
+    result = generate(llm, spec, kwargs)
+    return result | {
+        "load_s": round(loaded - started, 2),
+        "generate_s": round(time.perf_counter() - loaded, 2),
+    }
+
+
+def open_llm(spec: dict[str, Any]) -> tuple[Any, dict[str, Any]]:
+    """The offline engine for ``spec["llm"]`` with the platform's defaults, and its arguments."""
+    from vllm import LLM
     from vllm.platforms import current_platform
 
     from eaglequant.engine.config import (
@@ -107,7 +123,6 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
         usable_cores,
         worker_count,
     )
-    from eaglequant.engine.record import engine_record, loaded_kernel_libraries
 
     on_cpu = current_platform.is_cpu()
     kwargs = platform_defaults(spec["llm"], on_cpu)
@@ -119,7 +134,16 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
         per_request_spec_decode_metrics="summary" if speculative else "none",
         worker_extension_cls="eaglequant.validate.engine_run.DraftInspector",
     )
-    loaded = time.perf_counter()
+    return llm, kwargs
+
+
+def generate(llm: Any, spec: dict[str, Any], kwargs: dict[str, Any]) -> dict[str, Any]:
+    """Greedy outputs of ``spec``'s prompts and what the engine reports (metrics are cumulative)."""
+    from vllm import SamplingParams
+    from vllm.platforms import current_platform
+
+    from eaglequant.engine.record import engine_record, loaded_kernel_libraries
+
     params = SamplingParams(
         temperature=0.0,
         max_tokens=spec["max_tokens"],
@@ -132,7 +156,7 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
         use_tqdm=False,
         tokenization_kwargs={"add_special_tokens": spec.get("add_special_tokens", True)},
     )
-    generated = time.perf_counter()
+    speculative = kwargs.get("speculative_config") is not None
     return {
         "token_ids": [list(o.outputs[0].token_ids) for o in outputs],
         "top_logprobs": [_top_logprobs(o.outputs[0].logprobs) for o in outputs],
@@ -144,8 +168,6 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
         "kernels": loaded_kernel_libraries(),
         "plugin_active": bool(llm.collective_rpc("eaglequant_plugin_active")[0]),
         "engine_config": engine_record(kwargs),
-        "load_s": round(loaded - started, 2),
-        "generate_s": round(generated - loaded, 2),
     }
 
 

@@ -1,7 +1,9 @@
 """``eaglequant validate``: prove an FP8 draft in vLLM speculative decoding against its BF16 draft.
 
-Three engine runs, each in its own process with a timeout (target alone,
-target + BF16 baseline draft, target + FP8 draft), greedy, the same prompts and
+Three engine runs (target alone, target + BF16 baseline draft, target + FP8
+draft), in child processes with a timeout: by default both drafts are served by
+one engine that swaps the draft (``single_engine``), else each run in its own
+engine (``engine_per_draft``); greedy, the same prompts and
 engine configuration (``eaglequant.engine.config``: the target's parallelism, the
 user's engine arguments, CPU-only defaults only on CPU), then six checks, each
 reported with its numbers:
@@ -38,6 +40,7 @@ import os
 import sys
 import tempfile
 from dataclasses import asdict, dataclass, field, replace
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -82,6 +85,7 @@ from eaglequant.validate.lossless import (
 )
 from eaglequant.validate.regression import NAME as REGRESSION
 from eaglequant.validate.regression import RunCounts, check_comparable, regression_check
+from eaglequant.validate.single_engine import PER_DRAFT, run_per_draft, run_single
 from eaglequant.validate.stats import DEFAULT_RESAMPLES, DEFAULT_SEED, overall_verdict
 from eaglequant.validation_report import REPORT_KIND, SCHEMA_VERSION, prompts_digest
 
@@ -114,6 +118,7 @@ class ValidateRequest:
     resamples: int = DEFAULT_RESAMPLES
     seed: int = DEFAULT_SEED
     command: str | None = None  # how it was invoked, path-free (eaglequant.provenance)
+    engine_per_draft: bool = False
 
 
 @dataclass
@@ -140,6 +145,10 @@ class ValidationReport:
     categories: dict[str, dict[str, Any]] | None = None
     min_category_drafts: int | None = None
     prompt_categories: list[str] | None = None
+    engine_mode: str = PER_DRAFT
+    target_loads: int = 0
+    load_s: float = 0.0
+    generate_s: float = 0.0
 
     @property
     def passed(self) -> bool:
@@ -216,13 +225,14 @@ def validate(
     files = check_inputs(request)
     rendered = engine_prompts(request)
     engines: dict[str, dict[str, Any]] = dict(reuse or {})
-    for role, draft in (("target", None), ("bf16", request.baseline), ("fp8", request.draft)):
-        if role in engines:
-            continue
-        progress(f"vLLM engine: {role} ...")
-        engines[role] = run_engine(request, draft, rendered)
-        state = "ok" if engines[role]["ok"] else "FAILED"
-        progress(f"vLLM engine: {role} {state} ({engines[role]['wall_s']:.0f}s)")
+    roles = [("target", None), ("bf16", request.baseline), ("fp8", request.draft)]
+    runner = run_per_draft if request.engine_per_draft else partial(run_single, request, rendered)
+    runs = runner(
+        [(r, d) for r, d in roles if r not in engines],
+        partial(run_engine, request, rendered=rendered),
+        progress,
+    )
+    engines |= runs.engines
     checks = _engine_checks(request, engines)
     categories = _categories(request, engines)
     if categories is not None:
@@ -255,6 +265,10 @@ def validate(
         categories=categories,
         min_category_drafts=request.min_category_drafts if request.categories else None,
         prompt_categories=request.categories,
+        engine_mode=runs.mode,
+        target_loads=runs.target_loads + (request.hidden_states is None),
+        load_s=_total(runs.engines, "load_s"),
+        generate_s=_total(runs.engines, "generate_s"),
     )
 
 
@@ -306,6 +320,11 @@ def calibration_overlap(draft: Path, prompts: list[str]) -> dict[str, Any] | Non
     return {"calibration": data.get("source"), "shared": shared, "prompts": len(prompts)}
 
 
+def _total(engines: dict[str, dict[str, Any]], key: str) -> float:
+    """Seconds over this run's engines (a shared engine's load counted once, its swaps each)."""
+    return round(sum(e.get("result", {}).get(key, 0.0) for e in engines.values()), 2)
+
+
 def run_engine(
     request: ValidateRequest, draft: Path | None, rendered: RenderedPrompts | None = None
 ) -> dict[str, Any]:
@@ -343,7 +362,7 @@ def run_engine(
 def _engine_summary(engine: dict[str, Any]) -> dict[str, Any]:
     result = engine.get("result", {})
     summary = {k: engine[k] for k in ("ok", "returncode", "timed_out", "wall_s")}
-    keys = ("load_s", "generate_s", "metrics", "kernels", "engine_config")
+    keys = ("load_s", "generate_s", "swapped", "metrics", "kernels", "engine_config")
     summary |= {k: result[k] for k in keys if k in result}
     if "metrics" in result:
         summary["acceptance"] = acceptance(result["metrics"])

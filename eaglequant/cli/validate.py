@@ -94,6 +94,12 @@ if TYPE_CHECKING:
     help="Logprob gap (nats) under which a token counts as tied with the target's best.",
 )
 @click.option(
+    "--engine-per-draft",
+    is_flag=True,
+    help="Start one engine per draft (each loads the target) instead of swapping the drafts "
+    "in one engine.",
+)
+@click.option(
     "--against",
     type=PATH,
     help="An earlier validation report (--json): fail if this FP8 draft's acceptance dropped "
@@ -123,6 +129,7 @@ def validate(
     hidden_states: Path | None,
     lossless: str,
     tie_margin: float,
+    engine_per_draft: bool,
     against: Path | None,
     json_path: Path | None,
     markdown_path: Path | None,
@@ -172,6 +179,7 @@ def validate(
             capture_engine, "--capture-engine", engine_settings(tensor_parallel_size, engine_args)
         ),
         hidden_states=hidden_states,
+        engine_per_draft=engine_per_draft,
         against=read_previous(against) if against else None,
         command=invocation(),
     )

@@ -118,6 +118,14 @@ def _num(value: float | None) -> str:
     return "-" if value is None else f"{value:.4g}"
 
 
+def engines_line(report: dict[str, Any]) -> str:
+    """How the engines ran: the mode, target loads, seconds loading against generating."""
+    return (
+        f"engines: {report['engine_mode']}, target loaded {report['target_loads']}x "
+        f"({report['load_s']:.1f}s loading in engines, {report['generate_s']:.1f}s generating)"
+    )
+
+
 def print_validation(report: dict[str, Any]) -> None:
     """A validation report (its JSON form): setup, acceptance, checks, verdict, serve line."""
     console.print(
@@ -140,6 +148,8 @@ def print_validation(report: dict[str, Any]) -> None:
         for category in categories:
             by_category.add_row(*category)
         console.print(by_category)
+    if "target_loads" in report:
+        console.print(engines_line(report))
     checks = Table(title="Checks")
     for column in ("check", "result", "detail"):
         checks.add_column(column)

@@ -1,0 +1,182 @@
+"""Swapping the EAGLE-3 draft inside a running vLLM engine (worker side).
+
+Runs in each vLLM worker (``collective_rpc("eaglequant_swap_draft")`` through
+validate's worker extension), after vLLM is imported there. The next draft's
+model is built under its own ``SpeculativeConfig`` (its own quantization) by the
+proposer's own ``load_model(target_model)``, so it shares the loaded target's
+embeddings and ``lm_head`` exactly as at engine start; the draft's attention
+layers keep their names, and the KV cache tensors vLLM allocated for them at
+start are bound to the new layers. The caller resets the prefix cache between
+runs, so no block computed by the previous draft is read again.
+
+Refused (the engine is left as it was) when the drafts differ in anything the
+allocated cache or the target's hidden-state outputs depend on, when the draft
+runs under CUDA graphs or ``torch.compile`` (captured graphs keep the old
+weights), or when vLLM lacks a hook this relies on.
+
+What it relies on in vLLM (re-check on an upgrade): ``SpeculativeConfig(**dict,
+target_model_config=, target_parallel_config=)`` building the draft's
+``draft_model_config``; ``get_draft_quant_config`` (``model_executor/models/utils.py``)
+reading the quantization from ``speculative_config.draft_model_config`` at build
+time; ``SpecDecodeBaseProposer.load_model(target_model)``,
+``._draft_attn_layer_names`` and ``.initialize_attn_backend(kv_cache_config,
+kernel_block_sizes)`` (``v1/spec_decode/llm_base_proposer.py``); attention layers
+registering by name in ``compilation_config.static_forward_context`` and
+``AttentionLayerBase.bind_kv_cache``; the runner's ``drafter``, ``model``,
+``kv_cache_config`` and ``_kernel_block_sizes`` (``v1/worker/gpu_model_runner.py``).
+"""
+
+from __future__ import annotations
+
+import gc
+import time
+from typing import Any
+
+# The proposer attributes and runner state the swap reads or replaces.
+PROPOSER_HOOKS = ("load_model", "initialize_attn_backend", "_draft_attn_layer_names", "model")
+RUNNER_HOOKS = ("drafter", "model", "kv_cache_config", "_kernel_block_sizes")
+# The speculative settings the engine was planned with; a swap keeps them.
+KEPT_SETTINGS = ("method", "num_speculative_tokens", "draft_tensor_parallel_size")
+
+
+class SwapRefused(Exception):
+    """The swap cannot be done safely; the message says why."""
+
+
+def swap_draft(worker: Any, speculative: dict[str, Any]) -> dict[str, Any]:
+    """Replace the worker's draft by ``speculative["model"]``; ``{"ok", "reason", "swap_s"}``."""
+    started = time.perf_counter()
+    try:
+        _swap(worker, speculative)
+    except SwapRefused as exc:
+        return {"ok": False, "reason": str(exc), "swap_s": 0.0}
+    return {"ok": True, "reason": "", "swap_s": round(time.perf_counter() - started, 2)}
+
+
+def _swap(worker: Any, speculative: dict[str, Any]) -> None:
+    from vllm.config import SpeculativeConfig, set_current_vllm_config
+
+    runner = worker.model_runner
+    config = runner.vllm_config
+    _check_hooks(runner)
+    _check_eager(config)
+    current = config.speculative_config
+    for key in KEPT_SETTINGS:
+        if key in speculative and speculative[key] != getattr(current, key):
+            raise SwapRefused(f"{key} {speculative[key]!r} differs from the engine's")
+    try:
+        following = SpeculativeConfig(
+            **speculative,
+            target_model_config=config.model_config,
+            target_parallel_config=config.parallel_config,
+        )
+    except Exception as exc:  # vLLM's own refusal of the draft, named
+        raise SwapRefused(f"vLLM refuses the draft: {exc}") from exc
+    _check_same_shape(current.draft_model_config.hf_config, following.draft_model_config.hf_config)
+
+    drafter = runner.drafter
+    forward = config.compilation_config.static_forward_context
+    names = sorted(drafter._draft_attn_layer_names)
+    specs = {n: forward[n].get_kv_cache_spec(config) for n in names}
+    caches = {n: forward[n].kv_cache for n in names}
+    saved = _Saved(current, drafter, forward, names)
+    _install(current, drafter, following)
+    try:
+        with set_current_vllm_config(config):
+            drafter.load_model(runner.model)
+        _check_same_layers(drafter, forward, config, specs)
+    except Exception as exc:
+        saved.restore(forward)
+        raise SwapRefused(f"the rebuilt draft does not fit the engine: {exc}") from exc
+    for name in names:
+        forward[name].bind_kv_cache(caches[name])
+    drafter.initialize_attn_backend(runner.kv_cache_config, runner._kernel_block_sizes)
+    del saved
+    gc.collect()
+
+
+def _check_hooks(runner: Any) -> None:
+    missing = [h for h in RUNNER_HOOKS if not hasattr(runner, h)]
+    drafter = getattr(runner, "drafter", None)
+    missing += [f"drafter.{h}" for h in PROPOSER_HOOKS if not hasattr(drafter, h)]
+    if missing:
+        raise SwapRefused(f"this vLLM lacks {', '.join(missing)}")
+
+
+def _check_eager(config: Any) -> None:
+    from vllm.config import CompilationMode, CUDAGraphMode
+
+    compilation = config.compilation_config
+    if compilation.mode != CompilationMode.NONE or compilation.cudagraph_mode not in (
+        None,
+        CUDAGraphMode.NONE,
+    ):
+        raise SwapRefused(
+            "the engine compiles or graph-captures the draft (captured graphs keep the old "
+            "draft's weights); run it eager (enforce_eager=true)"
+        )
+
+
+# Draft config keys the allocated KV cache, the proposer's buffers and the target's
+# auxiliary hidden-state outputs were built from.
+SHAPE_KEYS = (
+    "architectures",
+    "hidden_size",
+    "num_hidden_layers",
+    "num_attention_heads",
+    "num_key_value_heads",
+    "head_dim",
+    "vocab_size",
+    "draft_vocab_size",
+    "target_hidden_size",
+    "eagle_aux_hidden_state_layer_ids",
+    "max_position_embeddings",
+)
+
+
+def _check_same_shape(current: Any, following: Any) -> None:
+    for key in SHAPE_KEYS:
+        before, after = getattr(current, key, None), getattr(following, key, None)
+        if before != after:
+            raise SwapRefused(f"the drafts differ in {key} ({before!r} vs {after!r})")
+
+
+def _install(current: Any, drafter: Any, following: Any) -> None:
+    """The engine's speculative config (runner, proposer and loader share it) names the next."""
+    current.model = following.model
+    current.quantization = following.quantization
+    current.draft_model_config = following.draft_model_config
+    drafter.draft_model_config = following.draft_model_config
+
+
+def _check_same_layers(drafter: Any, forward: dict, config: Any, specs: dict) -> None:
+    names = sorted(drafter._draft_attn_layer_names)
+    if names != sorted(specs):
+        raise SwapRefused(f"attention layers {names} differ from {sorted(specs)}")
+    for name in names:
+        if forward[name].get_kv_cache_spec(config) != specs[name]:
+            raise SwapRefused(f"{name}'s KV cache layout differs")
+
+
+class _Saved:
+    """What a refused rebuild puts back: the old model, its config and its attention layers."""
+
+    def __init__(self, current: Any, drafter: Any, forward: dict, names: list[str]) -> None:
+        self.current, self.drafter = current, drafter
+        self.layers = {n: forward.pop(n) for n in names}
+        self.target_names = set(forward)
+        self.values = {k: getattr(current, k) for k in ("model", "quantization")}
+        self.model_config = current.draft_model_config
+        self.model = drafter.model
+        self.names = set(names)
+
+    def restore(self, forward: dict[str, Any]) -> None:
+        for name in set(forward) - self.target_names:
+            forward.pop(name)
+        forward.update(self.layers)
+        for key, value in self.values.items():
+            setattr(self.current, key, value)
+        self.current.draft_model_config = self.model_config
+        self.drafter.draft_model_config = self.model_config
+        self.drafter.model = self.model
+        self.drafter._draft_attn_layer_names = self.names

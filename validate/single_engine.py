@@ -1,0 +1,253 @@
+"""Serving every draft of a validation from one vLLM engine: the target loaded once for all.
+
+``run_single`` starts one engine child (``python -m eaglequant.validate.single_engine
+SPEC OUT``) with the first draft, generates, then for each next draft swaps it in
+through the worker extension (``eaglequant.engine.swap``), resets the prefix
+cache so no block the previous draft computed is read again, and generates
+again. Each draft's result has the shape ``engine_run.run`` gives a fresh
+engine's, with the spec-decode counters taken as the difference over its own
+run and its engine configuration naming its own draft.
+
+The target-alone reference still gets its own engine: vLLM has no per-request or
+runtime switch that turns speculation off in an engine built with it (its only
+"no speculation" setting, a per-batch-size schedule with k 0, is fixed when the
+scheduler starts), and a reference served by the speculative engine's own
+verification path would make the lossless check compare that path with itself.
+
+Drafts whose configs differ in shape (read here before any engine starts), or a
+swap the workers refuse (``SwapRefused``), fall back to one engine per draft,
+with one line saying why. ``run_per_draft`` is that mode for every role.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from eaglequant.draft import dims_from_config
+from eaglequant.engine.config import llm_kwargs
+from eaglequant.engine.process import run_child
+from eaglequant.io.checkpoint import read_checkpoint
+from eaglequant.serving import speculative_config
+
+if TYPE_CHECKING:
+    from eaglequant.prompts.chat import RenderedPrompts
+
+# ``request`` below is validate's ``ValidateRequest`` (not imported: validate imports this).
+ValidateRequest = Any
+
+SINGLE, PER_DRAFT = "single", "per-draft"
+# Config keys that must agree, besides the dimensions, for two drafts to share an engine.
+SHARED_KEYS = ("architectures", "num_hidden_layers")
+
+EngineRun = Callable[[Path | None], dict[str, Any]]
+Progress = Callable[[str], None]
+
+
+@dataclass
+class EngineRuns:
+    """The engines' results by role, the mode that ran, and how many times the target loaded."""
+
+    engines: dict[str, dict[str, Any]] = field(default_factory=dict)
+    mode: str = PER_DRAFT
+    target_loads: int = 0
+    fallback: str | None = None
+
+
+def run_per_draft(
+    roles: Sequence[tuple[str, Path | None]], run_one: EngineRun, progress: Progress
+) -> EngineRuns:
+    """One engine per role, each loading the target."""
+    runs = EngineRuns(mode=PER_DRAFT)
+    for role, draft in roles:
+        progress(f"vLLM engine: {role} ...")
+        runs.engines[role] = run_one(draft)
+        runs.target_loads += 1
+        _done(progress, role, runs.engines[role])
+    return runs
+
+
+def run_single(
+    request: ValidateRequest,
+    rendered: RenderedPrompts,
+    roles: Sequence[tuple[str, Path | None]],
+    run_one: EngineRun,
+    progress: Progress,
+) -> EngineRuns:
+    """The target-alone role in its own engine, every draft role in one shared engine."""
+    alone = [(r, d) for r, d in roles if d is None]
+    drafts = [(r, d) for r, d in roles if d is not None]
+    runs = run_per_draft(alone, run_one, progress)
+    runs.mode = SINGLE
+    refusal = swap_refusal([d for _, d in drafts]) if len(drafts) > 1 else None
+    if refusal is None and drafts:
+        progress(f"vLLM engine: {', '.join(r for r, _ in drafts)} in one engine ...")
+        shared = run_shared(request, rendered, drafts)
+        runs.target_loads += 1
+        for role, engine in shared.items():
+            runs.engines[role] = engine
+            _done(progress, role, engine)
+        refusal = next((e["refused"] for e in shared.values() if e.get("refused")), None)
+    if refusal is not None:
+        rest = [
+            (r, d) for r, d in drafts if r not in runs.engines or runs.engines[r].get("refused")
+        ]
+        names = ", ".join(r for r, _ in rest)
+        progress(f"single engine refused ({refusal}); separate engines for {names}")
+        for role, _ in rest:
+            runs.engines.pop(role, None)
+        others = run_per_draft(rest, run_one, progress)
+        runs.engines |= others.engines
+        runs.target_loads += others.target_loads
+        runs.fallback = refusal
+    return runs
+
+
+def swap_refusal(drafts: Sequence[Path]) -> str | None:
+    """Why these drafts cannot be swapped in one engine (their configs differ in shape), or None."""
+    first, *rest = drafts
+    reference = _shape(first)
+    for draft in rest:
+        shape = _shape(draft)
+        for key, value in reference.items():
+            if shape[key] != value:
+                return f"{draft} differs from {first} in {key}"
+    return None
+
+
+def _shape(draft: Path) -> dict[str, Any]:
+    config = read_checkpoint(draft).config
+    shape = {k: config.get(k) for k in SHARED_KEYS}
+    return shape | {"dimensions": dims_from_config(config, str(draft / "config.json"))}
+
+
+def run_shared(
+    request: ValidateRequest, rendered: RenderedPrompts, drafts: Sequence[tuple[str, Path]]
+) -> dict[str, dict[str, Any]]:
+    """All ``drafts`` in one engine child, bounded by the engine timeout per draft."""
+    spec = shared_spec(request, rendered, [d for _, d in drafts])
+    with tempfile.TemporaryDirectory(prefix="eaglequant-engine-") as scratch:
+        spec_path, out_path = Path(scratch) / "spec.json", Path(scratch) / "out.json"
+        log_path = Path(scratch) / "engine.log"
+        spec_path.write_text(json.dumps(spec))
+        env = dict(os.environ)
+        env.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+        argv = [sys.executable, "-m", "eaglequant.validate.single_engine", str(spec_path)]
+        timeout = request.engine_timeout_s * len(drafts)
+        ended = run_child([*argv, str(out_path)], log_path, env, timeout)
+        log = log_path.read_text(encoding="utf-8", errors="replace")
+        ok = ended.ok and out_path.is_file()
+        done = json.loads(out_path.read_text()) if ok else {"runs": [], "refused": None}
+    engines: dict[str, dict[str, Any]] = {}
+    for index, (role, _) in enumerate(drafts):
+        engine: dict[str, Any] = {
+            "ok": ok,
+            "returncode": ended.returncode,
+            "timed_out": ended.timed_out,
+            "wall_s": ended.wall_s,
+            "log": log,
+            "shared_engine": True,
+        }
+        if index < len(done["runs"]):
+            result = done["runs"][index]
+            engine |= {
+                "result": result,
+                "wall_s": round(result["load_s"] + result["generate_s"], 1),
+            }
+        elif ok:
+            engine |= {"ok": False, "refused": done["refused"]}
+        engines[role] = engine
+    return engines
+
+
+def shared_spec(
+    request: ValidateRequest, rendered: RenderedPrompts, drafts: Sequence[Path]
+) -> dict[str, Any]:
+    """The engine child's input: the engine (built with the first draft), each draft, prompts
+    as the target-alone run gets them."""
+    speculative = [speculative_config(str(d), request.k) for d in drafts]
+    return {
+        "llm": llm_kwargs(request.engine, str(request.target), speculative[0]),
+        "drafts": speculative,
+        "prompts": rendered.texts,
+        "add_special_tokens": rendered.add_special_tokens,
+        "max_tokens": request.max_tokens,
+    }
+
+
+def _done(progress: Progress, role: str, engine: dict[str, Any]) -> None:
+    if engine.get("refused"):
+        return
+    state = "ok" if engine["ok"] else "FAILED"
+    progress(f"vLLM engine: {role} {state} ({engine['wall_s']:.0f}s)")
+
+
+def metrics_delta(after: dict[str, Any], before: dict[str, Any]) -> dict[str, Any]:
+    """Spec-decode counters over one run: ``after`` less ``before`` (lists by position)."""
+    delta: dict[str, Any] = {}
+    for key, value in after.items():
+        prior = before.get(key)
+        if isinstance(value, list):
+            prior = prior or [0] * len(value)
+            delta[key] = [a - b for a, b in zip(value, prior, strict=True)]
+        else:
+            delta[key] = value - (prior or 0)
+    return delta
+
+
+def run(spec: dict[str, Any]) -> dict[str, Any]:
+    """In the engine child: each of ``spec["drafts"]`` in turn, swapped into one engine."""
+    from eaglequant.engine.record import engine_record
+    from eaglequant.validate.engine_run import generate, open_llm
+
+    started = time.perf_counter()
+    llm, kwargs = open_llm(spec)
+    ready = time.perf_counter()
+    runs: list[dict[str, Any]] = []
+    before: dict[str, Any] = {}
+    for index, speculative in enumerate(spec["drafts"]):
+        load_s = ready - started
+        if index:
+            refused = _swap(llm, speculative)
+            if refused is not None:
+                return {"runs": runs, "refused": refused}
+            load_s = time.perf_counter() - ready
+        began = time.perf_counter()
+        drafted = kwargs | {"speculative_config": speculative}
+        result = generate(llm, spec, drafted)
+        cumulative = result["metrics"]
+        result |= {
+            "metrics": metrics_delta(cumulative, before),
+            "engine_config": engine_record(drafted),
+            "load_s": round(load_s, 2),
+            "generate_s": round(time.perf_counter() - began, 2),
+            "swapped": bool(index),
+        }
+        before = cumulative
+        runs.append(result)
+        ready = time.perf_counter()
+    return {"runs": runs, "refused": None}
+
+
+def _swap(llm: Any, speculative: dict[str, Any]) -> str | None:
+    """Swap the draft on every worker and reset the prefix cache; why not, when refused."""
+    answers = llm.collective_rpc("eaglequant_swap_draft", args=(speculative,))
+    refused = next((a["reason"] for a in answers if not a["ok"]), None)
+    if refused is not None:
+        return refused
+    if not llm.reset_prefix_cache():
+        return "vLLM did not reset the prefix cache"
+    return None
+
+
+if __name__ == "__main__":
+    from eaglequant.engine.child import serve_json_child
+
+    serve_json_child(run)
