@@ -27,7 +27,12 @@ from safetensors.torch import load_file, save_file
 from eaglequant.cli import main
 from eaglequant.engine.config import EngineOptions
 from eaglequant.validate.single_engine import run_shared, run_single, shared_spec
-from eaglequant.validate.validate import ValidateRequest, read_prompts, run_engine
+from eaglequant.validate.validate import (
+    ValidateRequest,
+    engine_prompts,
+    read_prompts,
+    run_engine,
+)
 from tests.conftest import PYTHON, REPO, TOY, run_child
 
 BLOCK_SIZE = 32
@@ -95,7 +100,8 @@ def test_swapped_drafts_equal_fresh_engines(
 ) -> None:
     chain = [TOY / "draft", toy_fp8, ptpc_fp8, other_bf16, TOY / "draft"]
     roles = [(f"{i}-{d.name}", d) for i, d in enumerate(chain)]
-    shared = run_shared(_request(toy_fp8), roles)
+    request = _request(toy_fp8)
+    shared = run_shared(request, engine_prompts(request), roles)
     for (role, draft), engine in zip(roles, shared.values(), strict=True):
         assert engine["ok"], engine.get("refused") or engine["log"][-3000:]
         result = engine["result"]
@@ -121,7 +127,8 @@ def test_a_faulty_swap_is_caught(
 ) -> None:
     """The chain's other-weights -> BF16 step, which the test above passes, with a fault."""
     spec_path, out = tmp_path / "spec.json", tmp_path / "out.json"
-    spec = shared_spec(_request(toy_fp8), [other_bf16, TOY / "draft"])
+    request = _request(toy_fp8)
+    spec = shared_spec(request, engine_prompts(request), [other_bf16, TOY / "draft"])
     spec_path.write_text(json.dumps(spec))
     env = os.environ | {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
     argv = [PYTHON, "-m", "tests.swap_mutants", mutant, str(spec_path), str(out)]
@@ -143,7 +150,9 @@ def test_a_swap_the_workers_refuse_falls_back_to_its_own_engine(
     request = _request(toy_fp8)
     lines: list[str] = []
     roles = [("bf16", TOY / "draft"), ("wider", wider)]
-    runs = run_single(request, roles, partial(run_engine, request), lines.append)
+    rendered = engine_prompts(request)
+    run_one = partial(run_engine, request, rendered=rendered)
+    runs = run_single(request, rendered, roles, run_one, lines.append)
     reason = "the drafts differ in max_position_embeddings (2048 vs 4096)"
     assert runs.mode == "single" and runs.fallback == reason and runs.target_loads == 2
     assert runs.engines["bf16"]["shared_engine"] and not runs.engines["bf16"]["result"]["swapped"]
