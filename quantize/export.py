@@ -92,7 +92,7 @@ def plan_export(request: ExportRequest) -> ExportPlan:
         assert calib.capture is not None
         if not calib.capture.exists():
             raise InputError(f"{calib.capture}: no such capture folder; run `eaglequant capture`")
-    flow = "quantize_model (static)" if recipe.needs_calibration else "direct_quantize_checkpoint"
+    flow = "direct_quantize_checkpoint" if recipe.direct_flow else "quantize_model"
     steps = [
         f"load {request.src} ({len(ckpt.tensors)} tensors, {ckpt.total_bytes} bytes)",
         f"calibrate: {calib.describe()}",
@@ -100,7 +100,7 @@ def plan_export(request: ExportRequest) -> ExportPlan:
         f"write {request.out} with exclude {rewrite_exclude(list(recipe.exclude))}",
         "verify the written folder by reading it back",
     ]
-    module_needed = recipe.needs_calibration or calib.kind != "none"
+    module_needed = not recipe.direct_flow or calib.kind != "none"
     return ExportPlan(ckpt, dims, aux_ids, module_needed, steps, recipe)
 
 
@@ -141,8 +141,8 @@ def export_draft(
 
 
 def _start_quark(request: ExportRequest, plan: ExportPlan, scratch: Path) -> FileToFile | None:
-    """Dynamic activations: Quark's worker, importing Quark from now on (static: None)."""
-    if request.recipe.needs_calibration:
+    """Quark's direct flow: its worker, importing Quark from now on (the module flow: None)."""
+    if not request.recipe.direct_flow:
         return None
     return FileToFile(plan.ckpt, request.recipe, scratch, request.out)
 

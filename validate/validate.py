@@ -12,7 +12,9 @@ reported with its numbers:
    is ``strict``; see ``lossless.py``);
 2. acceptance: FP8 mean acceptance length >= ratio x BF16's;
 3. layers: vLLM built ``fc`` and ``lm_head`` unquantized and every midlayer
-   projection with the FP8 scheme, FP8 weights and finite positive scales;
+   projection with the Quark scheme ``inspect`` predicts from the draft's config
+   (``QuarkW8A8Fp8``, ``QuarkOCP_MX``, ``QuarkW4A8_MXFP4_FP8``), quantized
+   weights and finite positive scales;
 4. log: no "Attempted to load weight … float8_e4m3fn" (a bad exclusion);
 5. per-position acceptance of both drafts, side by side (information);
 6. scale plausibility, outside vLLM: the BF16 draft run on the target's
@@ -47,7 +49,7 @@ from eaglequant.exclusions import predict_fates
 from eaglequant.io.checkpoint import read_checkpoint
 from eaglequant.io.records import jsonl_records, read_utf8
 from eaglequant.manifest import MANIFEST_FILE, read_json_object
-from eaglequant.recipe import ValidationSpec, load_recipe
+from eaglequant.recipe import E8M0_NAN, ValidationSpec, load_recipe
 from eaglequant.serving import speculative_config
 from eaglequant.validate.check import Check
 from eaglequant.validate.lossless import (
@@ -284,7 +286,7 @@ def _engine_checks(request: ValidateRequest, engines: dict[str, dict[str, Any]])
             request.tie_margin,
         ),
         _acceptance_check(request, engines),
-        layers_check(engines["fp8"]["result"]["draft_layers"], kept_bf16(request.draft)),
+        layers_check(engines["fp8"]["result"]["draft_layers"], expected_schemes(request.draft)),
         _log_check(engines["fp8"]["log"]),
         _per_position(engines),
     ]
@@ -308,44 +310,63 @@ def _acceptance_check(request: ValidateRequest, engines: dict[str, dict[str, Any
     return Check("2 acceptance", passed, detail, {"fp8": fp8, "bf16": bf16, "ratio": ratio})
 
 
-def kept_bf16(draft: Path) -> frozenset[str]:
-    """The draft layer's linears inspect predicts BF16 (an MLA draft's ``self_attn.kv_b_proj``),
-    named within the layer (vLLM's layer index differs between its weights and its modules)."""
+def expected_schemes(draft: Path) -> dict[str, str | None]:
+    """Each draft-layer linear, named within the layer (vLLM's layer index differs between its
+    weights and its modules), with the Quark scheme inspect predicts vLLM builds it with
+    (None: BF16, as an MLA draft's ``self_attn.kv_b_proj``)."""
     fates = predict_fates(read_checkpoint(draft).config)
-    return frozenset(
-        f.vllm_name.split(".", 3)[3] for f in fates if not f.quantized and ".layers." in f.vllm_name
-    )
+    return {
+        f.vllm_name.split(".", 3)[3]: f.vllm_scheme if f.quantized else None
+        for f in fates
+        if ".layers." in f.vllm_name
+    }
 
 
-def layers_check(layers: list[dict[str, Any]], kept: frozenset[str] = frozenset()) -> Check:
-    """vLLM's drafter as built: fc, lm_head and the ``kept`` layer linears unquantized, every
-    other layer linear QuarkW8A8Fp8 with finite positive scales."""
+def layers_check(layers: list[dict[str, Any]], expected: dict[str, str | None]) -> Check:
+    """vLLM's drafter as built: fc, lm_head unquantized, every draft-layer linear with the
+    scheme ``expected`` names for it (None: unquantized) and finite positive scales (E8M0
+    exponent bytes: none NaN)."""
     problems = []
     for layer in layers:
         name, method = layer["name"], layer["quant_method"]
         within = name.split(".", 3)[3] if ".layers." in name else None
-        if name in ("model.fc", "lm_head", "model.embed_tokens") or within in kept:
+        if name in ("model.fc", "lm_head", "model.embed_tokens") or (
+            within is not None and expected.get(within, "QuarkW8A8Fp8") is None
+        ):
             if not method.startswith("Unquantized") or layer["weight_dtype"] == "float8_e4m3fn":
                 problems.append(
                     f"{name} built as {layer['scheme'] or method} ({layer['weight_dtype']})"
                 )
             continue
-        if ".layers." not in name:
+        if within is None:
             continue
-        if layer["scheme"] != "QuarkW8A8Fp8" or layer["weight_dtype"] != "float8_e4m3fn":
+        scheme = expected.get(within, "QuarkW8A8Fp8")
+        if layer["scheme"] != scheme or layer["weight_dtype"] not in QUANTIZED_WEIGHT_DTYPES:
             problems.append(
-                f"{name} built as {layer['scheme'] or method} ({layer['weight_dtype']})"
+                f"{name} built as {layer['scheme'] or method} ({layer['weight_dtype']}), "
+                f"expected {scheme}"
             )
         for scale in ("weight_scale", "input_scale"):
-            if scale in layer and not layer[scale]["finite_positive"]:
+            if scale in layer and not _scale_ok(layer[scale]):
                 problems.append(f"{name}.{scale} not finite positive ({layer[scale]})")
+    schemes = sorted({s for s in expected.values() if s is not None})
+    kept = sorted(k for k, s in expected.items() if s is None)
     detail = (
-        "fc, lm_head unquantized; every draft layer's projections QuarkW8A8Fp8 with finite "
-        "positive scales"
-    ) + (f" but for {', '.join(sorted(kept))} (BF16 as predicted)" if kept else "")
+        f"fc, lm_head unquantized; every draft layer's projections {'/'.join(schemes)} with "
+        "finite positive scales"
+    ) + (f" but for {', '.join(kept)} (BF16 as predicted)" if kept else "")
     if problems:
         detail = "; ".join(problems)
     return Check("3 layers", not problems, detail, {"layers": layers})
+
+
+QUANTIZED_WEIGHT_DTYPES = ("float8_e4m3fn", "uint8")  # FP8 and MXFP8; MXFP4's packed bytes
+
+
+def _scale_ok(scale: dict[str, Any]) -> bool:
+    if scale.get("dtype") == "uint8":  # E8M0 exponent bytes: 255 is NaN
+        return bool(scale["max"] < E8M0_NAN)
+    return bool(scale["finite_positive"])
 
 
 def _log_check(log: str) -> Check:

@@ -141,7 +141,7 @@ def _quantization_section(config: dict[str, Any], manifest: dict[str, Any]) -> s
     fates = predict_fates(config)
     rows = "\n".join(
         f"| `{', '.join(f.checkpoint_names)}` | "
-        f"{f.scheme if f.quantized else f'BF16 ({f.reason})'} |"
+        f"{f'{f.scheme} (`{f.vllm_scheme}`)' if f.quantized else f'BF16 ({f.reason})'} |"
         for f in fates
     )
     exclude = config["quantization_config"].get("exclude")
