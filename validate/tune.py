@@ -85,6 +85,7 @@ class TuneRequest:
     out: Path = Path("tune-results")
     server_timeout_s: float = 600.0
     bench_timeout_s: float = 1800.0
+    draft_kv_cache_dtype: str | None = None  # None: the draft's KV cache as the target's
 
 
 @dataclass
@@ -378,7 +379,8 @@ def tune(request: TuneRequest, progress: Any = lambda _m: None) -> dict[str, Any
     request.out.mkdir(parents=True, exist_ok=True)
     draft = str(request.draft)
     servers = [Server(label="baseline", k=0, spec=None)] + [
-        Server(label=f"k{k}", k=k, spec=speculative_config(draft, k)) for k in request.ks
+        Server(label=f"k{k}", k=k, spec=speculative_config(draft, k, request.draft_kv_cache_dtype))
+        for k in request.ks
     ]
     results: list[TuneResult] = []
     with tempfile.TemporaryDirectory(prefix="eaglequant-tune-") as scratch:
@@ -432,9 +434,9 @@ def summarize(request: TuneRequest, results: list[TuneResult], max_len: int) -> 
     draft = str(request.draft)
     spec = None
     if choice["schedule"]:
-        spec = schedule_config(draft, ranges)
+        spec = schedule_config(draft, ranges, request.draft_kv_cache_dtype)
     elif choice["k"]:
-        spec = speculative_config(draft, choice["k"])
+        spec = speculative_config(draft, choice["k"], request.draft_kv_cache_dtype)
     ranged = any(k for _, _, k in ranges)
     return {
         "target": str(request.target),

@@ -79,6 +79,7 @@ class ValidateRequest:
     tie_margin: float = DEFAULT_TIE_MARGIN
     capture: CaptureEngine = field(default_factory=CaptureEngine)
     hidden_states: Path | None = None
+    draft_kv_cache_dtype: str | None = None  # the validated draft's KV cache (the BF16 one: auto)
 
 
 @dataclass
@@ -174,7 +175,8 @@ def validate(
         if role in engines:
             continue
         progress(f"vLLM engine: {role} ...")
-        engines[role] = run_engine(request, draft)
+        kv = request.draft_kv_cache_dtype if role == "fp8" else None
+        engines[role] = run_engine(request, draft, kv)
         state = "ok" if engines[role]["ok"] else "FAILED"
         progress(f"vLLM engine: {role} {state} ({engines[role]['wall_s']:.0f}s)")
     checks = _engine_checks(request, engines)
@@ -197,12 +199,15 @@ def validate(
     )
 
 
-def run_engine(request: ValidateRequest, draft: Path | None) -> dict[str, Any]:
-    """One engine in a child process (own process group), bounded by the timeout."""
+def run_engine(
+    request: ValidateRequest, draft: Path | None, kv_cache_dtype: str | None = None
+) -> dict[str, Any]:
+    """One engine in a child process (own process group), bounded by the timeout; the draft's
+    KV cache in ``kv_cache_dtype`` (None: the target's)."""
     with tempfile.TemporaryDirectory(prefix="eaglequant-engine-") as scratch:
         spec_path, out_path = Path(scratch) / "spec.json", Path(scratch) / "out.json"
         log_path = Path(scratch) / "engine.log"
-        speculative = speculative_config(str(draft), request.k) if draft else None
+        speculative = speculative_config(str(draft), request.k, kv_cache_dtype) if draft else None
         spec = {
             "llm": llm_kwargs(request.engine, str(request.target), speculative),
             "prompts": request.prompts,

@@ -7,7 +7,13 @@ from pathlib import Path
 
 import click
 
-from eaglequant.cli.options import PATH, engine_options, engine_settings, int_list
+from eaglequant.cli.options import (
+    PATH,
+    draft_kv_cache_option,
+    engine_options,
+    engine_settings,
+    int_list,
+)
 from eaglequant.errors import InputError
 
 
@@ -47,6 +53,7 @@ from eaglequant.errors import InputError
 )
 @click.option("--serve-arg", "serve_args", multiple=True, help="Passed to vllm serve (repeatable).")
 @engine_options
+@draft_kv_cache_option
 @click.option("--max-model-len", type=click.IntRange(min=16), help="Default: ISL + OSL + max k.")
 @click.option("--out", type=PATH, default=Path("tune-results"), show_default=True)
 @click.option("--server-timeout", type=float, default=600.0, show_default=True)
@@ -64,6 +71,7 @@ def tune(
     serve_args: tuple[str, ...],
     tensor_parallel_size: int,
     engine_args: tuple[str, ...],
+    draft_kv_cache_dtype: str | None,
     max_model_len: int | None,
     out: Path,
     server_timeout: float,
@@ -93,6 +101,7 @@ def tune(
         engine=engine_settings(tensor_parallel_size, engine_args, max_model_len),
         out=out,
         server_timeout_s=server_timeout,
+        draft_kv_cache_dtype=draft_kv_cache_dtype,
     )
     summary = run(request, progress=lambda m: click.echo(f"[eaglequant] {m}", err=True))
     click.echo((out / "results.md").read_text())

@@ -8,7 +8,13 @@ from pathlib import Path
 
 import click
 
-from eaglequant.cli.options import PATH, engine_choice, engine_options, engine_settings
+from eaglequant.cli.options import (
+    PATH,
+    draft_kv_cache_option,
+    engine_choice,
+    engine_options,
+    engine_settings,
+)
 from eaglequant.cli.options import capture_engine as capture_engine_for
 
 
@@ -51,6 +57,7 @@ from eaglequant.cli.options import capture_engine as capture_engine_for
     help="Default: 1024 on CPU, vLLM's own on GPU/ROCm.",
 )
 @engine_options
+@draft_kv_cache_option
 @engine_choice("--capture-engine", "check 6's hidden states")
 @click.option(
     "--hidden-states",
@@ -88,6 +95,7 @@ def validate(
     max_model_len: int | None,
     tensor_parallel_size: int,
     engine_args: tuple[str, ...],
+    draft_kv_cache_dtype: str | None,
     capture_engine: str | None,
     hidden_states: Path | None,
     lossless: str,
@@ -126,6 +134,7 @@ def validate(
             capture_engine, "--capture-engine", engine_settings(tensor_parallel_size, engine_args)
         ),
         hidden_states=hidden_states,
+        draft_kv_cache_dtype=draft_kv_cache_dtype,
     )
     report = run(request, progress=lambda m: click.echo(f"[eaglequant] {m}", err=True))
     data = report.to_json()
