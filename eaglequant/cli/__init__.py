@@ -18,6 +18,7 @@ import click
 from eaglequant import __version__
 from eaglequant.cli.capture import capture
 from eaglequant.cli.card import card
+from eaglequant.cli.compare import compare
 from eaglequant.cli.export import export
 from eaglequant.cli.fix_config import fix_config_command
 from eaglequant.cli.inspect import inspect
@@ -56,7 +57,7 @@ def main() -> None:
     """Turn a BF16 EAGLE-3 draft into a static FP8 E4M3 draft that vLLM loads, and prove it."""
 
 
-for _command in (inspect, fix_config_command, card, toy, export, capture, validate, tune):
+for _command in (inspect, fix_config_command, card, toy, export, capture, validate, tune, compare):
     main.add_command(_command)
 
 if __name__ == "__main__":
