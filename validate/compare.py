@@ -28,6 +28,7 @@ from eaglequant.errors import InputError
 from eaglequant.io.checkpoint import read_checkpoint
 from eaglequant.io.output import check_output_path
 from eaglequant.io.writer import write_text
+from eaglequant.quantize.export import check_exportable
 from eaglequant.quantize.sources import CalibrationSource
 from eaglequant.recipe import Recipe
 from eaglequant.validate.validate import ValidateRequest, run_engine, validate
@@ -127,6 +128,8 @@ def check_request(request: CompareRequest) -> None:
     """Everything checked before any heavy work."""
     if not request.recipes:
         raise InputError("no recipes to compare; pass --recipes NAME[,NAME...]")
+    for recipe in request.recipes:
+        check_exportable(recipe)
     names = [r.name for r in request.recipes]
     if len(set(names)) != len(names):
         raise InputError(f"recipes {names}: each recipe may be compared once")

@@ -21,7 +21,7 @@ from eaglequant.errors import InputError
 from eaglequant.exclusions import predict_fates
 from eaglequant.io.checkpoint import read_checkpoint
 from eaglequant.manifest import read_json_object, read_manifest
-from eaglequant.render.reports import PLOTS, tune_markdown, validation_markdown
+from eaglequant.render.reports import PLOTS, compare_markdown, tune_markdown, validation_markdown
 from eaglequant.serving import schedule_config, speculative_config
 
 
@@ -31,6 +31,7 @@ def write_card(
     validation: Path | None = None,
     tune_dir: Path | None = None,
     license_id: str | None = None,
+    compare_dir: Path | None = None,
 ) -> Path:
     config = read_checkpoint(folder).config  # as vLLM reads it, in any draft format
     if "quantization_config" not in config:
@@ -39,7 +40,14 @@ def write_card(
     report = read_json_object(validation, "validation report") if validation else None
     tuning = read_json_object(tune_dir / "results.json", "tuning results") if tune_dir else None
     license_id = license_id or source_license(Path(manifest.get("source", "")))
-    text = render(folder, base_model, config, manifest, report, tuning, license_id)
+    comparison = None
+    if compare_dir:
+        from eaglequant.validate.compare import COMPARE_JSON
+
+        comparison = read_json_object(compare_dir / COMPARE_JSON, "comparison")
+    text = render(
+        folder, base_model, config, manifest, report, tuning, license_id, comparison=comparison
+    )
     if tune_dir:
         for name in PLOTS:
             if (tune_dir / name).is_file():
@@ -90,6 +98,7 @@ def render(
     report: dict[str, Any] | None,
     tuning: dict[str, Any] | None,
     license_id: str | None,
+    comparison: dict[str, Any] | None = None,
 ) -> str:
     qcfg = config["quantization_config"]
     speculative, note = _usage(folder.name, report, tuning)
@@ -111,6 +120,8 @@ def render(
     ]
     if report:
         parts.append(validation_markdown(report))
+    if comparison:
+        parts.append(compare_markdown(comparison))
     if tuning:
         parts.append("## Tuning (`eaglequant tune`)\n\n" + tune_markdown(tuning))
         parts.append("".join(f"![{n}]({n})\n" for n in PLOTS))
