@@ -221,7 +221,8 @@ def _fate_problems(
                 Problem(
                     fate.vllm_name,
                     f"vLLM would build it as {fate.scheme} but '{source}.weight' is "
-                    f"{weight.dtype} (vLLM casts it to FP8 with placeholder scales)",
+                    f"{weight.dtype} (vLLM loads it into a quantized layer with placeholder "
+                    "scales)",
                     f"exclude it with a regex: run `eaglequant fix-config {ckpt.folder}`",
                 )
             )

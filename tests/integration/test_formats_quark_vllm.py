@@ -96,3 +96,21 @@ def test_draft_kv_cache_dtypes_are_vllms() -> None:
 
     assert set(DRAFT_KV_CACHE_DTYPES) <= set(get_args(CacheDType))
     assert "kv_cache_dtype" in SpeculativeConfig.__dataclass_fields__
+
+
+def test_fix_config_repairs_a_bare_exclude_on_an_mx_export(
+    exports: dict[str, Path], tmp_path: Path
+) -> None:
+    from eaglequant.fix_config import fix_config
+
+    broken = shutil.copytree(exports["mxfp4"], tmp_path / "bare")
+    config = json.loads((broken / "config.json").read_text())
+    config["quantization_config"]["exclude"] = ["fc", "lm_head"]
+    (broken / "config.json").write_text(json.dumps(config))
+    problems = [str(p) for p in inspect_checkpoint(broken).problems]
+    assert any(
+        p.startswith("model.fc: vLLM would build it as mxfp4 a:mxfp4 dynamic but 'fc.weight' is")
+        for p in problems
+    ), problems
+    assert fix_config(broken).changed
+    assert inspect_checkpoint(broken).problems == []
