@@ -21,7 +21,8 @@ reported with its numbers:
    hidden states (captured with the chosen engine on the validation sequences,
    or read from a capture folder) gives each layer's input range;
    ``input_scale`` x 448 and ``weight_scale`` x 448 must lie within the
-   recipe's factor of the measured ranges, and no scale may be missing.
+   recipe's factor of the measured ranges, and no scale may be missing (OCP
+   MX weights: each 32-element block's E8M0 scale against the block's amax).
 """
 
 from __future__ import annotations
