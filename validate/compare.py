@@ -109,19 +109,28 @@ def recommend(rows: Sequence[CandidateRow]) -> CandidateRow | None:
 
 
 class EngineRunner(Protocol):
-    """Runs the engines validate needs: the shared ones once, then one per candidate."""
+    """Runs the engines validate needs: the shared ones once, then each candidate's."""
 
-    def shared(self, request: ValidateRequest) -> dict[str, dict[str, Any]]: ...
+    def shared(self, request: ValidateRequest) -> dict[str, dict[str, Any]]:
+        """The ``target`` (alone) and ``bf16`` (baseline draft) runs, as validate reuses them."""
+        ...
+
+    def candidate(self, request: ValidateRequest) -> dict[str, Any]:
+        """The ``fp8`` run of ``request.draft`` (its KV cache in the request's dtype)."""
+        ...
 
 
 class OneEnginePerDraft:
-    """Today's runner: a fresh vLLM engine (own process) for target, BF16 draft and each FP8."""
+    """A fresh vLLM engine (own process) for the target, the BF16 draft and each candidate."""
 
     def shared(self, request: ValidateRequest) -> dict[str, dict[str, Any]]:
         return {
             "target": run_engine(request, None),
             "bf16": run_engine(request, request.baseline),
         }
+
+    def candidate(self, request: ValidateRequest) -> dict[str, Any]:
+        return run_engine(request, request.draft, request.draft_kv_cache_dtype)
 
 
 def check_request(request: CompareRequest) -> None:
@@ -169,16 +178,20 @@ def compare(
     base = _validate_request(request, request.recipes[0], drafts[request.recipes[0].name], capture)
     started = time.perf_counter()
     progress("target alone and BF16 draft: vLLM engines ...")
-    shared = (runner or OneEnginePerDraft()).shared(base)
+    runner = runner or OneEnginePerDraft()
+    shared = runner.shared(base)
     timings["engines.shared"] = round(time.perf_counter() - started, 3)
     rows = []
     for recipe in request.recipes:
         started = time.perf_counter()
-        progress(f"candidate {recipe.name}: validate ...")
+        candidate = _validate_request(request, recipe, drafts[recipe.name], capture)
+        progress(f"candidate {recipe.name}: vLLM engine ...")
+        engine = runner.candidate(candidate)
+        progress(f"candidate {recipe.name}: checks ...")
         report = validate(
-            _validate_request(request, recipe, drafts[recipe.name], capture),
+            candidate,
             progress=lambda m, name=recipe.name: progress(f"candidate {name}: {m}"),
-            reuse=shared,
+            reuse={**shared, "fp8": engine},
         )
         rows.append(_row(request, recipe, drafts[recipe.name], report.to_json()))
         timings[f"validate.{recipe.name}"] = round(time.perf_counter() - started, 3)
