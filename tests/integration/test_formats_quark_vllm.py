@@ -17,7 +17,28 @@ from eaglequant.checks import inspect_checkpoint
 from eaglequant.cli import main
 from eaglequant.draft import MIDLAYER_LINEARS
 from eaglequant.serving import DRAFT_KV_CACHE_DTYPES
+from tests.conftest import PYTHON, run_child
 
+VLLM_SCHEME = """
+import json, sys
+from vllm.model_executor.layers.quantization.quark.quark import QuarkConfig
+qcfg = json.load(open(sys.argv[1] + "/config.json"))["quantization_config"]
+_, _, scheme = QuarkConfig.from_config(qcfg)._get_scheme_cls_from_config(
+    qcfg["global_quant_config"]
+)
+print(scheme.__name__)
+"""
+MXFP4_ON_CPU = """
+from vllm.model_executor.kernels.linear import init_mxfp4_linear_kernel
+from vllm.model_executor.layers.quantization.utils.quant_utils import kMxfp4Dynamic
+try:
+    init_mxfp4_linear_kernel(kMxfp4Dynamic)
+except ValueError as exc:
+    print("without:", str(exc).splitlines()[0])
+from eaglequant.validate.cpu_fp8_plugin import list_mxfp4_emulation_on_cpu
+list_mxfp4_emulation_on_cpu()
+print("with:", type(init_mxfp4_linear_kernel(kMxfp4Dynamic)).__name__)
+"""
 RECIPES = {  # recipe -> the Quark scheme vLLM builds its layers with
     "mxfp4": "QuarkOCP_MX",
     "mxfp4-fp8": "QuarkW4A8_MXFP4_FP8",
@@ -40,17 +61,14 @@ def exports(pair: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> 
 
 @pytest.mark.parametrize("recipe", list(RECIPES))
 def test_inspect_predicts_vllms_scheme(recipe: str, exports: dict[str, Path]) -> None:
-    from vllm.model_executor.layers.quantization.quark.quark import QuarkConfig
-
     report = inspect_checkpoint(exports[recipe])
     assert report.problems == []
     quantized = [f for f in report.fates if f.quantized]
     assert quantized and {f.vllm_scheme for f in quantized} == {RECIPES[recipe]}
-    qcfg = json.loads((exports[recipe] / "config.json").read_text())["quantization_config"]
-    _, _, scheme = QuarkConfig.from_config(qcfg)._get_scheme_cls_from_config(
-        qcfg["global_quant_config"]
+    assert (
+        run_child([PYTHON, "-c", VLLM_SCHEME, str(exports[recipe])]).split()[-1]
+        == (RECIPES[recipe])
     )
-    assert scheme.__name__ == RECIPES[recipe]
     assert report.size is not None and 0 < report.size.quantized_fraction < 1
 
 
@@ -114,3 +132,11 @@ def test_fix_config_repairs_a_bare_exclude_on_an_mx_export(
     ), problems
     assert fix_config(broken).changed
     assert inspect_checkpoint(broken).problems == []
+
+
+def test_the_cpu_plugin_lists_vllms_mxfp4_emulation() -> None:
+    lines = run_child([PYTHON, "-c", MXFP4_ON_CPU]).splitlines()
+    assert lines[-2:] == [
+        "without: Failed to find a kernel that can implement the MXFP4 linear layer. Reasons: ",
+        "with: EmulationMxfp4LinearKernel",
+    ]
