@@ -165,7 +165,7 @@ def compare(
 
     check_request(request)
     timings: dict[str, float] = {}
-    request.out.mkdir(parents=True, exist_ok=True)
+    (request.out / CANDIDATES_DIR).mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
     capture = _capture_once(request, progress)
     timings["capture"] = round(time.perf_counter() - started, 3)

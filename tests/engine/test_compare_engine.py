@@ -36,6 +36,7 @@ def test_compare_toy_pair(tmp_path: Path) -> None:
         "transformers",
     ]
     result = CliRunner().invoke(main, ["compare", *args], catch_exceptions=False)
+    assert (out / "compare.json").is_file(), result.output
     report = json.loads((out / "compare.json").read_text())
     rows = [CandidateRow(**row) for row in report["rows"]]
     assert [row.recipe for row in rows] == list(RECIPES)
