@@ -78,8 +78,8 @@ def check_exportable(recipe: Recipe) -> None:
     if recipe.weight.dtype == "mxfp8_e4m3":
         raise InputError(
             f"recipe {recipe.name}: AMD Quark 0.13 cannot export OCP MXFP8 weights (its "
-            "real_quantize_fp8_e4m3 has no per_group scheme: \"Unsupported QuantSchema: "
-            "per_group for quant_dtype: fp8_e4m3\"), though vLLM would load them (QuarkOCP_MX); "
+            'real_quantize_fp8_e4m3 has no per_group scheme: "Unsupported QuantSchema: '
+            'per_group for quant_dtype: fp8_e4m3"), though vLLM would load them (QuarkOCP_MX); '
             "use mxfp4 or an FP8 recipe"
         )
 

@@ -31,15 +31,11 @@ from eaglequant.io.writer import write_text
 from eaglequant.quantize.export import check_exportable
 from eaglequant.quantize.sources import CalibrationSource
 from eaglequant.recipe import Recipe
+from eaglequant.render.reports import COMPARE_JSON, COMPARE_MD
 from eaglequant.validate.validate import ValidateRequest, run_engine, validate
 
 COMPARE_SCHEMA_VERSION = 1
-COMPARE_JSON, COMPARE_MD, CAPTURE_DIR, CANDIDATES_DIR = (
-    "compare.json",
-    "compare.md",
-    "capture",
-    "candidates",
-)
+CAPTURE_DIR, CANDIDATES_DIR = "capture", "candidates"
 Progress = Callable[[str], None]
 
 

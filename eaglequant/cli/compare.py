@@ -66,7 +66,8 @@ def compare(
     does, 2 for bad input.
     """
     from eaglequant.recipe import load_recipe
-    from eaglequant.validate.compare import COMPARE_MD, CompareRequest
+    from eaglequant.render.reports import COMPARE_MD
+    from eaglequant.validate.compare import CompareRequest
     from eaglequant.validate.compare import compare as run
     from eaglequant.validate.validate import read_prompts
 

@@ -21,7 +21,13 @@ from eaglequant.errors import InputError
 from eaglequant.exclusions import predict_fates
 from eaglequant.io.checkpoint import read_checkpoint
 from eaglequant.manifest import read_json_object, read_manifest
-from eaglequant.render.reports import PLOTS, compare_markdown, tune_markdown, validation_markdown
+from eaglequant.render.reports import (
+    COMPARE_JSON,
+    PLOTS,
+    compare_markdown,
+    tune_markdown,
+    validation_markdown,
+)
 from eaglequant.serving import schedule_config, speculative_config
 
 
@@ -42,8 +48,6 @@ def write_card(
     license_id = license_id or source_license(Path(manifest.get("source", "")))
     comparison = None
     if compare_dir:
-        from eaglequant.validate.compare import COMPARE_JSON
-
         comparison = read_json_object(compare_dir / COMPARE_JSON, "comparison")
     text = render(
         folder, base_model, config, manifest, report, tuning, license_id, comparison=comparison

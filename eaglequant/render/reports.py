@@ -10,6 +10,7 @@ import json
 from typing import Any
 
 PLOTS = ("throughput.png", "speedup.png", "acceptance.png")
+COMPARE_JSON, COMPARE_MD = "compare.json", "compare.md"  # in ``eaglequant compare --out``
 
 
 def acceptance_rows(report: dict[str, Any]) -> list[tuple[str, str, str, str]]:
