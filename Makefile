@@ -18,7 +18,7 @@ export VLLM_TARGET_DEVICE ?= cpu
 export TOKENIZERS_PARALLELISM ?= false
 
 .PHONY: install install-unit demo test test-unit test-integration test-engine test-rest lint \
-	typecheck-tree bench bench-small bench-capture bench-tune toy clean
+	typecheck-tree bench bench-small bench-capture bench-tune bench-tune-baseline toy clean
 
 install: $(STAMP)
 install-unit: $(UNIT_STAMP)
@@ -84,6 +84,9 @@ bench-capture: install
 
 bench-tune: install
 	$(BIN)/python bench/tune_bench.py
+
+bench-tune-baseline: install
+	$(BIN)/python bench/tune_bench.py --baseline
 
 toy: install
 	$(BIN)/eaglequant toy $(TOY) --overwrite

@@ -8,7 +8,13 @@ draft, ks, concurrencies, prompts and repeats, in float32 (fast GEMMs on every
 x86 CPU), and each sweep's Markdown table, schedule and recommendation are
 printed side by side; ``--out`` gets both results.json files.
 
+``--baseline`` measures the release table instead (``tune --baseline``) on the deeper
+target: the toy draft's static FP8 export (run through the CPU FP8 plugin) against the
+BF16 toy draft and no speculation, served in the target's BF16 (vLLM's quark method takes
+no float32), servers restarted in every round unless ``--keep-servers``.
+
     python bench/tune_bench.py [--k 2,3] [--concurrency 1,4,8] [--repeats 3] [--out DIR]
+    python bench/tune_bench.py --baseline [--k 3] [--concurrency 1,4] [--keep-servers]
 """
 
 from __future__ import annotations
@@ -36,14 +42,38 @@ def sweep(target: Path, out: Path, prompts: Path, args: argparse.Namespace) -> d
     return json.loads((out / "results.json").read_text())
 
 
+def fp8_draft() -> Path:
+    """The toy draft's static FP8 export (calibrated on the toy target), made once."""
+    out = CACHE / "toy-draft-fp8"
+    if not (out / "eaglequant.json").is_file():
+        eaglequant = Path(sys.executable).parent / "eaglequant"
+        cmd = [str(eaglequant), "export", str(TOY / "draft"), str(out), "--overwrite"]
+        cmd += ["--calib-target", str(TOY / "target"), "--calib-engine", "transformers"]
+        cmd += ["--calib-data", str(TOY / "calibration.jsonl"), "--calib-samples", "8"]
+        subprocess.run([*cmd, "--base-model", "toy/target"], check=True)
+    return out
+
+
+def comparison(target: Path, out: Path, prompts: Path, args: argparse.Namespace) -> None:
+    eaglequant = Path(sys.executable).parent / "eaglequant"
+    cmd = [str(eaglequant), "tune", "--target", str(target), "--draft", str(fp8_draft())]
+    cmd += ["--baseline", str(TOY / "draft"), "--k", args.k, "--concurrency", args.concurrency]
+    cmd += ["--repeats", str(args.repeats), "--isl", "64", "--osl", str(args.osl)]
+    cmd += ["--prompts", str(prompts), "--num-prompts", str(args.num_prompts)]
+    cmd += ["--serve-arg", "--enforce-eager", "--engine-arg", "max_num_seqs=8", "--out", str(out)]
+    subprocess.run(cmd + ["--keep-servers"] * args.keep_servers, check=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--k", default="2,3")
-    parser.add_argument("--concurrency", default="1,4,8")
+    parser.add_argument("--k", default=None, help="default: 2,3 (sweep), 3 (--baseline)")
+    parser.add_argument("--concurrency", default=None, help="default: 1,4,8 (sweep), 1,4")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--num-prompts", type=int, default=16)
     parser.add_argument("--osl", type=int, default=32)
-    parser.add_argument("--out", type=Path, default=HERE / "results-tune")
+    parser.add_argument("--baseline", action="store_true", help="the FP8 vs BF16 release table")
+    parser.add_argument("--keep-servers", action="store_true")
+    parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
     from eaglequant.devtools.toy import deepen_target
 
@@ -52,6 +82,14 @@ def main() -> None:
     prompts = CACHE / "tune-prompts.jsonl"
     prompts.write_text("".join(json.dumps({"prompt": t}) + "\n" for t in texts))
     deep = deepen_target(TOY / "target", CACHE / "toy-deep-target", ADDED_LAYERS)
+    if args.baseline:
+        args.k, args.concurrency = args.k or "3", args.concurrency or "1,4"
+        out = (args.out or HERE / "results-tune-baseline") / "deep-target"
+        comparison(deep, out, prompts, args)
+        print("\n" + (out / "results.md").read_text())
+        return
+    args.k, args.concurrency = args.k or "2,3", args.concurrency or "1,4,8"
+    args.out = args.out or HERE / "results-tune"
     for name, target in (("toy-target", TOY / "target"), ("deep-target", deep)):
         summary = sweep(target, args.out / name, prompts, args)
         print(f"\n# {name}: recommended {summary['recommendation']}\n", flush=True)

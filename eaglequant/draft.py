@@ -5,9 +5,9 @@ embedding and the fused target hidden state side by side (2*hidden inputs), then
 ``num_hidden_layers - 1`` plain decoder layers (``layers.1.*``, …: hidden inputs,
 vLLM's ``llama_eagle3.py``), ``fc`` fusing the target's auxiliary hidden states,
 ``norm``, ``lm_head`` over the draft vocabulary, and optionally ``embed_tokens``
-and the ``d2t``/``t2d`` vocabulary maps. Shapes follow from ``config.json``. An
-MLA draft's attention (its tensors, vLLM's names for them and what stays BF16)
-is :mod:`eaglequant.mla_draft`.
+and the ``d2t``/``t2d`` vocabulary maps. Shapes follow from ``config.json``. What
+differs between draft forms (the decoder layer's attention, what vLLM keeps BF16,
+its names in vLLM, the form's own refusals) is the form's, :mod:`eaglequant.forms`.
 """
 
 from __future__ import annotations
@@ -16,49 +16,27 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from eaglequant import mla_draft
 from eaglequant.errors import InputError
+from eaglequant.forms import form_named, form_of, recognised_form
+from eaglequant.forms.base import (
+    FIRST_LAYER,
+    DraftForm,
+    is_plain,
+    layer_linears,
+    layer_prefixes,
+)
+from eaglequant.forms.llama import LLAMA
+from eaglequant.forms.mla import MlaDims
 from eaglequant.io import speculators
 from eaglequant.io.checkpoint import Checkpoint, read_config
 from eaglequant.io.safetensors_header import FLOAT_DTYPES
 
-EAGLE3_ARCHITECTURES = ("LlamaForCausalLMEagle3", "Eagle3LlamaForCausalLM")
-# A plain Llama (or Qwen3) config over EAGLE-3 tensors (the EAGLE-3 authors' checkpoints):
-# with method eagle3 vLLM serves it as Eagle3<arch>.
-PLAIN = ("LlamaForCausalLM", "Qwen3ForCausalLM")
-# Qwen3 drafts (Eagle3Qwen3ForCausalLM, or Qwen3ForCausalLM renamed to it): Llama's
-# layer plus per-head RMSNorms on queries and keys (q_norm, k_norm) before RoPE.
-QWEN3 = "Eagle3Qwen3ForCausalLM"
-# Forward variants of vLLM's llama_eagle3.py, each implemented by the torch module (calibrating
-# with other math than vLLM runs would give scales for another network); inspect names them.
-VARIANTS = ("norm_before_residual", "norm_output", "norm_before_fc", "fc_norm", "attention_bias")
-ATTENTION_PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj")
-MLP_PROJECTIONS = ("gate_proj", "up_proj", "down_proj")
-# The first decoder layer's prefix; layer i >= 1 is ``layers.i`` (vLLM maps only midlayer.).
-FIRST_LAYER = "midlayer"
 LAYER_NORMS = ("input_layernorm", "post_attention_layernorm")
 # Built by vLLM in every layer, used by the first only: required there, optional after.
 HIDDEN_NORM = "hidden_norm"
 SCALE_SUFFIXES = (".weight_scale", ".input_scale")
 # Must stay BF16: vLLM builds them with the draft's quantization config unless excluded.
 KEEP_UNQUANTIZED = ("fc", "lm_head")
-
-
-def layer_prefixes(layers: int) -> tuple[str, ...]:
-    """Each decoder layer's module prefix in the EAGLE-3 layout: ``midlayer``, ``layers.1``, …"""
-    return (FIRST_LAYER, *(f"layers.{i}" for i in range(1, layers)))
-
-
-def layer_linears(prefix: str) -> tuple[str, ...]:
-    """The seven linears of the decoder layer at ``prefix``."""
-    return tuple(f"{prefix}.self_attn.{p}" for p in ATTENTION_PROJECTIONS) + tuple(
-        f"{prefix}.mlp.{p}" for p in MLP_PROJECTIONS
-    )
-
-
-def draft_linears(layers: int) -> tuple[str, ...]:
-    """Every decoder layer's linears (what Quark quantizes), layer by layer."""
-    return tuple(name for prefix in layer_prefixes(layers) for name in layer_linears(prefix))
 
 
 MIDLAYER_LINEARS = layer_linears(FIRST_LAYER)  # the first layer's, which every draft has
@@ -88,7 +66,12 @@ class DraftDims:
     attention_bias: bool = False  # q/k/v/o projections carry a bias
     qk_norm: bool = False  # Qwen3: q_norm / k_norm per head before RoPE
     layers: int = 1  # num_hidden_layers: the first layer, then plain decoder layers
-    mla: mla_draft.MlaDims | None = None  # an MLA draft's attention (deepseek_eagle3.py)
+    mla: MlaDims | None = None  # an MLA draft's attention (deepseek_eagle3.py)
+    family: str = LLAMA.family  # the draft form's (eaglequant.forms)
+
+    @property
+    def form(self) -> DraftForm:
+        return form_named(self.family)
 
     @property
     def fc_in(self) -> int:
@@ -96,10 +79,9 @@ class DraftDims:
 
     @property
     def linears(self) -> tuple[str, ...]:
-        """Every decoder layer's linears Quark quantizes (an MLA draft's: all but kv_b_proj)."""
-        if self.mla is not None:  # one layer (mla_draft.config_problem refuses more)
-            return mla_draft.quantized_linears(self.mla)
-        return draft_linears(self.layers)
+        """Every decoder layer's linears Quark quantizes (the form's: an MLA draft's all but
+        kv_b_proj)."""
+        return self.form.quantized_linears(self)
 
 
 def aux_layer_ids(config: dict[str, Any]) -> tuple[int, ...] | None:
@@ -123,8 +105,8 @@ def dims_from_config(config: dict[str, Any], where: str = "config.json") -> Draf
     rope_theta = config.get("rope_theta") or (config.get("rope_parameters") or {}).get(
         "rope_theta", 10000.0
     )
-    mla = mla_draft.mla_dims(config, where) if mla_draft.is_mla(config) else None
-    return DraftDims(
+    form = form_of(config) or LLAMA
+    fields: dict[str, Any] = dict(
         hidden=hidden,
         heads=heads,
         kv_heads=kv_heads,
@@ -139,13 +121,13 @@ def dims_from_config(config: dict[str, Any], where: str = "config.json") -> Draf
         rope_theta=float(rope_theta),
         norm_before_residual=bool(config.get("norm_before_residual", False)),
         norm_output=bool(config.get("norm_output", False)),
-        norm_before_fc=variant_flag(config, "norm_before_fc") and mla is None,
+        norm_before_fc=variant_flag(config, "norm_before_fc"),
         fc_norm=bool(config.get("fc_norm", False)),
-        attention_bias=bool(config.get("attention_bias", False)) and mla is None,
-        qk_norm=QWEN3 in speculators.vllm_architectures(config),
+        attention_bias=bool(config.get("attention_bias", False)),
         layers=_positive_int(config, "num_hidden_layers", where),
-        mla=mla,
+        family=form.family,
     )
+    return DraftDims(**(fields | form.dims_fields(config, where)))
 
 
 def variant_flag(config: dict[str, Any], key: str) -> bool:
@@ -156,15 +138,12 @@ def variant_flag(config: dict[str, Any], key: str) -> bool:
 
 def draft_form(ckpt: Checkpoint) -> str:
     """The form this tool recognised the draft as, for reports."""
-    architectures = ckpt.config.get("architectures") or []
-    flags = [k for k in VARIANTS if variant_flag(ckpt.config, k)]
-    family = "Qwen3" if QWEN3 in speculators.vllm_architectures(ckpt.config) else "Llama"
-    if mla_draft.is_mla(ckpt.config):
-        family = "MLA (DeepSeek-V2 attention)"
-        flags = [k for k in mla_draft.VARIANTS if variant_flag(ckpt.config, k)]
+    draft = form_of(ckpt.config) or LLAMA
+    flags = [k for k in draft.variants if variant_flag(ckpt.config, k)]
+    family = draft.family
     if ckpt.speculators_format:
         form = f"speculators format, EAGLE-3 {family}"
-    elif architectures and architectures[0] in (*PLAIN, *mla_draft.PLAIN):
+    elif is_plain(ckpt.config):
         form = f"plain {family} config, EAGLE-3 tensors"
     else:
         form = f"EAGLE-3 {family}"
@@ -175,7 +154,7 @@ def draft_form(ckpt: Checkpoint) -> str:
 
 def form_exclude(exclude: tuple[str, ...], dims: DraftDims) -> tuple[str, ...]:
     """A recipe's exclude list plus the linears this draft's form keeps BF16 (MLA's kv_b_proj)."""
-    kept = mla_draft.KEEP_BF16 if dims.mla is not None else ()
+    kept = dims.form.kept_bf16
     return (*exclude, *(name for name in kept if name not in exclude))
 
 
@@ -207,23 +186,11 @@ def _layer_shapes(dims: DraftDims, prefix: str, attn_in: int) -> dict[str, tuple
     """One decoder layer's norms and linears; the first layer's attention takes 2*hidden."""
     h = dims.hidden
     shapes: dict[str, tuple[int, ...]] = {f"{prefix}.{n}.weight": (h,) for n in LAYER_NORMS}
-    shapes |= _attention_shapes(dims, prefix, attn_in)
+    shapes |= dims.form.attention_shapes(dims, prefix, attn_in)
     return shapes | {
         f"{prefix}.mlp.gate_proj.weight": (dims.intermediate, h),
         f"{prefix}.mlp.up_proj.weight": (dims.intermediate, h),
         f"{prefix}.mlp.down_proj.weight": (h, dims.intermediate),
-    }
-
-
-def _attention_shapes(dims: DraftDims, prefix: str, attn_in: int) -> dict[str, tuple[int, ...]]:
-    if dims.mla is not None:  # one layer (mla_draft.config_problem refuses more)
-        return mla_draft.attention_shapes(dims.hidden, dims.heads, dims.mla)
-    h, q_out, kv_out = dims.hidden, dims.heads * dims.head_dim, dims.kv_heads * dims.head_dim
-    return {
-        f"{prefix}.self_attn.q_proj.weight": (q_out, attn_in),
-        f"{prefix}.self_attn.k_proj.weight": (kv_out, attn_in),
-        f"{prefix}.self_attn.v_proj.weight": (kv_out, attn_in),
-        f"{prefix}.self_attn.o_proj.weight": (h, q_out),
     }
 
 
@@ -310,7 +277,6 @@ def structure_problems(ckpt: Checkpoint) -> list[Problem]:
 
 
 def _architecture_problems(config: dict[str, Any], tensors: set[str], where: str) -> list[Problem]:
-    architectures = config.get("architectures") or []
     if speculators.is_speculators(config):  # read_checkpoint flattens the ones vLLM accepts
         return [
             Problem(
@@ -320,46 +286,19 @@ def _architecture_problems(config: dict[str, Any], tensors: set[str], where: str
                 "fix the config (see vllm-project/speculators' Eagle3SpeculatorConfig)",
             )
         ]
-    eagle3 = any(
-        a in (*EAGLE3_ARCHITECTURES, QWEN3, *mla_draft.ARCHITECTURES) for a in architectures
-    )
-    plain = (
-        bool(set(PLAIN) & set(architectures)) and {"fc.weight", *MIDLAYER_WEIGHTS} <= tensors
-    ) or (
-        bool(set(mla_draft.PLAIN) & set(architectures))
-        and {"fc.weight", *mla_draft.MARKERS} <= tensors
-    )
-    if not (eagle3 or plain):
+    form = recognised_form(config, tensors)
+    if form is None:
         return [
             Problem(
                 where,
-                f"architectures {architectures} is not an EAGLE-3 Llama draft",
-                f"pass a draft whose architectures is {list(EAGLE3_ARCHITECTURES[:1])} (or a "
+                f"architectures {config.get('architectures') or []} is not an EAGLE-3 draft",
+                f"pass a draft whose architectures is {list(LLAMA.architectures[:1])} (or a "
                 "Llama config over EAGLE-3 tensors: midlayer.*, fc)",
             )
         ]
-    mla_problem = mla_draft.config_problem(config) if mla_draft.is_mla(config) else None
-    if mla_problem:
-        return [Problem(where, *mla_problem)]
-    if QWEN3 in speculators.vllm_architectures(config) and "head_dim" not in config:
-        return [
-            Problem(
-                where,
-                "a Qwen3 draft without 'head_dim': vLLM takes Qwen3Config's default (128), "
-                "not hidden_size / num_attention_heads",
-                "add head_dim to the config",
-            )
-        ]
-    if QWEN3 in speculators.vllm_architectures(config) and config.get("use_sliding_window"):
-        return [
-            Problem(
-                where,
-                "a Qwen3 draft with use_sliding_window: vLLM runs the layers its layer_types "
-                "(or max_window_layers) name with a sliding window, which eaglequant's module "
-                "does not",
-                "quantize it with another tool, or drop the sliding window if it was not trained",
-            )
-        ]
+    problem = form.config_problem(config)
+    if problem:
+        return [Problem(where, *problem)]
     layers = config.get("num_hidden_layers")
     if not isinstance(layers, int) or isinstance(layers, bool) or layers < 1:
         return [

@@ -41,3 +41,9 @@ class QuarkFailed(EagleQuantError):
     """Quark's own flow, run by the export in its worker process, failed (exit 1)."""
 
     exit_code = 1
+
+
+class PublishFailed(EagleQuantError):
+    """The Hub refused or failed an upload the checks allowed (exit 1)."""
+
+    exit_code = 1

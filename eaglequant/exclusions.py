@@ -7,7 +7,7 @@ string equality. For an EAGLE-3 draft those names are ``model.fc``,
 shards ``q_proj``/``k_proj``/``v_proj``), ``…o_proj``, ``…mlp.gate_up_proj``
 (shards ``gate_proj``/``up_proj``), ``…down_proj`` for draft layer i (``midlayer``
 is 0, ``layers.i`` after it), with N the target's layer count. An MLA draft's
-attention is named as in :mod:`eaglequant.mla_draft` (``fused_qkv_a_proj`` with
+attention is named as in :mod:`eaglequant.forms.mla` (``fused_qkv_a_proj`` with
 shards ``q_a_proj``/``kv_a_proj_with_mqa``, ``q_b_proj``, ``kv_b_proj``,
 ``o_proj``). Quark writes bare names such as ``fc``, which equal no vLLM name, so
 vLLM quietly builds ``fc`` as FP8. This module predicts each layer's fate and
@@ -21,18 +21,16 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from eaglequant import mla_draft
-from eaglequant.draft import layer_prefixes
-from eaglequant.errors import InputError
+from eaglequant.forms import form_of, fused_shards
+from eaglequant.forms.llama import LLAMA
 from eaglequant.recipe import MX_BLOCK, MX_DTYPES
 
 # Bare names that the published reference card writes as these exact regexes.
 CARD_REGEX = {"fc": "re:.*fc.*", "lm_head": "re:.*lm_head.*"}
-FUSED_SHARDS = {
-    "qkv_proj": ("q_proj", "k_proj", "v_proj"),
-    "gate_up_proj": ("gate_proj", "up_proj"),
-    "fused_qkv_a_proj": mla_draft.FUSED_QKV_A,
-}
+# vLLM's fused module -> the checkpoint shards it is built from, over every draft form.
+FUSED_SHARDS = fused_shards()
+# The draft's linears outside its decoder layers, in every form (vLLM name -> checkpoint).
+KEPT_OUTSIDE_LAYERS = {"model.fc": ("fc",), "lm_head": ("lm_head",)}
 DEFAULT_TARGET_LAYERS = 32
 
 
@@ -72,21 +70,8 @@ class LayerFate:
 
 
 def vllm_linear_names(target_layers: int, draft_layers: int = 1) -> dict[str, tuple[str, ...]]:
-    """vLLM module name -> the checkpoint modules it is built from, every draft layer's."""
-    names: dict[str, tuple[str, ...]] = {}
-    for i, source in enumerate(layer_prefixes(draft_layers)):
-        layer = f"model.layers.{target_layers + i}"  # vLLM's start_layer_id: after the target's
-        names |= {
-            f"{layer}.self_attn.qkv_proj": tuple(
-                f"{source}.self_attn.{p}" for p in FUSED_SHARDS["qkv_proj"]
-            ),
-            f"{layer}.self_attn.o_proj": (f"{source}.self_attn.o_proj",),
-            f"{layer}.mlp.gate_up_proj": tuple(
-                f"{source}.mlp.{p}" for p in FUSED_SHARDS["gate_up_proj"]
-            ),
-            f"{layer}.mlp.down_proj": (f"{source}.mlp.down_proj",),
-        }
-    return names | {"model.fc": ("fc",), "lm_head": ("lm_head",)}
+    """vLLM module name -> the checkpoint modules it is built from, every Llama draft layer's."""
+    return LLAMA.vllm_linear_names({}, target_layers, draft_layers) | KEPT_OUTSIDE_LAYERS
 
 
 def draft_layer_count(config: dict[str, Any]) -> int:
@@ -96,17 +81,10 @@ def draft_layer_count(config: dict[str, Any]) -> int:
 
 
 def draft_linear_names(config: dict[str, Any], target_layers: int) -> dict[str, tuple[str, ...]]:
-    """:func:`vllm_linear_names` for this draft's form and layer count (an MLA draft's own
-    attention names)."""
+    """:func:`vllm_linear_names` for this draft's form (an MLA draft's own attention names)."""
+    form = form_of(config) or LLAMA
     layers = draft_layer_count(config)
-    if not mla_draft.is_mla(config):
-        return vllm_linear_names(target_layers, layers)
-    try:
-        mla = mla_draft.mla_dims(config, "config.json")
-    except InputError:  # the draft checks report the bad key; predict the Llama names
-        return vllm_linear_names(target_layers, layers)
-    names = mla_draft.vllm_linear_names(target_layers, mla)  # one layer: more are refused
-    return names | {"model.fc": ("fc",), "lm_head": ("lm_head",)}
+    return form.vllm_linear_names(config, target_layers, layers) | KEPT_OUTSIDE_LAYERS
 
 
 def matches(name: str, entry: str) -> bool:

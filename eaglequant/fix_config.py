@@ -13,14 +13,13 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
 from eaglequant.errors import InputError
 from eaglequant.exclusions import rewrite_exclude
 from eaglequant.io.checkpoint import CONFIG_FILE, read_checkpoint
-from eaglequant.io.output import atomic_output_dir, check_output_path
+from eaglequant.io.output import atomic_output_dir, check_output_path, write_text_atomic
 from eaglequant.io.speculators import with_quantization_config
 from eaglequant.io.writer import FILE_MODE
 
@@ -53,26 +52,14 @@ def fix_config(src: Path, out: Path | None = None, overwrite: bool = False) -> F
     text = json.dumps(config, indent=2) + "\n"
     if out is None:
         if changed:
-            _replace_file(src / CONFIG_FILE, text)
+            write_text_atomic(src / CONFIG_FILE, text)
         return FixResult(before, after, src, changed)
     with atomic_output_dir(out, overwrite) as temp:
         for path in sorted(src.iterdir()):
             if path.is_file() and path.name != CONFIG_FILE:
                 _link_or_copy(path, temp / path.name)
-        _replace_file(temp / CONFIG_FILE, text)
+        write_text_atomic(temp / CONFIG_FILE, text)
     return FixResult(before, after, out, changed)
-
-
-def _replace_file(path: Path, text: str) -> None:
-    fd, temp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            handle.write(text)
-        os.chmod(temp, FILE_MODE)
-        os.replace(temp, path)
-    except BaseException:
-        Path(temp).unlink(missing_ok=True)
-        raise
 
 
 def _link_or_copy(src: Path, dst: Path) -> None:

@@ -12,14 +12,35 @@ import json
 import os
 import platform
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict, cast
 
 from eaglequant import __version__
 from eaglequant.environment import package_version
 from eaglequant.errors import InputError
 
 MANIFEST_FILE = "eaglequant.json"
+# Bumped whenever a field changes meaning or goes away; readers refuse other versions.
+MANIFEST_SCHEMA = 1
 LIBRARIES = ("amd-quark", "torch", "transformers", "safetensors", "huggingface_hub")
+
+
+class Manifest(TypedDict):
+    """The manifest's fields (``eaglequant.json``), as export writes them."""
+
+    tool: str
+    schema_version: int
+    version: str
+    libraries: dict[str, str | None]
+    python: str
+    source: str
+    recipe: dict[str, Any]
+    calibration: dict[str, Any]
+    layers: list[dict[str, Any]]
+    top1_agreement_by_step: list[float]
+    device: dict[str, Any]
+    timings_s: dict[str, float]
+    files: dict[str, str]
+    command: str | None  # how export was run, path-free (eaglequant.provenance)
 
 
 def build_manifest(
@@ -32,10 +53,12 @@ def build_manifest(
     timings: dict[str, float],
     files: dict[str, str],
     device: dict[str, Any],
-) -> dict[str, Any]:
+    command: str | None = None,
+) -> Manifest:
     """Provenance: versions, recipe, calibration, per-layer numbers, file checksums."""
     return {
         "tool": "eaglequant",
+        "schema_version": MANIFEST_SCHEMA,
         "version": __version__,
         "libraries": {name: package_version(name) for name in LIBRARIES},
         "python": platform.python_version(),
@@ -47,21 +70,36 @@ def build_manifest(
         "device": device,
         "timings_s": timings,
         "files": files,
+        "command": command,
     }
 
 
-def write_manifest(folder: Path, manifest: dict[str, Any]) -> None:
+def write_manifest(folder: Path, manifest: Manifest) -> None:
     path = folder / MANIFEST_FILE
     path.write_text(json.dumps(manifest, indent=2) + "\n")
     os.chmod(path, 0o644)
 
 
-def read_manifest(folder: Path) -> dict[str, Any]:
-    """The manifest of an exported folder; InputError when it is missing or unreadable."""
+def read_manifest(folder: Path) -> Manifest:
+    """The manifest of an exported folder; InputError when it is missing, unreadable, another
+    tool's or another schema version's."""
     path = folder / MANIFEST_FILE
     if not path.is_file():
-        raise InputError(f"{path}: missing; the card is built from eaglequant export's manifest")
-    return read_json_object(path, "export manifest")
+        raise InputError(f"{path}: missing; export the draft with eaglequant export")
+    data = read_json_object(path, "export manifest")
+    check_schema(path, data, "export manifest", MANIFEST_SCHEMA, "re-export the draft")
+    return cast(Manifest, data)
+
+
+def check_schema(path: Path, data: dict[str, Any], what: str, version: int, fix: str) -> None:
+    """InputError unless ``data`` is eaglequant's ``what`` at schema ``version``."""
+    if data.get("tool") != "eaglequant":
+        raise InputError(f"{path}: not an eaglequant {what} (no 'tool': 'eaglequant'); {fix}")
+    found = data.get("schema_version")
+    if found != version:
+        raise InputError(
+            f"{path}: {what} schema version {found!r}, this eaglequant reads {version}; {fix}"
+        )
 
 
 def read_json_object(path: Path, what: str) -> dict[str, Any]:

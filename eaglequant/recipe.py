@@ -60,10 +60,16 @@ class CalibrationSpec:
 
 @dataclass(frozen=True)
 class ValidationSpec:
-    """Thresholds used by ``eaglequant validate``."""
+    """Thresholds used by ``eaglequant validate``.
+
+    Each ratio is judged by its bootstrap interval over prompts: the interval
+    must clear it (``eaglequant.validate.stats.judge``).
+    """
 
     min_acceptance_ratio: float = 0.98
     scale_tolerance: float = 4.0
+    min_position_ratio: float = 0.95
+    max_regression: float = 0.02
 
 
 @dataclass(frozen=True)
@@ -200,14 +206,14 @@ def _check_values(recipe: Recipe, path: str) -> None:
     if recipe.activation.granularity == "per_token" and not recipe.activation.dynamic:
         raise InputError(f"{path}: 'activation.granularity: per_token' requires 'dynamic: true'")
     _check_formats(recipe, path)
-    if (
-        not 0 < recipe.validation.min_acceptance_ratio <= 1.5
-        or recipe.validation.scale_tolerance <= 1
-    ):
-        raise InputError(
-            f"{path}: 'validation.min_acceptance_ratio' must be in (0, 1.5] and "
-            "'validation.scale_tolerance' above 1"
-        )
+    validation = recipe.validation
+    for key in ("min_acceptance_ratio", "min_position_ratio"):
+        if not 0 < getattr(validation, key) <= 1.5:
+            raise InputError(f"{path}: 'validation.{key}' must be in (0, 1.5]")
+    if not 0 <= validation.max_regression < 1:
+        raise InputError(f"{path}: 'validation.max_regression' must be in [0, 1)")
+    if validation.scale_tolerance <= 1:
+        raise InputError(f"{path}: 'validation.scale_tolerance' must be above 1")
 
 
 def _check_formats(recipe: Recipe, path: str) -> None:

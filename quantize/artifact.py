@@ -26,7 +26,7 @@ from eaglequant.io.layout import Layout, TensorBlob, blob_from_file, blob_from_t
 from eaglequant.io.readback import ReadBack, sha256_file
 from eaglequant.io.safetensors_header import TensorInfo
 from eaglequant.io.writer import LayoutWriter, copy_extra_files, write_text
-from eaglequant.manifest import MANIFEST_FILE, write_manifest
+from eaglequant.manifest import MANIFEST_FILE, Manifest, write_manifest
 from eaglequant.quantize.file_to_file import BACKGROUND_NICE
 from eaglequant.quantize.timing import timed
 from eaglequant.recipe import MX_BLOCK, MX_DTYPES, Recipe
@@ -187,7 +187,7 @@ class Artifact:
             for name in sorted([*self.files, CONFIG_FILE])
         }
 
-    def write_manifest(self, manifest: dict[str, Any]) -> None:
+    def write_manifest(self, manifest: Manifest) -> None:
         write_manifest(self.folder, manifest)
 
 

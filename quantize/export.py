@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -31,7 +31,7 @@ from eaglequant.exclusions import rewrite_exclude
 from eaglequant.io.checkpoint import Checkpoint, read_checkpoint
 from eaglequant.io.output import atomic_output_dir, check_output_path
 from eaglequant.io.speculators import with_quantization_config
-from eaglequant.manifest import build_manifest
+from eaglequant.manifest import Manifest, build_manifest
 from eaglequant.quantize.artifact import Artifact
 from eaglequant.quantize.file_to_file import FileToFile
 from eaglequant.quantize.sources import CalibrationSource
@@ -51,6 +51,7 @@ class ExportRequest:
     overwrite: bool = False
     dry_run: bool = False
     device: str = "auto"  # the export's arithmetic (Quark, measurement): auto, cpu or cuda
+    command: str | None = None  # how it was invoked, path-free (eaglequant.provenance)
 
 
 @dataclass
@@ -70,7 +71,7 @@ class ExportResult:
     out: Path
     plan: ExportPlan
     dry_run: bool = False
-    manifest: dict[str, Any] = field(default_factory=dict)
+    manifest: Manifest | None = None  # None for a dry run
 
 
 def check_exportable(recipe: Recipe) -> None:
@@ -167,7 +168,7 @@ def _run(
     stage: _Stages,
     progress: Progress,
     scratch: Path,
-) -> dict[str, Any]:
+) -> Manifest:
     """The stages after the start, up to the manifest (returned, not yet written)."""
     recipe, timings = request.recipe, stage.timings
     with stage("import"):
@@ -223,6 +224,7 @@ def _run(
             timings=timings,
             files=files,
             device=pipeline.describe_device(device),
+            command=request.command,
         )
 
 

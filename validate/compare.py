@@ -32,6 +32,7 @@ from eaglequant.quantize.export import check_exportable
 from eaglequant.quantize.sources import CalibrationSource
 from eaglequant.recipe import Recipe
 from eaglequant.render.reports import COMPARE_JSON, COMPARE_MD
+from eaglequant.validate.acceptance import ACCEPTANCE, PER_POSITION
 from eaglequant.validate.validate import ValidateRequest, run_engine, validate
 
 COMPARE_SCHEMA_VERSION = 1
@@ -249,6 +250,7 @@ def _validate_request(
         k=request.k,
         max_tokens=request.max_tokens,
         min_acceptance_ratio=recipe.validation.min_acceptance_ratio,
+        min_position_ratio=recipe.validation.min_position_ratio,
         scale_tolerance=recipe.validation.scale_tolerance,
         engine_timeout_s=request.engine_timeout_s,
         engine=request.engine,
@@ -262,7 +264,7 @@ def _row(
     request: CompareRequest, recipe: Recipe, draft: Path, report: dict[str, Any]
 ) -> CandidateRow:
     checks = {c["name"]: c for c in report["checks"]}  # only "engines" when one failed
-    acceptance = checks.get("2 acceptance", {}).get("numbers", {})
+    acceptance = checks.get(ACCEPTANCE, {}).get("numbers", {})
     size = size_summary(read_checkpoint(draft))
     baseline_bytes = read_checkpoint(request.baseline).total_bytes
     return CandidateRow(
@@ -274,7 +276,7 @@ def _row(
         quantized_fraction=round(size.quantized_fraction, 4),
         lossless=bool(checks.get("1 lossless", {}).get("passed")),
         mean_acceptance=acceptance.get("fp8"),
-        per_position=list(checks.get("5 per-position", {}).get("numbers", {}).get("fp8") or []),
+        per_position=list(checks.get(PER_POSITION, {}).get("numbers", {}).get("fp8") or []),
         acceptance_ratio=acceptance.get("ratio"),
         min_acceptance_ratio=recipe.validation.min_acceptance_ratio,
         passed=bool(report["passed"]),

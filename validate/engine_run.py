@@ -1,13 +1,15 @@
 """One vLLM engine configuration in its own process.
 
-Run as ``python -m eaglequant.validate.engine_run SPEC OUT``.
+Run as ``python -m eaglequant.validate.engine_run SPEC OUT`` (:mod:`eaglequant.engine.child`).
 
 SPEC is a JSON file: ``llm`` (the ``vllm.LLM`` keyword arguments from
 ``eaglequant.engine.config.llm_kwargs``), prompts, max_tokens and the number of top
 logprobs to record (None for none). The process applies the platform's
 defaults (CPU only: eager mode, KV cache space, thread binding), starts an
 offline ``vllm.LLM`` (greedy), generates, and writes OUT with the token ids
-(and top logprobs), the spec-decode counters from ``LLM.get_metrics()``, how
+(and top logprobs), the spec-decode counters from ``LLM.get_metrics()`` and,
+for a speculative run, each prompt's own (``per_request``: vLLM's
+per-request histogram of accepted draft tokens per verify step), how
 vLLM built each draft layer (asked of the workers through a worker
 extension), which vLLM kernel library the process loaded, the exact engine
 configuration, and timings. vLLM loads its own kernels: nothing here imports a
@@ -16,9 +18,7 @@ compiled extension.
 
 from __future__ import annotations
 
-import json
 import os
-import sys
 import time
 from typing import Any
 
@@ -112,9 +112,11 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
     on_cpu = current_platform.is_cpu()
     kwargs = platform_defaults(spec["llm"], on_cpu)
     os.environ.update(platform_env(os.environ, on_cpu, worker_count(kwargs), usable_cores()))
+    speculative = kwargs.get("speculative_config") is not None
     llm = LLM(
         **kwargs,
         disable_log_stats=False,
+        per_request_spec_decode_metrics="summary" if speculative else "none",
         worker_extension_cls="eaglequant.validate.engine_run.DraftInspector",
     )
     loaded = time.perf_counter()
@@ -126,12 +128,12 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
     )
     outputs = llm.generate(spec["prompts"], params, use_tqdm=False)
     generated = time.perf_counter()
-    speculative = kwargs.get("speculative_config") is not None
     return {
         "token_ids": [list(o.outputs[0].token_ids) for o in outputs],
         "top_logprobs": [_top_logprobs(o.outputs[0].logprobs) for o in outputs],
         "texts": [o.outputs[0].text for o in outputs],
         "metrics": _metrics(llm),
+        "per_request": [_request_counts(o.outputs[0]) for o in outputs] if speculative else None,
         "draft_layers": llm.collective_rpc("eaglequant_draft_layers")[0] if speculative else [],
         "platform": str(current_platform.device_type or "unknown"),
         "kernels": loaded_kernel_libraries(),
@@ -139,6 +141,17 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
         "engine_config": engine_record(kwargs),
         "load_s": round(loaded - started, 2),
         "generate_s": round(generated - loaded, 2),
+    }
+
+
+def _request_counts(completion: Any) -> dict[str, Any] | None:
+    """One prompt's verify steps: ``histogram[j]`` steps accepted ``j`` drafts, tokens drafted."""
+    metrics = completion.spec_decode_metrics
+    if metrics is None:
+        return None
+    return {
+        "histogram": [int(c) for c in metrics.histogram],
+        "num_draft_tokens": int(metrics.num_draft_tokens),
     }
 
 
@@ -152,16 +165,7 @@ def _top_logprobs(per_position: Any) -> list[list[list[float]]] | None:
     ]
 
 
-def main() -> None:
-    spec_path, out_path = sys.argv[1], sys.argv[2]
-    with open(spec_path, encoding="utf-8") as handle:
-        spec = json.load(handle)
-    result = run(spec)
-    with open(out_path, "w", encoding="utf-8") as handle:
-        json.dump(result, handle, allow_nan=True)
-    sys.stdout.flush()
-    os._exit(0)  # skip vLLM's slow interpreter teardown; the result is on disk
-
-
 if __name__ == "__main__":
-    main()
+    from eaglequant.engine.child import serve_json_child
+
+    serve_json_child(run)

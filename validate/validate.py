@@ -10,19 +10,28 @@ reported with its numbers:
    (a first divergence to a token nearly tied with the target's best
    passes, as vLLM's GPU kernels are not batch-invariant, unless ``lossless``
    is ``strict``; see ``lossless.py``);
-2. acceptance: FP8 mean acceptance length >= ratio x BF16's;
+2. acceptance: the FP8/BF16 ratio of mean acceptance length, with a seeded
+   paired-bootstrap 95% interval over prompts (``stats.py``): PASS when the
+   interval clears the recipe's ratio, FAIL when it lies wholly below,
+   otherwise INCONCLUSIVE (about how many prompts would decide);
 3. layers: vLLM built ``fc`` and ``lm_head`` unquantized and every midlayer
    projection with the Quark scheme ``inspect`` predicts from the draft's config
    (``QuarkW8A8Fp8``, ``QuarkOCP_MX``, ``QuarkW4A8_MXFP4_FP8``), quantized
    weights and finite positive scales;
 4. log: no "Attempted to load weight … float8_e4m3fn" (a bad exclusion);
-5. per-position acceptance of both drafts, side by side (information);
+5. per-position acceptance: each position's FP8/BF16 acceptance-rate ratio,
+   judged as check 2 against the recipe's per-position ratio;
 6. scale plausibility, outside vLLM: the BF16 draft run on the target's
    hidden states (captured with the chosen engine on the validation sequences,
    or read from a capture folder) gives each layer's input range;
    ``input_scale`` x 448 and ``weight_scale`` x 448 must lie within the
    recipe's factor of the measured ranges, and no scale may be missing (OCP
-   MX weights: each 32-element block's E8M0 scale against the block's amax).
+   MX weights: each 32-element block's E8M0 scale against the block's amax);
+7. regression (``--against`` an earlier report): this FP8 run's acceptance
+   against the earlier one's (``regression.py``).
+
+INCONCLUSIVE counts as not passed. The report (``to_json``) carries its kind
+and schema version (``eaglequant.validation_report``).
 """
 
 from __future__ import annotations
@@ -35,6 +44,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from eaglequant.binding import binding
 from eaglequant.capture.run import CaptureEngine, check_engine
 from eaglequant.capture.store import check_capture
 from eaglequant.draft import check_target_fits, dims_from_config, structure_problems
@@ -44,14 +54,20 @@ from eaglequant.engine.config import (
     llm_kwargs,
     probe_vllm,
 )
-from eaglequant.engine.process import ChildRun, run_child
+from eaglequant.engine.process import ChildRun, log_tail, run_child
+from eaglequant.environment import environment
 from eaglequant.errors import EngineFailed, InputError
 from eaglequant.exclusions import predict_fates
 from eaglequant.io.checkpoint import read_checkpoint
 from eaglequant.io.records import jsonl_records, read_utf8
-from eaglequant.manifest import MANIFEST_FILE, read_json_object
+from eaglequant.manifest import MANIFEST_FILE, read_manifest
 from eaglequant.recipe import E8M0_NAN, ValidationSpec, load_recipe
 from eaglequant.serving import speculative_config
+from eaglequant.validate.acceptance import (
+    AcceptanceThresholds,
+    engine_acceptance_checks,
+    prompt_counts,
+)
 from eaglequant.validate.check import Check
 from eaglequant.validate.lossless import (
     DEFAULT_MODE,
@@ -59,8 +75,11 @@ from eaglequant.validate.lossless import (
     TOP_LOGPROBS,
     lossless_check,
 )
+from eaglequant.validate.regression import NAME as REGRESSION
+from eaglequant.validate.regression import RunCounts, check_comparable, regression_check
+from eaglequant.validate.stats import DEFAULT_RESAMPLES, DEFAULT_SEED, overall_verdict
+from eaglequant.validation_report import REPORT_KIND, SCHEMA_VERSION, prompts_digest
 
-LOG_TAIL_CHARS = 4000
 BAD_EXCLUSION_SIGNATURE = "Attempted to load weight"
 
 
@@ -72,8 +91,10 @@ class ValidateRequest:
     prompts: list[str]
     k: int = 3
     max_tokens: int = 48
-    min_acceptance_ratio: float = 0.98
-    scale_tolerance: float = 4.0
+    min_acceptance_ratio: float = ValidationSpec.min_acceptance_ratio
+    min_position_ratio: float = ValidationSpec.min_position_ratio
+    max_regression: float = ValidationSpec.max_regression
+    scale_tolerance: float = ValidationSpec.scale_tolerance
     engine_timeout_s: float = 600.0
     engine: EngineOptions = field(default_factory=EngineOptions)
     lossless: str = DEFAULT_MODE
@@ -81,6 +102,10 @@ class ValidateRequest:
     capture: CaptureEngine = field(default_factory=CaptureEngine)
     hidden_states: Path | None = None
     draft_kv_cache_dtype: str | None = None  # the validated draft's KV cache (the BF16 one: auto)
+    against: RunCounts | None = None
+    resamples: int = DEFAULT_RESAMPLES
+    seed: int = DEFAULT_SEED
+    command: str | None = None  # how it was invoked, path-free (eaglequant.provenance)
 
 
 @dataclass
@@ -95,15 +120,25 @@ class ValidationReport:
     plugin_active: bool
     engines: dict[str, dict[str, Any]]
     checks: list[Check]
+    prompts_sha256: str
     serve_command: str | None = None
+    # The bytes validated: {"draft"|"baseline": {"name", "files": {relative path: sha256}}}.
+    files: dict[str, Any] = field(default_factory=dict)
+    command: str | None = None
+    environment: dict[str, Any] = field(default_factory=dict)
 
     @property
     def passed(self) -> bool:
         return all(c.passed for c in self.checks)
 
+    @property
+    def verdict(self) -> str:
+        return overall_verdict([c.verdict for c in self.checks])
+
     def to_json(self) -> dict[str, Any]:
-        data = asdict(self)
+        data = {"kind": REPORT_KIND, "schema_version": SCHEMA_VERSION, **asdict(self)}
         data["passed"] = self.passed
+        data["verdict"] = self.verdict
         return data
 
 
@@ -131,8 +166,10 @@ def validation_spec(draft: Path, recipe: str | None) -> ValidationSpec:
     manifest = draft / MANIFEST_FILE
     if not manifest.is_file():
         return load_recipe().validation
-    block = read_json_object(manifest, "export manifest").get("recipe", {}).get("validation")
+    block = read_manifest(draft).get("recipe", {}).get("validation")
     try:
+        if not isinstance(block, dict):
+            raise TypeError(block)
         return ValidationSpec(**block)
     except TypeError as exc:
         raise InputError(
@@ -141,10 +178,11 @@ def validation_spec(draft: Path, recipe: str | None) -> ValidationSpec:
         ) from exc
 
 
-def check_inputs(request: ValidateRequest) -> None:
-    """Everything that can be checked before any engine starts."""
+def check_inputs(request: ValidateRequest) -> dict[str, Any]:
+    """Everything that can be checked before any engine starts; the files it will validate."""
     if not request.target.is_dir():
         raise InputError(f"{request.target}: no such target folder; pass the target model's folder")
+    files = {"draft": binding(request.draft), "baseline": binding(request.baseline)}
     dims = {}
     for folder in (request.draft, request.baseline):
         ckpt = read_checkpoint(folder)  # as vLLM reads it, in any draft format
@@ -157,11 +195,14 @@ def check_inputs(request: ValidateRequest) -> None:
             raise InputError(
                 f"{request.draft}: has no quantization_config; pass the FP8 draft to validate"
             )
+    if request.against is not None:
+        check_comparable(request.against, request.k)
     check_engine_args(request.engine.engine_args, probe_vllm(sys.executable).engine_args)
     if request.hidden_states is not None:
         check_capture(request.hidden_states, dims[request.baseline])
     else:
         check_engine(request.capture)
+    return files
 
 
 def validate(
@@ -170,7 +211,7 @@ def validate(
     reuse: dict[str, dict[str, Any]] | None = None,
 ) -> ValidationReport:
     """Run the three engines (or reuse finished ``target``/``bf16`` runs) and the six checks."""
-    check_inputs(request)
+    files = check_inputs(request)
     engines: dict[str, dict[str, Any]] = dict(reuse or {})
     for role, draft in (("target", None), ("bf16", request.baseline), ("fp8", request.draft)):
         if role in engines:
@@ -183,6 +224,8 @@ def validate(
     checks = _engine_checks(request, engines)
     progress("scale plausibility ...")
     checks.append(scale_plausibility(request, engines["target"]))
+    if request.against is not None:
+        checks.append(_regression(request, engines["fp8"]))
     fp8 = engines["fp8"]
     fp8_config = fp8.get("result", {}).get("engine_config", {})
     return ValidationReport(
@@ -196,7 +239,11 @@ def validate(
         plugin_active=bool(fp8.get("result", {}).get("plugin_active")),
         engines={role: _engine_summary(e) for role, e in engines.items()},
         checks=checks,
+        prompts_sha256=prompts_digest(request.prompts),
         serve_command=fp8_config.get("serve_line"),
+        files=files,
+        command=request.command,
+        environment=environment(),
     )
 
 
@@ -240,11 +287,13 @@ def _engine_summary(engine: dict[str, Any]) -> dict[str, Any]:
     summary |= {k: result[k] for k in keys if k in result}
     if "metrics" in result:
         summary["acceptance"] = acceptance(result["metrics"])
+    if result.get("per_request") is not None:
+        summary["per_prompt"] = result["per_request"]
     if "token_ids" in result:
         summary["outputs_sha256"] = outputs_digest(result["token_ids"])
         summary["token_ids"] = result["token_ids"]
     if not engine["ok"]:
-        summary["log_tail"] = engine["log"][-LOG_TAIL_CHARS:]
+        summary["log_tail"] = log_tail(engine["log"])
     return summary
 
 
@@ -271,7 +320,7 @@ def acceptance(metrics: dict[str, Any]) -> dict[str, Any]:
 def _engine_checks(request: ValidateRequest, engines: dict[str, dict[str, Any]]) -> list[Check]:
     failed = [role for role, e in engines.items() if not e["ok"]]
     if failed:
-        tails = {role: engines[role]["log"][-LOG_TAIL_CHARS:] for role in failed}
+        tails = {role: log_tail(engines[role]["log"]) for role in failed}
         causes = ", ".join(f"{role}: {_exit_cause(engines[role])}" for role in failed)
         return [
             Check(
@@ -283,6 +332,13 @@ def _engine_checks(request: ValidateRequest, engines: dict[str, dict[str, Any]])
             )
         ]
     target = engines["target"]["result"]
+    thresholds = AcceptanceThresholds(
+        min_acceptance_ratio=request.min_acceptance_ratio,
+        min_position_ratio=request.min_position_ratio,
+        resamples=request.resamples,
+        seed=request.seed,
+    )
+    acceptance_check, per_position = engine_acceptance_checks(engines, thresholds)
     return [
         lossless_check(
             target["token_ids"],
@@ -291,29 +347,15 @@ def _engine_checks(request: ValidateRequest, engines: dict[str, dict[str, Any]])
             request.lossless,
             request.tie_margin,
         ),
-        _acceptance_check(request, engines),
+        acceptance_check,
         layers_check(engines["fp8"]["result"]["draft_layers"], expected_schemes(request.draft)),
         _log_check(engines["fp8"]["log"]),
-        _per_position(engines),
+        per_position,
     ]
 
 
 def _exit_cause(engine: dict[str, Any]) -> str:
     return ChildRun(engine["returncode"], engine["timed_out"], engine["wall_s"]).cause()
-
-
-def _acceptance_check(request: ValidateRequest, engines: dict[str, dict[str, Any]]) -> Check:
-    bf16 = acceptance(engines["bf16"]["result"]["metrics"])["mean_length"]
-    fp8 = acceptance(engines["fp8"]["result"]["metrics"])["mean_length"]
-    if bf16 is None or fp8 is None:
-        return Check("2 acceptance", False, "no spec-decode metrics were reported")
-    ratio = fp8 / bf16
-    passed = ratio >= request.min_acceptance_ratio
-    detail = (
-        f"FP8 mean acceptance length {fp8:.3f} vs BF16 {bf16:.3f} "
-        f"(ratio {ratio:.3f}, required >= {request.min_acceptance_ratio})"
-    )
-    return Check("2 acceptance", passed, detail, {"fp8": fp8, "bf16": bf16, "ratio": ratio})
 
 
 def expected_schemes(draft: Path) -> dict[str, str | None]:
@@ -385,14 +427,30 @@ def _log_check(log: str) -> Check:
     return Check("4 engine log", not hits, detail, {"warnings": hits[:10]})
 
 
-def _per_position(engines: dict[str, dict[str, Any]]) -> Check:
-    bf16 = acceptance(engines["bf16"]["result"]["metrics"])["per_position"]
-    fp8 = acceptance(engines["fp8"]["result"]["metrics"])["per_position"]
-    detail = "per-position acceptance " + ", ".join(
-        f"pos {i + 1}: FP8 {f:.3f} / BF16 {b:.3f}"
-        for i, (f, b) in enumerate(zip(fp8, bf16, strict=False))
+def _regression(request: ValidateRequest, fp8: dict[str, Any]) -> Check:
+    """Check 7 on this run's FP8 engine against the earlier report's."""
+    assert request.against is not None
+    try:
+        counts = prompt_counts(fp8["result"]) if fp8["ok"] else None
+    except ValueError as exc:
+        return Check(REGRESSION, False, str(exc))
+    if counts is None:
+        return Check(REGRESSION, False, "the FP8 engine did not finish: nothing to compare")
+    current = RunCounts(
+        source="this run",
+        k=request.k,
+        max_tokens=request.max_tokens,
+        prompts_sha256=prompts_digest(request.prompts),
+        outputs_sha256=outputs_digest(fp8["result"]["token_ids"]),
+        per_prompt=tuple(counts),
     )
-    return Check("5 per-position", True, detail, {"fp8": fp8, "bf16": bf16})
+    return regression_check(
+        current,
+        request.against,
+        max_regression=request.max_regression,
+        resamples=request.resamples,
+        seed=request.seed,
+    )
 
 
 def scale_plausibility(request: ValidateRequest, target_engine: dict[str, Any]) -> Check:

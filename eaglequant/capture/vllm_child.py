@@ -1,10 +1,10 @@
-"""One vLLM capture replica in its own process: ``python -m eaglequant.capture.vllm_child SPEC``.
+"""One vLLM capture replica in its own process (``python -m eaglequant.capture.vllm_child``).
 
-SPEC is a JSON file: ``llm`` (``vllm.LLM`` keyword arguments for the target,
+Its argv is SPEC OUT. SPEC is a JSON file: ``llm`` (``vllm.LLM`` keyword arguments for the target,
 its parallelism and the user's engine arguments), ``aux_layer_ids``, the
 capture ``file`` to fill, this replica's ``rows`` [first, end), a ``scratch``
-folder for the engine's own files, ``chunk`` (requests per batch) and
-``result`` (where to write this run's record).
+folder for the engine's own files and ``chunk`` (requests per batch); OUT is where
+this run's record goes (:mod:`eaglequant.engine.child`).
 
 The target runs with vLLM's speculative method ``extract_hidden_states``: the
 model returns the auxiliary layers' states, a cache-only layer stores them in
@@ -19,9 +19,6 @@ vLLM's own ``ExampleHiddenStatesConnector``.
 
 from __future__ import annotations
 
-import json
-import os
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -108,15 +105,7 @@ def _store(file: Any, row: int, seq: list[int], output: Any) -> None:
     cleanup_hidden_states(path)
 
 
-def main() -> None:
-    with open(sys.argv[1], encoding="utf-8") as handle:
-        spec = json.load(handle)
-    result = run(spec)
-    with open(spec["result"], "w", encoding="utf-8") as handle:
-        json.dump(result, handle)
-    sys.stdout.flush()
-    os._exit(0)  # skip vLLM's slow interpreter teardown; the result is on disk
-
-
 if __name__ == "__main__":
-    main()
+    from eaglequant.engine.child import serve_json_child
+
+    serve_json_child(run)

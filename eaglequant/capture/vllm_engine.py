@@ -167,10 +167,10 @@ def _run_replicas(
             "rows": list(share),
             "scratch": str(storage),
             "chunk": CHUNK,
-            "result": str(folder / "result.json"),
         }
         (folder / "spec.json").write_text(json.dumps(spec))
         argv = [sys.executable, "-m", "eaglequant.capture.vllm_child", str(folder / "spec.json")]
+        argv.append(str(folder / "result.json"))
         replicas.append(_Replica(index, argv, env, folder))
     return replicas
 

@@ -22,6 +22,8 @@ from eaglequant.cli.compare import compare
 from eaglequant.cli.export import export
 from eaglequant.cli.fix_config import fix_config_command
 from eaglequant.cli.inspect import inspect
+from eaglequant.cli.options import ARGV_KEY
+from eaglequant.cli.publish import publish
 from eaglequant.cli.toy import toy
 from eaglequant.cli.tune import tune
 from eaglequant.cli.validate import validate
@@ -30,6 +32,10 @@ from eaglequant.errors import EagleQuantError
 
 class ReportingGroup(click.Group):
     """A group whose commands' errors become one line on stderr and their exit code."""
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        ctx.meta[ARGV_KEY] = list(args)  # for the commands that record how they were run
+        return super().parse_args(ctx, args)
 
     def invoke(self, ctx: click.Context) -> Any:
         try:
@@ -57,7 +63,18 @@ def main() -> None:
     """Turn a BF16 EAGLE-3 draft into a static FP8 E4M3 draft that vLLM loads, and prove it."""
 
 
-for _command in (inspect, fix_config_command, card, toy, export, capture, validate, tune, compare):
+for _command in (
+    inspect,
+    fix_config_command,
+    card,
+    toy,
+    export,
+    capture,
+    validate,
+    tune,
+    publish,
+    compare,
+):
     main.add_command(_command)
 
 if __name__ == "__main__":

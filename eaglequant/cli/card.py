@@ -27,6 +27,11 @@ from eaglequant.cli.options import EXISTING_DIR
     help="A folder from compare --out: embeds its comparison table.",
 )
 @click.option("--license", "license_id", help="License id for the front matter.")
+@click.option(
+    "--repo-id",
+    help="The Hub repository it is published as (ORG/NAME), named in the usage line "
+    "(default: a <REPO_ID> placeholder; publish needs the card to name its repository).",
+)
 def card(
     folder: Path,
     base_model: str,
@@ -34,9 +39,22 @@ def card(
     tune_dir: Path | None,
     compare_dir: Path | None,
     license_id: str | None,
+    repo_id: str | None,
 ) -> None:
-    """Write the Hugging Face model card (README.md) of an exported FP8 draft FOLDER."""
+    """Write the Hugging Face model card (README.md) of an exported FP8 draft FOLDER.
+
+    Refuses (exit 2) a folder whose files differ from its manifest and a validation report
+    made for other bytes.
+    """
     from eaglequant.render.card import write_card
 
-    path = write_card(folder, base_model, validation, tune_dir, license_id, compare_dir)
+    path = write_card(
+        folder,
+        base_model,
+        validation,
+        tune_dir,
+        license_id,
+        repo_id=repo_id,
+        compare_dir=compare_dir,
+    )
     click.echo(f"wrote {path}")

@@ -15,6 +15,7 @@ from eaglequant.cli.options import (
     engine_choice,
     engine_options,
     engine_settings,
+    invocation,
     progress,
     shard_size,
 )
@@ -173,6 +174,7 @@ def export(
         overwrite=overwrite,
         dry_run=dry_run,
         device=device,
+        command=invocation(),
     )
     result = export_draft(request, progress=progress, started=process_started())
     if base_model and not dry_run:

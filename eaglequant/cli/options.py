@@ -19,6 +19,24 @@ if TYPE_CHECKING:
 
 PATH = click.Path(path_type=Path)
 EXISTING_DIR = click.Path(path_type=Path, file_okay=False)
+ARGV_KEY = "eaglequant.argv"
+
+
+def invocation() -> str:
+    """The running command's line as given, each path option or argument a placeholder."""
+    import sys
+
+    from eaglequant.provenance import command_string, placeholder
+
+    ctx = click.get_current_context()
+    argv = ctx.meta.get(ARGV_KEY, sys.argv[1:])
+    name = ctx.info_name or ctx.command.name or ""
+    paths = {
+        Path(ctx.params[p.name]): placeholder(name, p.name)
+        for p in ctx.command.params
+        if p.name and isinstance(p.type, click.Path) and ctx.params.get(p.name) is not None
+    }
+    return command_string(argv, paths)
 
 
 def progress(message: str) -> None:

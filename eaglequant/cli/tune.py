@@ -13,6 +13,7 @@ from eaglequant.cli.options import (
     engine_options,
     engine_settings,
     int_list,
+    invocation,
 )
 from eaglequant.errors import InputError
 
@@ -22,6 +23,18 @@ from eaglequant.errors import InputError
     "--target", type=PATH, required=True, help="Target model folder (or what vllm serve takes)."
 )
 @click.option("--draft", type=PATH, required=True, help="The EAGLE-3 draft to serve with.")
+@click.option(
+    "--baseline",
+    type=PATH,
+    help="Compare --draft against this draft (e.g. the BF16 one) and no speculation, "
+    "under the same serve arguments in rotated rounds, instead of sweeping k.",
+)
+@click.option(
+    "--keep-servers",
+    is_flag=True,
+    help="With --baseline: start each configuration's server once and keep all alive "
+    "(needs memory for all at once); default: restart them in every round.",
+)
 @click.option(
     "--k", "ks", default="4,6,8", show_default=True, help="num_speculative_tokens values."
 )
@@ -34,7 +47,17 @@ from eaglequant.errors import InputError
 @click.option(
     "--osl", type=click.IntRange(min=1), default=1024, show_default=True, help="Output length."
 )
-@click.option("--prompts", type=PATH, help="A .jsonl of {'prompt': ...} instead of random tokens.")
+@click.option(
+    "--prompts",
+    type=PATH,
+    help="A .jsonl of {'prompt': ...} instead of random tokens (or, with --dataset "
+    "sharegpt, a ShareGPT .json).",
+)
+@click.option(
+    "--dataset",
+    type=click.Choice(["random", "custom", "sharegpt"]),
+    help="vllm bench serve's dataset (default: custom with --prompts, else random).",
+)
 @click.option(
     "--num-prompts", type=click.IntRange(min=1), help="Requests per level (default 2x concurrency)."
 )
@@ -60,11 +83,14 @@ from eaglequant.errors import InputError
 def tune(
     target: Path,
     draft: Path,
+    baseline: Path | None,
+    keep_servers: bool,
     ks: str,
     concurrency: str,
     isl: int,
     osl: int,
     prompts: Path | None,
+    dataset: str | None,
     num_prompts: int | None,
     repeats: int,
     schedule: str | None,
@@ -81,19 +107,24 @@ def tune(
     Every point is measured --repeats times; a k wins at a concurrency only when its slowest
     repeat beats no speculation's fastest. The per-concurrency winners become one
     per-batch-size schedule, served and measured too, and recommended where it held.
+    With --baseline: the release table, the draft against the baseline draft and no
+    speculation at every k and concurrency.
     """
-    from eaglequant.render.reports import recommendation_name
-    from eaglequant.validate.tune import TuneRequest
-    from eaglequant.validate.tune import tune as run
+    from eaglequant.tune.request import KEEP, RESTART, TuneRequest
 
+    if keep_servers and baseline is None:
+        raise InputError("--keep-servers applies to --baseline; add --baseline or drop it")
     request = TuneRequest(
         target=target,
         draft=draft,
+        baseline=baseline,
+        servers=KEEP if keep_servers else RESTART,
         ks=int_list(ks, "--k", minimum=1, example="4,6,8"),
         concurrencies=int_list(concurrency, "--concurrency", minimum=1, example="4,8,16"),
         isl=isl,
         osl=osl,
         prompts=prompts,
+        dataset=dataset,
         num_prompts=num_prompts,
         repeats=repeats,
         schedule=None if schedule is None else _schedule(schedule),
@@ -102,8 +133,23 @@ def tune(
         out=out,
         server_timeout_s=server_timeout,
         draft_kv_cache_dtype=draft_kv_cache_dtype,
+        command=invocation(),
     )
-    summary = run(request, progress=lambda m: click.echo(f"[eaglequant] {m}", err=True))
+
+    def progress(message: str) -> None:
+        click.echo(f"[eaglequant] {message}", err=True)
+
+    if baseline is not None:
+        from eaglequant.tune.baseline import compare
+
+        comparison = compare(request, progress=progress)
+        click.echo((out / "results.md").read_text())
+        click.echo(f"recommended: {comparison['recommendation']['text']}")
+        return
+    from eaglequant.render.reports import recommendation_name
+    from eaglequant.tune.sweep import tune as run
+
+    summary = run(request, progress=progress)
     click.echo((out / "results.md").read_text())
     click.echo(f"winner by concurrency (0: no speculation): {summary['recommended_k']}")
     click.echo(f"recommended: {recommendation_name(summary)}")

@@ -14,6 +14,7 @@ from eaglequant.cli.options import (
     engine_choice,
     engine_options,
     engine_settings,
+    invocation,
 )
 from eaglequant.cli.options import capture_engine as capture_engine_for
 
@@ -79,8 +80,17 @@ from eaglequant.cli.options import capture_engine as capture_engine_for
     show_default=True,
     help="Logprob gap (nats) under which a token counts as tied with the target's best.",
 )
+@click.option(
+    "--against",
+    type=PATH,
+    help="An earlier validation report (--json): fail if this FP8 draft's acceptance dropped "
+    "beyond noise and the recipe's max_regression (check 7).",
+)
 @click.option("--json", "json_path", type=PATH, help="Write the JSON report here.")
 @click.option("--markdown", "markdown_path", type=PATH, help="Write the Markdown report here.")
+@click.option(
+    "--junit-xml", "junit_path", type=PATH, help="Write JUnit XML here (one test case per check)."
+)
 def validate(
     target: Path,
     draft: Path,
@@ -100,18 +110,25 @@ def validate(
     hidden_states: Path | None,
     lossless: str,
     tie_margin: float,
+    against: Path | None,
     json_path: Path | None,
     markdown_path: Path | None,
+    junit_path: Path | None,
 ) -> None:
     """Run vLLM speculative decoding with the FP8 and BF16 drafts and check the FP8 one.
 
-    Exit 0 when every check passes, 1 when one fails, 2 for bad input.
+    Exit 0 when every check passes, 1 when one fails or is inconclusive, 2 for bad input.
     """
+    from eaglequant.io.output import check_file_output, write_text_atomic
+    from eaglequant.render.junit import junit_xml
     from eaglequant.render.reports import validation_markdown
     from eaglequant.render.terminal import print_validation
+    from eaglequant.validate.regression import read_previous
     from eaglequant.validate.validate import ValidateRequest, read_prompts, validation_spec
     from eaglequant.validate.validate import validate as run
 
+    for path in filter(None, (json_path, markdown_path, junit_path)):
+        check_file_output(path)
     thresholds = validation_spec(draft, recipe)
     request = ValidateRequest(
         target=target,
@@ -126,6 +143,8 @@ def validate(
             else min_acceptance_ratio
         ),
         scale_tolerance=thresholds.scale_tolerance if scale_tolerance is None else scale_tolerance,
+        min_position_ratio=thresholds.min_position_ratio,
+        max_regression=thresholds.max_regression,
         engine_timeout_s=engine_timeout,
         engine=engine_settings(tensor_parallel_size, engine_args, max_model_len),
         lossless=lossless,
@@ -135,12 +154,16 @@ def validate(
         ),
         hidden_states=hidden_states,
         draft_kv_cache_dtype=draft_kv_cache_dtype,
+        against=read_previous(against) if against else None,
+        command=invocation(),
     )
     report = run(request, progress=lambda m: click.echo(f"[eaglequant] {m}", err=True))
     data = report.to_json()
     if json_path:
-        json_path.write_text(json.dumps(data, indent=2) + "\n")
+        write_text_atomic(json_path, json.dumps(data, indent=2) + "\n")
     if markdown_path:
-        markdown_path.write_text(validation_markdown(data))
+        write_text_atomic(markdown_path, validation_markdown(data))
+    if junit_path:
+        write_text_atomic(junit_path, junit_xml([data]))
     print_validation(data)
     sys.exit(0 if report.passed else 1)

@@ -1,4 +1,5 @@
-"""Running vLLM for the tool: engine configuration (``config``) and engine child processes
-(``process``). Shared by validate, tune and capture, so all three start vLLM the same way.
+"""Running vLLM for the tool: engine configuration (``config``), engine child processes
+(``process``) and ``vllm serve`` servers (``server``). Shared by validate, tune and capture,
+so all three start vLLM the same way.
 Nothing here imports vLLM.
 """

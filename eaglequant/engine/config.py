@@ -165,6 +165,11 @@ def worker_count(kwargs: Mapping[str, Any]) -> int:
     )
 
 
+def device_count(kwargs: Mapping[str, Any]) -> int:
+    """Devices one served model uses: tensor x pipeline x data parallel (CPU: workers)."""
+    return worker_count(kwargs) * int(kwargs.get("data_parallel_size") or 1)
+
+
 def cpu_thread_binding(cores: list[int], workers: int) -> str:
     """``VLLM_CPU_OMP_THREADS_BIND``: the usable cores split into one range per worker."""
     if len(cores) < workers:

@@ -16,6 +16,15 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+# How much of a failed child's log a report or an error carries (its last characters).
+LOG_TAIL_CHARS = 4000
+
+
+def log_tail(log: str | Path) -> str:
+    """The last :data:`LOG_TAIL_CHARS` of a child's log (text, or the log file)."""
+    text = log if isinstance(log, str) else log.read_text(encoding="utf-8", errors="replace")
+    return text[-LOG_TAIL_CHARS:]
+
 
 @dataclass(frozen=True)
 class ChildRun:

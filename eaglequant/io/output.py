@@ -1,4 +1,4 @@
-"""Atomic output folders: everything is written into a hidden sibling and renamed into place.
+"""Atomic outputs: a folder or a file is written as a hidden sibling and renamed into place.
 
 A run killed half-way leaves only a hidden ``.NAME.eaglequant-tmp-PID-*``
 folder, which later runs remove once its process is gone. Two runs writing the
@@ -15,6 +15,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from eaglequant.errors import OutputError
+from eaglequant.io.writer import FILE_MODE
 
 DIR_MODE = 0o755
 TEMP_MARK = ".eaglequant-tmp-"
@@ -63,6 +64,38 @@ def atomic_output_dir(out: Path, overwrite: bool) -> Iterator[Path]:
         ) from exc
     except BaseException:
         shutil.rmtree(temp, ignore_errors=True)
+        raise
+
+
+def check_file_output(path: Path) -> None:
+    """Before any work: ``path`` names a file that can be put in an existing folder."""
+    if path.is_dir():
+        raise OutputError(f"{path}: is a folder; name a file to write")
+    if not path.parent.is_dir():
+        raise OutputError(f"{path.parent}: no such folder; create the parent folder first")
+
+
+def write_text_atomic(path: Path, text: str) -> None:
+    """Write ``text`` to ``path`` through a hidden sibling renamed into place: readers see the
+    old file or the whole new one, never a part."""
+    try:
+        fd, temp = tempfile.mkstemp(prefix=f".{path.name}{TEMP_MARK}", dir=path.parent)
+    except OSError as exc:
+        raise OutputError(
+            f"{path}: cannot be written ({exc.strerror or exc}); create its folder or choose "
+            "another path"
+        ) from exc
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            handle.write(text)
+        os.chmod(temp, FILE_MODE)
+        os.replace(temp, path)
+    except BaseException as exc:
+        Path(temp).unlink(missing_ok=True)
+        if isinstance(exc, OSError):
+            raise OutputError(
+                f"{path}: I/O error while writing ({exc.strerror or exc}); nothing was written"
+            ) from exc
         raise
 
 

@@ -150,7 +150,7 @@ class MidLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(dims.hidden, dims.rms_norm_eps)
         self.self_attn: Attention | MlaAttention = (
             Attention(dims, first)
-            if dims.mla is None  # an MLA draft has one layer (mla_draft refuses more)
+            if dims.mla is None  # an MLA draft has one layer (forms.mla refuses more)
             else MlaAttention(dims.hidden, dims.heads, dims.mla, dims.rms_norm_eps)
         )
         self.mlp = MLP(dims)

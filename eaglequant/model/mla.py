@@ -10,7 +10,7 @@ into the query and output): queries ``q_b_proj(q_a_layernorm(q_a_proj(x)))``;
 ``kv_a_layernorm``, then ``kv_b_proj`` gives each head's key part and value) and
 one RoPE key shared by every head; RoPE interleaved on the last
 ``qk_rope_head_dim`` of queries and that key; softmax scale ``qk_head_dim**-0.5``
-times DeepSeek YaRN's ``mscale**2``. See :mod:`eaglequant.mla_draft`.
+times DeepSeek YaRN's ``mscale**2``. See :mod:`eaglequant.forms.mla`.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from eaglequant.mla_draft import MlaDims, Rope, yarn_mscale
+from eaglequant.forms.mla import MlaDims, Rope, yarn_mscale
 from eaglequant.model import compute
 from eaglequant.model.norm import RMSNorm
 

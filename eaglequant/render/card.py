@@ -3,24 +3,37 @@
 Reads the folder's config and ``eaglequant.json`` manifest, optionally a
 validation report (``validate --json``) and a tuning folder (``tune --out``),
 and writes ``README.md`` with YAML front matter into the folder (atomically),
-copying the tuning plots beside it, so the folder is ready for ``hf upload``.
+copying the tuning plots beside it, so the folder is ready for ``eaglequant publish``.
+
+The card speaks only for the bytes it describes: every file must match the
+manifest, and a validation report must have validated exactly those files. It
+names no path of this machine: the target is named by its Hub id, the draft by
+the repository id, prompts by their count, commands with placeholders. Its last
+line records the digest of the files and of the report it was rendered from.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import tempfile
+from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import yaml
 
+from eaglequant.binding import bound_files, files_digest, first_difference
+from eaglequant.environment import environment, environment_markdown, reproducing_env
 from eaglequant.errors import InputError
 from eaglequant.exclusions import predict_fates
 from eaglequant.io.checkpoint import read_checkpoint
-from eaglequant.manifest import read_json_object, read_manifest
+from eaglequant.io.readback import sha256_file
+from eaglequant.manifest import Manifest, read_json_object, read_manifest
+from eaglequant.provenance import ABSOLUTE_PATH, machine_paths
 from eaglequant.render.reports import (
     COMPARE_JSON,
     PLOTS,
@@ -29,6 +42,14 @@ from eaglequant.render.reports import (
     validation_markdown,
 )
 from eaglequant.serving import schedule_config, speculative_config
+from eaglequant.validation_report import read_report
+
+CARD_FILE = "README.md"
+# The last line of the card: what it was rendered from, for ``eaglequant publish``.
+RECORD_PREFIX = "<!-- eaglequant card: "
+RECORD = re.compile(r"^<!-- eaglequant card: (\{.*\}) -->$", re.MULTILINE)
+BASELINE_NAME = "<BF16_DRAFT>"
+NO_REPO_ID = "<REPO_ID>"
 
 
 def write_card(
@@ -37,33 +58,84 @@ def write_card(
     validation: Path | None = None,
     tune_dir: Path | None = None,
     license_id: str | None = None,
+    repo_id: str | None = None,
     compare_dir: Path | None = None,
 ) -> Path:
+    """Render and write ``README.md`` into ``folder``; InputError before writing anything when
+    a file differs from the manifest or the validation report is about other bytes."""
     config = read_checkpoint(folder).config  # as vLLM reads it, in any draft format
     if "quantization_config" not in config:
         raise InputError(f"{folder}: no quantization_config; run the card on an exported FP8 draft")
     manifest = read_manifest(folder)
-    report = read_json_object(validation, "validation report") if validation else None
+    files = bound_files(folder)
+    report = read_report(validation) if validation else None
+    if validation and report is not None:
+        check_report_binding(validation, report, files, folder)
     tuning = read_json_object(tune_dir / "results.json", "tuning results") if tune_dir else None
     license_id = license_id or source_license(Path(manifest.get("source", "")))
     comparison = None
     if compare_dir:
         comparison = read_json_object(compare_dir / COMPARE_JSON, "comparison")
+    names = PublicNames(base_model=base_model, repo_id=repo_id or NO_REPO_ID)
     text = render(
-        folder, base_model, config, manifest, report, tuning, license_id, comparison=comparison
+        folder, names, config, manifest, report, tuning, license_id, comparison=comparison
     )
+    record = {
+        "files_sha256": files_digest(files),
+        "validation_sha256": sha256_file(validation) if validation else None,
+        "repo_id": repo_id,
+    }
+    text += "\n" + RECORD_PREFIX + json.dumps(record, sort_keys=True) + " -->\n"
     if tune_dir:
         for name in PLOTS:
             if (tune_dir / name).is_file():
                 shutil.copyfile(tune_dir / name, folder / name)
                 os.chmod(folder / name, 0o644)
-    target = folder / "README.md"
+    target = folder / CARD_FILE
     fd, temp = tempfile.mkstemp(prefix=".README.md.", dir=folder)
     with os.fdopen(fd, "w", encoding="utf-8") as handle:
         handle.write(text)
     os.chmod(temp, 0o644)
     os.replace(temp, target)
     return target
+
+
+def check_report_binding(
+    path: Path, report: dict[str, Any], files: dict[str, str], folder: Path
+) -> None:
+    """The validation report validated exactly ``files``; InputError naming the file otherwise."""
+    recorded = ((report.get("files") or {}).get("draft") or {}).get("files")
+    if not isinstance(recorded, dict):
+        raise InputError(
+            f"{path}: records no sha256 of the files it validated; rerun eaglequant validate "
+            f"on {folder}"
+        )
+    differs = first_difference(recorded, files)
+    if differs is not None:
+        raise InputError(
+            f"{path}: made for other bytes: {differs} differs from {folder / differs}; "
+            f"rerun eaglequant validate on {folder}"
+        )
+
+
+def card_record(text: str) -> dict[str, Any] | None:
+    """What a card says it was rendered from (``files_sha256``, ``validation_sha256``)."""
+    found = RECORD.findall(text)
+    if not found:
+        return None
+    try:
+        data = json.loads(found[-1])
+    except json.JSONDecodeError:
+        return None
+    return data if isinstance(data, dict) else None
+
+
+@dataclass(frozen=True, kw_only=True)
+class PublicNames:
+    """What the card calls the models instead of their local paths."""
+
+    base_model: str
+    repo_id: str
 
 
 def source_license(source: Path) -> str | None:
@@ -96,29 +168,41 @@ def front_matter(base_model: str, license_id: str | None) -> dict[str, Any]:
 
 def render(
     folder: Path,
-    base_model: str,
+    names: PublicNames,
     config: dict[str, Any],
-    manifest: dict[str, Any],
+    manifest: Manifest,
     report: dict[str, Any] | None,
     tuning: dict[str, Any] | None,
     license_id: str | None,
     comparison: dict[str, Any] | None = None,
 ) -> str:
+    """The card's Markdown, naming no path of this machine (InputError if one would remain)."""
     qcfg = config["quantization_config"]
-    speculative, note = _usage(folder.name, report, tuning)
+    local = local_paths(folder, manifest, report, tuning)
+    report = public(report, names, local) if report else None
+    tuning = public(tuning, names, local) if tuning else None
+    speculative, note = _usage(names.repo_id, report, tuning)
+    title = names.repo_id.split("/")[-1] if names.repo_id != NO_REPO_ID else "FP8 EAGLE-3 draft"
     parts = [
-        "---\n" + yaml.safe_dump(front_matter(base_model, license_id), sort_keys=False) + "---\n",
-        f"# {folder.name}\n",
-        f"FP8 E4M3 EAGLE-3 draft model for `{base_model}`, quantized with AMD Quark "
+        "---\n"
+        + yaml.safe_dump(front_matter(names.base_model, license_id), sort_keys=False)
+        + "---\n",
+        f"# {title}\n",
+        f"FP8 E4M3 EAGLE-3 draft model for `{names.base_model}`, quantized with AMD Quark "
         f"{qcfg.get('version', '')} by eaglequant {manifest.get('version', '')} "
         f"(recipe `{manifest['recipe']['name']}`).\n",
         "## Usage\n",
         "```\nvllm serve "
-        + base_model
+        + names.base_model
         + " \\\n  --speculative-config '"
         + json.dumps(speculative)
         + "'\n```\n"
-        + note,
+        + note
+        + (
+            f"\n`{NO_REPO_ID}`: the Hub id this folder is published under.\n"
+            if names.repo_id == NO_REPO_ID
+            else ""
+        ),
         _quantization_section(config, manifest),
         _calibration_section(manifest),
     ]
@@ -129,8 +213,91 @@ def render(
     if tuning:
         parts.append("## Tuning (`eaglequant tune`)\n\n" + tune_markdown(tuning))
         parts.append("".join(f"![{n}]({n})\n" for n in PLOTS))
-    parts.append(_files_section(manifest))
-    return "\n".join(parts)
+    parts.append(_environment_section(report, tuning))
+    parts.append(_reproduce_section(names, manifest, report, tuning))
+    parts.append(_files_section(folder, manifest))
+    text = "\n".join(parts)
+    leaks = [p for p in local if p in text] + machine_paths(text)
+    if leaks:
+        raise InputError(
+            f"{folder}: the card would name the machine path {leaks[0]!r}; it comes from the "
+            "reports or the manifest: rerun the command that wrote it with relative paths"
+        )
+    return text
+
+
+def local_paths(
+    folder: Path,
+    manifest: Mapping[str, Any],
+    report: dict[str, Any] | None,
+    tuning: dict[str, Any] | None,
+) -> list[str]:
+    """The paths of this machine the inputs name (with a slash as given, and resolved),
+    longest first: none may appear in the card."""
+    given = [str(folder), str(manifest.get("source") or "")]
+    capture = (manifest.get("calibration") or {}).get("capture") or {}
+    given += [str(capture.get(k) or "") for k in ("target", "data")]
+    for data in (report, tuning):
+        given += [v for k in PATH_FIELDS if isinstance(v := (data or {}).get(k), str)]
+    found = set()
+    for path in given:
+        if path and path not in (".", "/"):
+            found.add(str(Path(path).resolve()))
+            if "/" in path:
+                found.add(path)
+    return sorted(found, key=len, reverse=True)
+
+
+# The report fields that name local paths, and what the card calls them.
+PATH_FIELDS = ("target", "draft", "baseline", "prompts")
+
+
+def public(data: dict[str, Any], names: PublicNames, local: list[str]) -> dict[str, Any]:
+    """A report with its local paths replaced by public names and its environment variables
+    reduced to the reproducing ones (no per-run random values)."""
+    named = {
+        "target": names.base_model,
+        "draft": names.repo_id,
+        "baseline": BASELINE_NAME,
+        "prompts": "<PROMPTS>",
+    }
+    replacements: list[tuple[str, str]] = []
+    for key, name in named.items():
+        path = data.get(key)
+        if not isinstance(path, str) or not path:
+            continue
+        replacements += [(json.dumps(path), json.dumps(name)), (f"`{path}`", f"`{name}`")]
+        replacements += [(f"serve {path} ", f"serve {name} ")]
+        if "/" in path:
+            replacements += [(path, name), (str(Path(path).resolve()), name)]
+    replacements += [(path, "<PATH>") for path in local]
+    replacements.sort(key=lambda pair: len(pair[0]), reverse=True)
+    cleaned = replace_strings(_without_run_env(data), replacements)
+    return cleaned | {k: name for k, name in named.items() if isinstance(data.get(k), str)}
+
+
+def _without_run_env(data: Any) -> Any:
+    if isinstance(data, dict):
+        return {
+            k: reproducing_env(v) if k == "env" and isinstance(v, dict) else _without_run_env(v)
+            for k, v in data.items()
+        }
+    if isinstance(data, list):
+        return [_without_run_env(v) for v in data]
+    return data
+
+
+def replace_strings(data: Any, replacements: list[tuple[str, str]]) -> Any:
+    """``data`` (JSON-like) with each (old, new) substring replaced in every string, in order."""
+    if isinstance(data, str):
+        for path, name in replacements:
+            data = data.replace(path, name)
+        return data
+    if isinstance(data, dict):
+        return {k: replace_strings(v, replacements) for k, v in data.items()}
+    if isinstance(data, list):
+        return [replace_strings(v, replacements) for v in data]
+    return data
 
 
 def _usage(
@@ -152,7 +319,7 @@ def _usage(
     return speculative_config(name, k), ""
 
 
-def _quantization_section(config: dict[str, Any], manifest: dict[str, Any]) -> str:
+def _quantization_section(config: dict[str, Any], manifest: Manifest) -> str:
     fates = predict_fates(config)
     rows = "\n".join(
         f"| `{', '.join(f.checkpoint_names)}` | "
@@ -168,7 +335,7 @@ def _quantization_section(config: dict[str, Any], manifest: dict[str, Any]) -> s
     )
 
 
-def _calibration_section(manifest: dict[str, Any]) -> str:
+def _calibration_section(manifest: Manifest) -> str:
     calib = manifest["calibration"]
     rows = "\n".join(
         f"| `{layer['name']}` | {layer['weight_scale']:.4g} | "
@@ -178,7 +345,8 @@ def _calibration_section(manifest: dict[str, Any]) -> str:
     agreement = ", ".join(f"{a:.3f}" for a in manifest.get("top1_agreement_by_step") or [])
     return (
         "## Calibration\n\n"
-        f"Source: {calib['source']}; {calib['tokens']} tokens over {calib['speculative_steps']} "
+        f"Source: {calibration_source(calib)}; {calib['tokens']} tokens over "
+        f"{calib['speculative_steps']} "
         f"speculative steps; calibrated: {'yes' if calib['calibrated'] else 'NO (fixed range)'}."
         "\n\n"
         "| layer | weight scale | input scale | output SQNR (dB) |\n|---|---|---|---|\n"
@@ -192,6 +360,83 @@ def _fmt(value: float | None, spec: str, missing: str = "dynamic") -> str:
     return missing if value is None else format(value, spec)
 
 
-def _files_section(manifest: dict[str, Any]) -> str:
-    rows = "\n".join(f"| `{name}` | `{digest}` |" for name, digest in manifest["files"].items())
-    return "## Files (sha256)\n\n| file | sha256 |\n|---|---|\n" + rows + "\n"
+def calibration_source(calib: dict[str, Any]) -> str:
+    """Where the calibration inputs came from, described without locating them."""
+    engine = ((calib.get("capture") or {}).get("engine") or {}).get("name")
+    on = f" ({engine})" if engine else ""
+    sequences = f", {calib['sequences']} sequences" if calib.get("sequences") else ""
+    kind = calib.get("kind")
+    if kind == "capture":
+        return f"the target's hidden states captured with `eaglequant capture`{on}{sequences}"
+    if kind == "target":
+        return f"the target's hidden states on the calibration data{on}{sequences}"
+    if kind == "none":
+        return "none (fixed input range from the recipe; scales NOT calibrated)"
+    return str(kind)
+
+
+def _environment_section(report: dict[str, Any] | None, tuning: dict[str, Any] | None) -> str:
+    """Versions and hardware: those the reports recorded, else this machine's (and which)."""
+    if report and report.get("environment"):
+        block, origin = (
+            report["environment"],
+            "recorded by `eaglequant validate` with the run above",
+        )
+    elif tuning and tuning.get("environment"):
+        block, origin = tuning["environment"], "recorded by `eaglequant tune` with the run above"
+    else:
+        block = environment()
+        origin = "of the machine that rendered this card (no report recorded one)"
+    return f"## Environment\n\nThe software and hardware {origin}:\n\n" + environment_markdown(
+        block
+    )
+
+
+PLACEHOLDER_MEANINGS = {
+    "<BF16_DRAFT>": "the BF16 EAGLE-3 draft this model was exported from",
+    "<FP8_DRAFT>": "this repository's files",
+    "<CALIB_DATA>": "the calibration data (JSONL)",
+    "<CAPTURE>": "a folder written by `eaglequant capture`",
+    "<PROMPTS>": "the validation or benchmark prompts",
+    "<REPORT_JSON>": "the JSON report written",
+    "<REPORT_MD>": "the Markdown report written",
+    "<TUNE_OUT>": "tune's output folder",
+    "<PATH>": "a local path",
+}
+
+
+def _reproduce_section(
+    names: PublicNames,
+    manifest: Manifest,
+    report: dict[str, Any] | None,
+    tuning: dict[str, Any] | None,
+) -> str:
+    """The export, validate and tune command lines as they were run, paths as placeholders."""
+    runs = [("export", manifest.get("command"))]
+    if report is not None:
+        runs.append(("validate", report.get("command")))
+    if tuning is not None:
+        runs.append(("tune", tuning.get("command")))
+    lines = [c if c else f"# {name}: the command line was not recorded" for name, c in runs]
+    text = "\n".join(ABSOLUTE_PATH.sub("<PATH>", line) for line in lines)
+    meanings = {"<TARGET>": f"the target model (`{names.base_model}`)", **PLACEHOLDER_MEANINGS}
+    used = [f"`{p}`: {m}" for p, m in meanings.items() if p in text]
+    return (
+        "## Reproduce\n\nThe commands as they were run"
+        + (" (" + "; ".join(used) + ")" if used else "")
+        + ":\n\n```\n"
+        + text
+        + "\n```\n"
+    )
+
+
+def _files_section(folder: Path, manifest: Manifest) -> str:
+    rows = "\n".join(
+        f"| `{name}` | {_size(folder / name)} | `{digest}` |"
+        for name, digest in manifest["files"].items()
+    )
+    return "## Files (sha256)\n\n| file | bytes | sha256 |\n|---|---|---|\n" + rows + "\n"
+
+
+def _size(path: Path) -> str:
+    return str(path.stat().st_size) if path.is_file() else "-"

@@ -7,7 +7,20 @@ Both are rendered from their JSON form, so ``validate --markdown``, tune's
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from typing import Any
+
+from eaglequant.environment import environment_markdown
+from eaglequant.tune.summary import (
+    BASELINE,
+    COMPARISON,
+    DRAFT,
+    NO_SPECULATION,
+    ComparisonSummary,
+    Point,
+    as_comparison,
+    check_summary,
+)
 
 PLOTS = ("throughput.png", "speedup.png", "acceptance.png")
 COMPARE_JSON, COMPARE_MD = "compare.json", "compare.md"  # in ``eaglequant compare --out``
@@ -24,6 +37,24 @@ def acceptance_rows(report: dict[str, Any]) -> list[tuple[str, str, str, str]]:
         timing = f"load {engine.get('load_s', '-')}s, generate {engine.get('generate_s', '-')}s"
         rows.append((role.upper(), "-" if mean is None else f"{mean:.3f}", per_pos, timing))
     return rows
+
+
+def check_verdict(check: dict[str, Any]) -> str:
+    """A check's PASS, FAIL or INCONCLUSIVE from its JSON form."""
+    return str(check.get("verdict") or ("PASS" if check["passed"] else "FAIL"))
+
+
+def report_verdict(report: dict[str, Any]) -> str:
+    """The report's verdict: FAIL if a check failed, else INCONCLUSIVE if one was, else PASS."""
+    verdicts = {check_verdict(c) for c in report["checks"]}
+    return next((v for v in ("FAIL", "INCONCLUSIVE") if v in verdicts), "PASS")
+
+
+VERDICT_LINES = {
+    "PASS": "All checks passed",
+    "FAIL": "Validation FAILED",
+    "INCONCLUSIVE": "Validation INCONCLUSIVE (too few prompts to decide)",
+}
 
 
 def validation_markdown(report: dict[str, Any], heading: str = "##") -> str:
@@ -53,12 +84,25 @@ def validation_markdown(report: dict[str, Any], heading: str = "##") -> str:
     lines += ["", "| check | result | detail |", "|---|---|---|"]
     for check in report["checks"]:
         detail = check["detail"].replace("|", "\\|")
-        lines.append(f"| {check['name']} | {'PASS' if check['passed'] else 'FAIL'} | {detail} |")
-    verdict = "All checks passed" if report["passed"] else "Validation FAILED"
+        lines.append(f"| {check['name']} | {check_verdict(check)} | {detail} |")
+    verdict = VERDICT_LINES[report_verdict(report)]
     return "\n".join([*lines, "", f"**{verdict}.**", ""])
 
 
-def tune_markdown(summary: dict[str, Any]) -> str:
+def tune_markdown(summary: Mapping[str, Any]) -> str:
+    """Tune's results (a sweep or a baseline comparison) as Markdown, with the environment.
+
+    An older or foreign results.json is refused in one line (``InputError``).
+    """
+    if check_summary(summary) == COMPARISON:
+        return comparison_markdown(as_comparison(summary))
+    text = sweep_markdown(summary)
+    if summary.get("environment"):
+        text += "\nEnvironment:\n\n" + environment_markdown(summary["environment"])
+    return text
+
+
+def sweep_markdown(summary: Mapping[str, Any]) -> str:
     """Throughput by concurrency and configuration, schedule, recommendation, acceptance."""
     schedule = summary["schedule"]
     header = ["concurrency", *(config_name(k) for k in [0, *summary["ks"]])]
@@ -82,10 +126,10 @@ def tune_markdown(summary: dict[str, Any]) -> str:
 
 
 def config_name(k: int) -> str:
-    return f"k={k}" if k else "no spec"
+    return f"k={k}" if k else "no speculation"
 
 
-def point(summary: dict[str, Any], k: int | None, concurrency: int) -> dict[str, Any] | None:
+def point(summary: Mapping[str, Any], k: int | None, concurrency: int) -> dict[str, Any] | None:
     """The result row of single k ``k`` (None: the schedule's server) at one concurrency."""
     rows = summary["schedule"]["results"] if k is None else summary["results"]
     return next(
@@ -104,7 +148,7 @@ def _cell(row: dict[str, Any] | None) -> str:
     return f"{text} ({row['speedup']:.2f}x)"
 
 
-def _tune_notes(summary: dict[str, Any]) -> list[str]:
+def _tune_notes(summary: Mapping[str, Any]) -> list[str]:
     repeats = summary["repeats"]
     notes = [
         f"Output tokens/s, mean of {repeats} repeat(s) [slowest-fastest] (speedup over no "
@@ -136,7 +180,7 @@ def _tune_notes(summary: dict[str, Any]) -> list[str]:
     return notes
 
 
-def recommendation_name(summary: dict[str, Any]) -> str:
+def recommendation_name(summary: Mapping[str, Any]) -> str:
     choice = summary["recommendation"]
     if choice["schedule"]:
         return f"the schedule {json.dumps(summary['schedule']['ranges'])}"
@@ -160,8 +204,8 @@ def compare_markdown(report: dict[str, Any], heading: str = "##") -> str:
     lines = [
         f"{heading} Which format to ship (`eaglequant compare`)",
         "",
-        f"BF16 draft `{report['baseline']}` ({report['baseline_bytes']} bytes) on target "
-        f"`{report['target']}`; `num_speculative_tokens={report['k']}`, {report['prompts']} "
+        f"BF16 draft `{_folder(report['baseline'])}` ({report['baseline_bytes']} bytes) on "
+        f"target `{_folder(report['target'])}`; `num_speculative_tokens={report['k']}`, {report['prompts']} "
         f"prompts x {report['max_tokens']} tokens, greedy. BF16 mean acceptance length "
         f"{_num(bf16)}, by position {bf16_pos}.",
         "",
@@ -191,3 +235,125 @@ def compare_markdown(report: dict[str, Any], heading: str = "##") -> str:
 
 def _num(value: float | None) -> str:
     return "-" if value is None else f"{value:.3f}"
+
+
+def _folder(path: str) -> str:
+    """A folder by its name alone: the table goes into cards, which name no local path."""
+    return path.rstrip("/").rsplit("/", 1)[-1]
+
+
+def comparison_markdown(summary: ComparisonSummary) -> str:
+    """The release table per k, what made it controlled, details, serve lines, environment."""
+    unit = summary["device_unit"]
+    lines: list[str] = []
+    for k in summary["ks"]:
+        lines += [f"**k={k}** (`num_speculative_tokens`), output tokens/s per {unit}:", ""]
+        lines += [*comparison_table(summary, k), ""]
+    lines += [f"**Recommended: {summary['recommendation']['text']}.**", ""]
+    lines += [controlled_text(summary), ""]
+    lines += _comparison_details(summary)
+    lines += ["", "Serve lines (identical but for `--speculative-config`):", ""]
+    lines += [f"- {s['label']}: `{s['line']}`" for s in summary["serve_lines"]]
+    lines += ["", "Environment:", "", environment_markdown(summary["environment"])]
+    return "\n".join(lines)
+
+
+def comparison_table(summary: ComparisonSummary, k: int) -> list[str]:
+    """concurrency | no speculation | baseline (x) | draft (x) | acceptance | verdict."""
+    unit = summary["device_unit"]
+    lines = [
+        f"| concurrency | {NO_SPECULATION} tok/s per {unit} | {BASELINE} (x {NO_SPECULATION}) "
+        f"| {DRAFT} (x {NO_SPECULATION}) | acceptance length {BASELINE} / {DRAFT} | verdict |",
+        "|---|---|---|---|---|---|",
+    ]
+    devices = summary["devices"]
+    for level in summary["concurrencies"]:
+        none = comparison_point(summary, NO_SPECULATION, 0, level)
+        base = comparison_point(summary, BASELINE, k, level)
+        draft = comparison_point(summary, DRAFT, k, level)
+        verdict = next(v for v in summary["verdicts"] if v["k"] == k and v["concurrency"] == level)
+        cells = [
+            str(level),
+            f"{none['per_device']:.1f} [{none['throughput_min'] / devices:.1f}-"
+            f"{none['throughput_max'] / devices:.1f}]",
+            _speedup_cell(base),
+            _speedup_cell(draft),
+            f"{_length(base)} / {_length(draft)}",
+            f"**{verdict['choice']}** ({verdict['text']})",
+        ]
+        lines.append("| " + " | ".join(cells) + " |")
+    return lines
+
+
+def controlled_text(summary: ComparisonSummary) -> str:
+    """What made the comparison controlled, in one paragraph."""
+    versions = summary["environment"].get("versions", {})
+    orders = "; ".join(f"round {r['round']}: " + " -> ".join(r["order"]) for r in summary["rounds"])
+    servers = (
+        "each configuration's server started once and kept alive for all rounds"
+        if summary["servers"] == "keep"
+        else "every configuration's server restarted in every round (one server at a time)"
+    )
+    starts = [s["start_s"] for s in summary["server_starts"]]
+    return (
+        f"Controlled: one vLLM build ({versions.get('vllm')}) for all three configurations, "
+        "the same serve arguments (only `--speculative-config` differs), the same prompts, "
+        f"the same warm-up (then /metrics read), {summary['repeats']} interleaved rounds with "
+        f"the serving order rotated ({orders}); {servers}; {len(starts)} server start(s), "
+        f"{sum(starts):.0f} s in all. Each cell is the mean of {summary['repeats']} repeat(s) "
+        "[slowest-fastest]; one configuration beats another only when its slowest repeat is "
+        "faster than the other's fastest, otherwise they tie. Acceptance is the server's own "
+        "/metrics counters over the measured requests (warm-up excluded), equal to "
+        "`vllm bench serve`'s for every repeat."
+    )
+
+
+def comparison_point(summary: ComparisonSummary, role: str, k: int, level: int) -> Point:
+    return next(
+        p
+        for p in summary["points"]
+        if p["role"] == role and p["k"] == k and p["concurrency"] == level
+    )
+
+
+def _speedup_cell(point: Point) -> str:
+    return (
+        f"{point['per_device']:.1f} ({point['speedup']:.2f}x; "
+        f"{point['speedup_min']:.2f}-{point['speedup_max']:.2f}x)"
+    )
+
+
+def _length(point: Point) -> str:
+    acceptance = point["acceptance"]
+    if acceptance is None or acceptance["mean_length"] is None:
+        return "-"
+    return f"{acceptance['mean_length']:.2f}"
+
+
+def _comparison_details(summary: ComparisonSummary) -> list[str]:
+    lines = [
+        "| configuration | concurrency | output tok/s by round | median TPOT ms "
+        "| median TTFT ms | acceptance length | acceptance by position |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for p in summary["points"]:
+        label = p["role"] if p["role"] == NO_SPECULATION else f"{p['role']} k={p['k']}"
+        acceptance = p["acceptance"]
+        positions = (
+            " / ".join(f"{x:.3f}" for x in acceptance["per_position"]) if acceptance else "-"
+        )
+        cells = [
+            label,
+            str(p["concurrency"]),
+            ", ".join(f"{r:.1f}" for r in p["runs"]),
+            _ms(p["median_tpot_ms"]),
+            _ms(p["median_ttft_ms"]),
+            _length(p),
+            positions,
+        ]
+        lines.append("| " + " | ".join(cells) + " |")
+    return lines
+
+
+def _ms(value: float | None) -> str:
+    return "-" if value is None else f"{value:.1f}"

@@ -9,7 +9,14 @@ from rich.console import Console
 from rich.table import Table
 
 from eaglequant.checks import InspectReport
-from eaglequant.render.reports import acceptance_rows
+from eaglequant.render.reports import acceptance_rows, check_verdict, report_verdict
+
+VERDICT_STYLES = {"PASS": "green", "FAIL": "red", "INCONCLUSIVE": "yellow"}
+VERDICT_LINES = {
+    "PASS": "all checks passed",
+    "FAIL": "validation FAILED",
+    "INCONCLUSIVE": "validation INCONCLUSIVE: too few prompts to decide",
+}
 
 console = Console(highlight=False, width=None if sys.stdout.isatty() else 160)
 
@@ -79,6 +86,7 @@ def print_export(result) -> None:  # type: ignore[no-untyped-def]
             console.print(f"  - {step}")
         return
     manifest = result.manifest
+    assert manifest is not None  # an export that ran writes one
     calib = manifest["calibration"]
     table = Table(title=f"FP8 layers written to {result.out}")
     for column in ("layer", "w amax", "w scale", "in range", "in scale", "SQNR dB"):
@@ -126,11 +134,12 @@ def print_validation(report: dict[str, Any]) -> None:
     for column in ("check", "result", "detail"):
         checks.add_column(column)
     for check in report["checks"]:
-        verdict = "[green]PASS[/green]" if check["passed"] else "[red]FAIL[/red]"
-        checks.add_row(check["name"], verdict, check["detail"])
+        verdict = check_verdict(check)
+        style = VERDICT_STYLES[verdict]
+        checks.add_row(check["name"], f"[{style}]{verdict}[/{style}]", check["detail"])
     console.print(checks)
-    console.print(
-        "[green]all checks passed[/green]" if report["passed"] else "[red]validation FAILED[/red]"
-    )
+    verdict = report_verdict(report)
+    style = VERDICT_STYLES[verdict]
+    console.print(f"[{style}]{VERDICT_LINES[verdict]}[/{style}]")
     if report.get("serve_command"):
         console.print(f"equivalent serve line: {report['serve_command']}", soft_wrap=True)

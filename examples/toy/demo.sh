@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The main job on the embedded toy pair: capture the toy target's hidden states on vLLM
 # once, export (static FP8, calibrated on them), inspect the result, validate it in vLLM
-# against the BF16 draft (check 6 reads the same capture).
+# against the BF16 draft (check 6 reads the same capture), write its model card and check
+# that publishing would be allowed (a dry run: nothing leaves the machine).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${1:-out/demo}
@@ -25,3 +26,20 @@ $EQ validate --target $TOY/target --draft "$OUT/draft-fp8" --baseline $TOY/draft
   --prompts $TOY/prompts.jsonl --k 3 --hidden-states "$OUT/capture" \
   --json "$OUT/validation.json" --markdown "$OUT/validation.md" 2>"$OUT/validate.log"
 echo "reports: $OUT/validation.json $OUT/validation.md"
+echo "== eaglequant card (for the Hub repository example/toy-eagle3-fp8)"
+REPO_ID=example/toy-eagle3-fp8
+$EQ card "$OUT/draft-fp8" --base-model example/toy-target --repo-id $REPO_ID \
+  --validation "$OUT/validation.json"
+CARD="$OUT/draft-fp8/README.md"
+# The card is published: it must not name this machine's paths or local folder names.
+for local in "$PWD" "$OUT" "$TOY" "draft-fp8"; do
+  if grep -qF -- "$local" "$CARD"; then
+    echo "error: $CARD names the local path '$local'"; exit 1
+  fi
+done
+NO_PATHS='import sys; from eaglequant.provenance import machine_paths as m; p = m(open(sys.argv[1]).read()); sys.exit(f"error: {sys.argv[1]} names the machine path {p[0]}" if p else 0)'
+.venv/bin/python -c "$NO_PATHS" "$CARD"
+grep -F '"model": "'$REPO_ID'"' "$CARD" >/dev/null \
+  || { echo "error: $CARD does not serve $REPO_ID"; exit 1; }
+echo "== eaglequant publish --dry-run (every gate, nothing sent)"
+$EQ publish "$OUT/draft-fp8" --repo-id $REPO_ID --validation "$OUT/validation.json" --dry-run

@@ -137,7 +137,7 @@ def test_the_schedule_is_served_measured_and_reported(tune_out: Path) -> None:
     line = schedule["serve_command"]
     assert '"num_speculative_tokens_per_batch_size": [[1, 1, 0], [2, 4, 2]]' in line
     text = (tune_out / "results.md").read_text()
-    assert "| concurrency | no spec | k=2 | schedule | winner |" in text
+    assert "| concurrency | no speculation | k=2 | schedule | winner |" in text
     assert f"{at[4]['output_throughput']:.1f} [" in text
     assert summary["serve_command"] in text and summary["recommendation"]["reason"] in text
     if summary["recommendation"]["schedule"]:

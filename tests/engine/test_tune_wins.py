@@ -1,8 +1,13 @@
-"""tune where speculation wins: the toy draft on a deeper toy target (same tokens, costlier)."""
+"""tune where speculation wins: the toy drafts on a deeper toy target (same tokens, costlier).
+
+``tune --baseline`` there: the FP8 export of the toy draft against the BF16 toy draft and
+no speculation, and the model card carrying the resulting release table.
+"""
 
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 from statistics import fmean
 
@@ -14,37 +19,110 @@ from tests.conftest import TOY, toy_prompts_file
 
 
 @pytest.fixture(scope="module")
-def tune_out(tmp_path_factory: pytest.TempPathFactory, deep_target: Path) -> Path:
+def fp8_toy_draft(toy_fp8: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A copy of the toy draft's FP8 export, for the card to write into."""
+    return shutil.copytree(toy_fp8, tmp_path_factory.mktemp("card") / "draft-fp8")
+
+
+@pytest.fixture(scope="module")
+def comparison_out(
+    tmp_path_factory: pytest.TempPathFactory, deep_target: Path, fp8_toy_draft: Path
+) -> Path:
+    """``tune --baseline`` on the deeper target: the FP8 toy draft against the BF16 toy draft
+    and no speculation, k=2, concurrency 1, 3 rotated rounds, servers kept alive."""
     out = tmp_path_factory.mktemp("tune-wins") / "results"
-    prompts = toy_prompts_file(out.parent / "prompts.jsonl", 8)
-    args = ["tune", "--target", str(deep_target), "--draft", str(TOY / "draft"), "--k", "2"]
-    args += ["--concurrency", "1", "--isl", "64", "--osl", "32", "--prompts", str(prompts)]
-    args += ["--num-prompts", "8", "--repeats", "3", "--serve-arg", "--enforce-eager"]
-    # float32 serving: GEMMs run fast on every x86 CPU, with or without native BF16.
-    args += ["--engine-arg", "dtype=float32", "--engine-arg", "max_num_seqs=8"]
+    prompts = toy_prompts_file(out.parent / "prompts.jsonl", 4)
+    args = ["tune", "--target", str(deep_target), "--draft", str(fp8_toy_draft)]
+    args += ["--baseline", str(TOY / "draft"), "--k", "2", "--concurrency", "1"]
+    args += ["--isl", "64", "--osl", "32", "--prompts", str(prompts), "--num-prompts", "4"]
+    args += ["--repeats", "3", "--keep-servers", "--serve-arg", "--enforce-eager"]
+    # The target's own dtype (BF16): vLLM's quark method does not take float32.
+    args += ["--engine-arg", "max_num_seqs=8"]
     result = CliRunner().invoke(main, [*args, "--out", str(out)], catch_exceptions=False)
     assert result.exit_code == 0, result.output
     return out
 
 
-def test_where_speculation_wins_it_is_recommended(tune_out: Path) -> None:
-    summary = json.loads((tune_out / "results.json").read_text())
-    runs = {r["k"]: r["runs"] for r in summary["results"]}
-    # Measured: every k=2 repeat beats every no-speculation repeat (about 2x on the 2-core
-    # machine this was written on), so k=2 wins beyond the spread and is recommended.
-    assert min(runs[2]) > max(runs[0]), runs
-    assert summary["recommended_k"] == {"1": 2}
-    assert summary["recommendation"] == {
-        "choice": "single",
-        "k": 2,
-        "schedule": False,
-        "reason": "k=2 won at every concurrency",
-    }
-    assert summary["schedule"]["not_measured_because"] == (
-        "k=2 won at every concurrency, so the schedule is that single choice"
+def test_baseline_comparison_measures_three_configurations_in_rotated_rounds(
+    comparison_out: Path,
+) -> None:
+    summary = json.loads((comparison_out / "results.json").read_text())
+    assert summary["schema_version"] == 2 and summary["kind"] == "comparison"
+    labels = ["no speculation", "baseline k=2", "draft k=2"]
+    assert summary["rounds"] == [
+        {"round": 0, "order": labels},
+        {"round": 1, "order": labels[1:] + labels[:1]},
+        {"round": 2, "order": labels[2:] + labels[:2]},
+    ]
+    points = {(p["role"], p["k"]): p for p in summary["points"]}
+    assert set(points) == {("no speculation", 0), ("baseline", 2), ("draft", 2)}
+    assert [s["label"] for s in summary["server_starts"]] == labels  # kept: one start each
+    assert summary["devices"] == 1 and summary["device_unit"] == "CPU worker"
+    none = points["no speculation", 0]
+    for point in points.values():
+        assert len(point["runs"]) == 3 and min(point["runs"]) > 0
+        assert point["per_device"] == pytest.approx(fmean(point["runs"]))
+        assert point["speedup"] == pytest.approx(fmean(point["runs"]) / fmean(none["runs"]))
+        assert point["median_tpot_ms"] > 0 and point["median_ttft_ms"] > 0
+    assert none["acceptance"] is None
+    for role in ("baseline", "draft"):
+        acceptance = points[role, 2]["acceptance"]
+        # /metrics deltas, held to the bench's own file in every repeat (the run fails if not).
+        assert acceptance["lengths"] == pytest.approx(acceptance["bench_lengths"], rel=1e-9)
+        assert acceptance["mean_length"] == pytest.approx(
+            1 + acceptance["accepted_tokens"] / acceptance["drafts"]
+        )
+        assert 1.0 < acceptance["mean_length"] <= 3.0 and len(acceptance["per_position"]) == 2
+        assert sum(acceptance["accepted_per_position"]) == acceptance["accepted_tokens"]
+        assert acceptance["draft_tokens"] == 2 * acceptance["drafts"]
+    # Measured: the BF16 draft about doubles throughput on the deeper target, beyond the spread.
+    draft, baseline = points["draft", 2]["runs"], points["baseline", 2]["runs"]
+    assert min(baseline) > max(none["runs"])
+    (verdict,) = summary["verdicts"]
+    assert verdict["baseline_vs_none"] == "baseline"
+    assert verdict["draft_vs_baseline"] == _duel(draft, baseline, "draft", "baseline")
+    assert verdict["draft_vs_none"] == _duel(draft, none["runs"], "draft", "no speculation")
+    draft_wins = min(draft) > max(none["runs"]) and not min(baseline) > max(draft)
+    assert verdict["choice"] == ("draft" if draft_wins else "baseline")
+    lines = [s["line"] for s in summary["serve_lines"]]
+    for line in lines[1:]:  # the same serve arguments, then the speculative config
+        assert line.startswith(lines[0] + " --speculative-config ")
+    assert summary["environment"]["versions"]["vllm"]
+    text = (comparison_out / "results.md").read_text()
+    assert (
+        "| concurrency | no speculation tok/s per CPU worker | baseline (x no speculation) "
+        "| draft (x no speculation) | acceptance length baseline / draft | verdict |"
+    ) in text
+    assert f"**{verdict['choice']}** ({verdict['text']})" in text
+    assert "Controlled: one vLLM build" in text and "- Software: eaglequant" in text
+    assert (comparison_out / "speedup.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def _duel(a: list[float], b: list[float], a_name: str, b_name: str) -> str:
+    return a_name if min(a) > max(b) else b_name if min(b) > max(a) else "tie"
+
+
+def test_the_card_carries_the_release_table(comparison_out: Path, fp8_toy_draft: Path) -> None:
+    args = ["card", str(fp8_toy_draft), "--base-model", "toy/target", "--tune", str(comparison_out)]
+    card = CliRunner().invoke(main, args)
+    assert card.exit_code == 0, card.output
+    text = (fp8_toy_draft / "README.md").read_text()
+    summary = json.loads((comparison_out / "results.json").read_text())
+    none, baseline, draft = summary["points"]  # concurrency 1: no speculation, baseline, draft
+    assert "| draft (x no speculation) | acceptance length baseline / draft | verdict |" in text
+    cells = [f"| 1 | {none['per_device']:.1f} ["]
+    cells += [f"| {p['per_device']:.1f} ({p['speedup']:.2f}x; " for p in (baseline, draft)]
+    assert all(cell in text for cell in cells), cells
+    assert "Controlled: one vLLM build" in text and "- Software: eaglequant" in text
+    assert summary["serve_lines"][2]["line"] in text
+    assert (fp8_toy_draft / "speedup.png").is_file() and "](speedup.png)" in text
+    # An older results.json (no schema_version) is refused in one line, the card untouched.
+    older = comparison_out.parent / "older"
+    older.mkdir()
+    (older / "results.json").write_text(json.dumps({"target": "t", "results": []}))
+    refused = CliRunner().invoke(main, [*args[:-1], str(older)])
+    assert refused.exit_code == 2 and refused.output.splitlines()[-1] == (
+        "error: tune results.json: no schema_version, kind None; this eaglequant reads "
+        "schema_version 2 (sweep or comparison); re-run eaglequant tune"
     )
-    line = summary["serve_command"]
-    assert '"method": "eagle3", "num_speculative_tokens": 2' in line and "--dtype float32" in line
-    speedup = {r["k"]: r["speedup"] for r in summary["results"]}
-    assert speedup[2] == pytest.approx(fmean(runs[2]) / fmean(runs[0]))
-    assert "**Recommended: k=2 at every concurrency**" in (tune_out / "results.md").read_text()
+    assert (fp8_toy_draft / "README.md").read_text() == text

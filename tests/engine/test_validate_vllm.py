@@ -26,6 +26,7 @@ from eaglequant.validate.validate import (
     validate,
 )
 from tests.conftest import TOY, toy_prompts_file
+from tests.exported import rerecord
 
 PROMPTS = 8
 MAX_TOKENS = 32
@@ -86,6 +87,7 @@ def _variant(good: Path, tmp_path: Path, edit: Any) -> Path:
     tensors = load_file(str(variant / "model.safetensors"))
     edit(tensors)
     save_file(tensors, str(variant / "model.safetensors"), metadata={"format": "pt"})
+    rerecord(variant)  # validate refuses bytes its manifest does not list
     return variant
 
 
@@ -119,6 +121,7 @@ def test_bare_exclude_fails_acceptance_layers_and_log(
     config = json.loads((bare / "config.json").read_text())
     config["quantization_config"]["exclude"] = ["fc", "lm_head"]
     (bare / "config.json").write_text(json.dumps(config))
+    rerecord(bare)
     report = validate(_request(bare, hidden_states=validation_states), reuse=shared_engines)
     assert {"2", "3", "4"} <= _failed(report), [(c.name, c.detail) for c in report.checks]
     layers = next(c for c in report.checks if c.name.startswith("3"))

@@ -39,7 +39,7 @@ FORMS = {
 }
 
 
-# An MLA draft's kv_b_proj stays BF16 (vLLM splits it into W_UK/W_UV, see mla_draft.py).
+# An MLA draft's kv_b_proj stays BF16 (vLLM splits it into W_UK/W_UV, see eaglequant/forms/mla.py).
 KV_B_PROJ = "re:(.*\\.)?layers\\.\\d+\\.self_attn\\.kv_b_proj$"
 
 

@@ -1,7 +1,8 @@
 """MLA EAGLE-3 drafts (vLLM's deepseek_eagle3.py): recognised, named, and refused with reasons.
 
 The module-vs-vLLM proof and the real engine's layer check are in
-tests/test_draft_equivalence.py; the tensor-by-tensor export in tests/test_draft_forms.py.
+tests/engine/test_draft_equivalence.py; the tensor-by-tensor export in
+tests/unit/test_draft_forms.py.
 """
 
 from __future__ import annotations

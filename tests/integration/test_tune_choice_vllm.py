@@ -6,7 +6,7 @@ import itertools
 
 import pytest
 
-from eaglequant.validate.tune_choice import (
+from eaglequant.tune.choice import (
     schedule_from_winners,
     schedule_problem,
 )

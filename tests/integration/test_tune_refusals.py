@@ -10,7 +10,7 @@ from click.testing import CliRunner
 from eaglequant.cli import main
 from eaglequant.engine.config import EngineOptions
 from eaglequant.errors import InputError
-from eaglequant.validate.tune import TuneRequest, check_request, engine_flags
+from eaglequant.tune.request import TuneRequest, check_request, engine_flags
 from tests.conftest import TOY
 from tests.support import servers_running
 

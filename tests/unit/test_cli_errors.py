@@ -142,7 +142,7 @@ SHARDED_CORPUS = [
 @pytest.mark.parametrize(
     ("change", "pattern"),
     [
-        ({"architectures": ["GPT2LMHeadModel"]}, "is not an EAGLE-3 Llama draft"),
+        ({"architectures": ["GPT2LMHeadModel"]}, "is not an EAGLE-3 draft"),
         (
             {"num_hidden_layers": 2},
             "tensor 'layers.1.input_layernorm.weight' is missing, which num_hidden_layers 2 "

@@ -56,7 +56,7 @@ LAYERED = {
             {"architectures": ["Eagle3DeepseekV3ForCausalLM"], "model_type": "deepseek_v3"},
             "vLLM 0.32 serves an MLA EAGLE-3 draft only as 'deepseek_v2'",
         ),
-        ({"architectures": ["MistralForCausalLM"]}, "is not an EAGLE-3 Llama draft"),
+        ({"architectures": ["MistralForCausalLM"]}, "is not an EAGLE-3 draft"),
     ],
 )
 def test_forms_vllm_would_not_serve_are_refused_with_its_reason(

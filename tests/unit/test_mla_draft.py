@@ -1,7 +1,8 @@
 """MLA EAGLE-3 drafts (vLLM's deepseek_eagle3.py): recognised, named, and refused with reasons.
 
 The module-vs-vLLM proof and the real engine's layer check are in
-tests/test_draft_equivalence.py; the tensor-by-tensor export in tests/test_draft_forms.py.
+tests/engine/test_draft_equivalence.py; the tensor-by-tensor export in
+tests/unit/test_draft_forms.py.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from safetensors.torch import load_file, save_file
 from eaglequant.cli import main
 from eaglequant.devtools.synthetic import draft_config, write_random_draft
 from eaglequant.draft import dims_from_config
-from eaglequant.mla_draft import DEFAULTS, Rope, rope_from_config
+from eaglequant.forms.mla import DEFAULTS, Rope, rope_from_config
 from tests.conftest import MLA, MLA_YARN, edit_config, tree_digest
 from tests.support import fates_by_name, inspect_json
 
@@ -155,4 +156,4 @@ def test_a_plain_deepseek_v2_config_over_eagle3_tensors_is_an_mla_draft(tmp_path
     save_file(tensors, str(path), metadata={"format": "pt"})
     code, report = inspect_json(draft)
     assert code == 1 and report["form"] == "unrecognised"
-    assert "is not an EAGLE-3 Llama draft" in report["problems"][0]
+    assert "is not an EAGLE-3 draft" in report["problems"][0]

@@ -5,8 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from eaglequant.validate.tune import TuneRequest, TuneResult, summarize, to_result
-from eaglequant.validate.tune_choice import (
+from eaglequant.tune.choice import (
     beats,
     best_single,
     schedule_from_winners,
@@ -14,7 +13,8 @@ from eaglequant.validate.tune_choice import (
     schedule_problem,
     winner,
 )
-from eaglequant.validate.tune_report import write_reports
+from eaglequant.tune.report import write_reports
+from eaglequant.tune.sweep import TuneRequest, TuneResult, summarize, to_result
 from tests.conftest import TOY
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -130,7 +130,7 @@ def test_summary_recommends_a_schedule_that_held_and_reports_it(tmp_path: Path) 
     assert json.loads((tmp_path / "results.json").read_text()) == summary
     text = (tmp_path / "results.md").read_text()
     assert "| 1 | 104.0 [103.0-105.0] | 62.0 [61.0-63.0] (0.60x) |" in text
-    assert "103.3 [102.0-104.5] (0.99x) | no spec |" in text
+    assert "103.3 [102.0-104.5] (0.99x) | no speculation |" in text
     assert "**Recommended: the schedule [[1, 1, 0], [2, 8, 2]]**" in text
     for name in ("throughput.png", "speedup.png", "acceptance.png"):
         assert (tmp_path / name).read_bytes()[:8] == PNG_MAGIC

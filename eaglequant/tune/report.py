@@ -1,0 +1,255 @@
+"""Tuning reports: results.json, results.md and three PNG plots (matplotlib, headless).
+
+A sweep plots each k; a baseline comparison plots the baseline and the draft
+(speedup over no speculation against concurrency, tok/s per device, acceptance
+by position).
+
+The plots are read at a glance: concurrency on a log axis labelled with the
+measured levels themselves (1, 8, 64), the min-max spread of the repeats as
+error bars, the 1.0x break-even line on the speedup plot, integer draft
+positions, the recommended configuration drawn bold and starred, and a title
+naming target, draft, ISL/OSL and the repeats.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from eaglequant.render.reports import (
+    comparison_markdown,
+    comparison_point,
+    config_name,
+    mean_positions,
+    point,
+    tune_markdown,
+)
+from eaglequant.tune.summary import BASELINE, DRAFT, NO_SPECULATION, ComparisonSummary
+
+
+def write_text(path: Path, text: str) -> None:
+    """Write a file whole or not at all (a temporary beside it, then renamed)."""
+    fd, temp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    with os.fdopen(fd, "w", encoding="utf-8") as handle:
+        handle.write(text)
+    os.chmod(temp, 0o644)
+    os.replace(temp, path)
+
+
+def write_comparison(out: Path, summary: ComparisonSummary) -> None:
+    """results.json, results.md (the release table) and the plots of a baseline comparison."""
+    write_text(out / "results.json", json.dumps(summary, indent=2) + "\n")
+    heading = (
+        "## Draft vs baseline vs no speculation on vllm serve\n\n"
+        f"Target `{summary['target']}`, draft `{summary['draft']}`, baseline "
+        f"`{summary['baseline']}`; ISL {summary['isl']}, OSL {summary['osl']}"
+        f"{', prompts ' + summary['prompts'] if summary['prompts'] else ''}, "
+        f"max-model-len {summary['max_model_len']}, {summary['devices']} "
+        f"{summary['device_unit']}(s).\n\n"
+    )
+    write_text(out / "results.md", heading + comparison_markdown(summary))
+    plot_comparison(out, summary)
+
+
+def write_reports(out: Path, summary: Mapping[str, Any]) -> None:
+    write_text(out / "results.json", json.dumps(summary, indent=2) + "\n")
+    text = (
+        "## num_speculative_tokens sweep on vllm serve\n\n"
+        f"ISL {summary['isl']}, OSL {summary['osl']}"
+        f"{', prompts ' + summary['prompts'] if summary['prompts'] else ''}, "
+        f"max-model-len {summary['max_model_len']}.\n\n"
+        + tune_markdown(summary)
+        + f"\nRecommended serve line: `{summary['serve_command']}`\n"
+    )
+    if summary["schedule"]["serve_command"] and not summary["recommendation"]["schedule"]:
+        text += f"\nThe schedule's serve line: `{summary['schedule']['serve_command']}`\n"
+    write_text(out / "results.md", text)
+    plot(out, summary)
+
+
+def title(summary: Mapping[str, Any]) -> str:
+    target, draft = (Path(*Path(summary[key]).parts[-2:]) for key in ("target", "draft"))
+    return (
+        f"target {target}, draft {draft}\n"
+        f"ISL {summary['isl']} / OSL {summary['osl']}, {summary['repeats']} repeat(s) per point"
+    )
+
+
+def series(summary: Mapping[str, Any]) -> list[tuple[str, int | None, bool]]:
+    """(label, k or None for the schedule, recommended) for every measured configuration."""
+    choice = summary["recommendation"]
+    found = [
+        (config_name(k), k, not choice["schedule"] and choice["k"] == k)
+        for k in [0, *summary["ks"]]
+    ]
+    if summary["schedule"]["results"]:
+        found.append(("schedule", None, bool(choice["schedule"])))
+    return found
+
+
+def plot(out: Path, summary: Mapping[str, Any]) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    _concurrency_plot(out / "throughput.png", summary, speedup=False)
+    _concurrency_plot(out / "speedup.png", summary, speedup=True)
+    _acceptance_plot(out / "acceptance.png", summary)
+
+
+def _bars(
+    summary: Mapping[str, Any], k: int | None, speedup: bool
+) -> tuple[list[float], list[Any]]:
+    """Means and min-max error bars of one configuration by concurrency (speedup: over no
+    speculation)."""
+    values, low, high = [], [], []
+    for c in summary["concurrencies"]:
+        row, baseline = point(summary, k, c), point(summary, 0, c)
+        assert row is not None and baseline is not None, "every configuration runs at every level"
+        scale = 1 / baseline["output_throughput"] if speedup else 1.0
+        values.append(row["output_throughput"] * scale)
+        low.append((row["output_throughput"] - row["throughput_min"]) * scale)
+        high.append((row["throughput_max"] - row["output_throughput"]) * scale)
+    return values, [low, high]
+
+
+def _concurrency_plot(path: Path, summary: Mapping[str, Any], speedup: bool) -> None:
+    import matplotlib.pyplot as plt
+    from matplotlib.ticker import NullLocator
+
+    concurrencies = summary["concurrencies"]
+    figure, axes = plt.subplots(figsize=(7, 4.5))
+    for label, k, recommended in series(summary):
+        if speedup and k == 0:
+            continue
+        values, bars = _bars(summary, k, speedup)
+        axes.errorbar(
+            concurrencies,
+            values,
+            yerr=bars,
+            marker="*" if recommended else "o",
+            markersize=12 if recommended else 5,
+            linewidth=3 if recommended else 1.2,
+            capsize=3,
+            label=f"{label} (recommended)" if recommended else label,
+        )
+    if speedup:
+        none = summary["recommendation"]["choice"] == "none"
+        label = "no speculation = 1.0x (break-even)" + (" (recommended)" if none else "")
+        axes.axhline(1.0, color="black", linestyle="--", linewidth=3 if none else 1, label=label)
+    axes.set_xscale("log")
+    axes.set_xticks(concurrencies, [str(c) for c in concurrencies])
+    axes.xaxis.set_minor_locator(NullLocator())
+    axes.set_xlabel("concurrency (requests in flight)")
+    axes.set_ylabel("speedup vs no speculation" if speedup else "output tokens/s")
+    _finish(figure, axes, title(summary), path)
+
+
+def _acceptance_plot(path: Path, summary: Mapping[str, Any]) -> None:
+    import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
+
+    figure, axes = plt.subplots(figsize=(7, 4.5))
+    for k in summary["ks"]:
+        rows = [r["per_position"] for r in summary["results"] if r["k"] == k and r["per_position"]]
+        if rows:
+            positions = mean_positions(rows)
+            axes.plot(range(1, len(positions) + 1), positions, marker="o", label=f"k={k}")
+    axes.xaxis.set_major_locator(MaxNLocator(integer=True))
+    axes.set_xlabel("draft position")
+    axes.set_ylabel("acceptance rate (mean over concurrencies)")
+    axes.set_ylim(0, 1)
+    _finish(figure, axes, title(summary), path)
+
+
+def _finish(figure: Any, axes: Any, heading: str, path: Path) -> None:
+    import matplotlib.pyplot as plt
+
+    axes.set_title(heading, fontsize=9)
+    axes.legend(fontsize=8)
+    axes.grid(alpha=0.3)
+    figure.tight_layout()
+    figure.savefig(path, dpi=100)
+    plt.close(figure)
+
+
+def plot_comparison(out: Path, summary: ComparisonSummary) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    _comparison_plot(out / "speedup.png", summary, speedup=True)
+    _comparison_plot(out / "throughput.png", summary, speedup=False)
+    _comparison_acceptance(out / "acceptance.png", summary)
+
+
+def _comparison_plot(path: Path, summary: ComparisonSummary, speedup: bool) -> None:
+    """One line per configuration against concurrency, min-max bars; 1.0x where speedup."""
+    import matplotlib.pyplot as plt
+    from matplotlib.ticker import NullLocator
+
+    levels = summary["concurrencies"]
+    figure, axes = plt.subplots(figsize=(7, 4.5))
+    configs = [(NO_SPECULATION, 0)] * (not speedup)
+    configs += [(role, k) for k in summary["ks"] for role in (BASELINE, DRAFT)]
+    devices = summary["devices"]
+    for role, k in configs:
+        points = [comparison_point(summary, role, k, level) for level in levels]
+        if speedup:
+            values = [p["speedup"] for p in points]
+            low = [p["speedup"] - p["speedup_min"] for p in points]
+            high = [p["speedup_max"] - p["speedup"] for p in points]
+        else:
+            values = [p["per_device"] for p in points]
+            low = [(p["output_throughput"] - p["throughput_min"]) / devices for p in points]
+            high = [(p["throughput_max"] - p["output_throughput"]) / devices for p in points]
+        label = role if role == NO_SPECULATION else f"{role} k={k}"
+        axes.errorbar(levels, values, yerr=[low, high], marker="o", capsize=3, label=label)
+    if speedup:
+        axes.axhline(
+            1.0, color="black", linestyle="--", linewidth=1, label=f"{NO_SPECULATION} = 1.0x"
+        )
+    axes.set_xscale("log")
+    axes.set_xticks(levels, [str(c) for c in levels])
+    axes.xaxis.set_minor_locator(NullLocator())
+    axes.set_xlabel("concurrency (requests in flight)")
+    unit = summary["device_unit"]
+    axes.set_ylabel(f"speedup vs {NO_SPECULATION}" if speedup else f"output tokens/s per {unit}")
+    _finish(figure, axes, _comparison_title(summary), path)
+
+
+def _comparison_acceptance(path: Path, summary: ComparisonSummary) -> None:
+    import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
+
+    figure, axes = plt.subplots(figsize=(7, 4.5))
+    for k in summary["ks"]:
+        for role in (BASELINE, DRAFT):
+            rows = [
+                p["acceptance"]["per_position"]
+                for p in summary["points"]
+                if p["role"] == role and p["k"] == k and p["acceptance"]
+            ]
+            if rows:
+                positions = mean_positions(rows)
+                axes.plot(
+                    range(1, len(positions) + 1), positions, marker="o", label=f"{role} k={k}"
+                )
+    axes.xaxis.set_major_locator(MaxNLocator(integer=True))
+    axes.set_xlabel("draft position")
+    axes.set_ylabel("acceptance rate (mean over concurrencies)")
+    axes.set_ylim(0, 1)
+    _finish(figure, axes, _comparison_title(summary), path)
+
+
+def _comparison_title(summary: ComparisonSummary) -> str:
+    target, draft, baseline = (
+        Path(*Path(summary[key]).parts[-2:]) for key in ("target", "draft", "baseline")
+    )
+    return (
+        f"target {target}: draft {draft} vs baseline {baseline}\n"
+        f"ISL {summary['isl']} / OSL {summary['osl']}, {summary['repeats']} interleaved "
+        "round(s)"
+    )

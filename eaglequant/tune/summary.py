@@ -1,0 +1,163 @@
+"""The typed form of tune's ``results.json``: what is written, and what render/ reads back.
+
+Two kinds share one schema version: a ``sweep`` (no speculation and each k of one
+draft, with the schedule) and a ``comparison`` (``--baseline``: no speculation,
+the baseline draft and the draft under one set of serve arguments, in rotated
+rounds). ``check_summary`` turns an older or foreign file into one line.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, Literal, TypedDict, cast
+
+from eaglequant.errors import InputError
+
+SCHEMA_VERSION = 2
+SWEEP: Literal["sweep"] = "sweep"
+COMPARISON: Literal["comparison"] = "comparison"
+# The three configurations of a comparison, by these names in code, files and tables.
+NO_SPECULATION = "no speculation"
+BASELINE = "baseline"
+DRAFT = "draft"
+ROLES = (NO_SPECULATION, BASELINE, DRAFT)
+
+
+class Acceptance(TypedDict):
+    """Acceptance pooled over a point's repeats, from the /metrics deltas."""
+
+    drafts: int
+    draft_tokens: int
+    accepted_tokens: int
+    accepted_per_position: list[int]
+    mean_length: float | None
+    per_position: list[float]
+    # Each repeat's mean acceptance length as /metrics and as the bench's file gave it.
+    lengths: list[float | None]
+    bench_lengths: list[float | None]
+
+
+class Point(TypedDict):
+    """One configuration at one k and concurrency, over its repeats (in round order)."""
+
+    role: str
+    k: int
+    concurrency: int
+    runs: list[float]
+    output_throughput: float
+    throughput_min: float
+    throughput_max: float
+    per_device: float
+    speedup: float
+    speedup_min: float
+    speedup_max: float
+    median_tpot_ms: float | None
+    median_ttft_ms: float | None
+    acceptance: Acceptance | None
+
+
+class Verdict(TypedDict):
+    """Who beat whom at one k and concurrency (beyond the repeats' spread), and the choice."""
+
+    k: int
+    concurrency: int
+    draft_vs_baseline: str
+    draft_vs_none: str
+    baseline_vs_none: str
+    choice: str
+    text: str
+
+
+class Round(TypedDict):
+    round: int
+    order: list[str]
+
+
+class ServerStart(TypedDict):
+    label: str
+    round: int | None
+    start_s: float
+
+
+class ServeLine(TypedDict):
+    label: str
+    line: str
+
+
+class Recommendation(TypedDict):
+    """The sentence, the choice by concurrency, and the draft's k for a usage line.
+
+    ``k`` is the draft's k where the draft is chosen somewhere (the most often chosen),
+    else 0; ``schedule`` is always false (a comparison serves single ks).
+    """
+
+    text: str
+    by_concurrency: dict[str, str]
+    k: int
+    schedule: bool
+
+
+class Workload(TypedDict):
+    """What was served and driven, shared by both kinds."""
+
+    target: str
+    draft: str
+    ks: list[int]
+    concurrencies: list[int]
+    isl: int
+    osl: int
+    repeats: int
+    prompts: str | None
+    dataset: str
+    max_model_len: int
+    tensor_parallel_size: int
+    engine_args: dict[str, Any]
+    command: str | None
+
+
+class SweepSummary(Workload):
+    """No speculation and each k of one draft, the schedule, and what was recommended."""
+
+    schema_version: int
+    kind: Literal["sweep"]
+    results: list[dict[str, Any]]
+    recommended_k: dict[str, int]
+    best_single_k: int
+    schedule: dict[str, Any]
+    recommendation: dict[str, Any]
+    serve_command: str
+    environment: dict[str, Any] | None
+
+
+class ComparisonSummary(Workload):
+    schema_version: int
+    kind: Literal["comparison"]
+    baseline: str
+    num_prompts: int | None
+    devices: int
+    device_unit: str
+    servers: str
+    server_starts: list[ServerStart]
+    rounds: list[Round]
+    points: list[Point]
+    verdicts: list[Verdict]
+    recommendation: Recommendation
+    serve_lines: list[ServeLine]
+    environment: dict[str, Any]
+
+
+def check_summary(summary: Mapping[str, Any], where: str = "tune results.json") -> str:
+    """The summary's kind; an InputError naming the file when it is not one this version reads."""
+    version = summary.get("schema_version")
+    kind = summary.get("kind")
+    if version != SCHEMA_VERSION or kind not in (SWEEP, COMPARISON):
+        found = "no schema_version" if version is None else f"schema_version {version!r}"
+        raise InputError(
+            f"{where}: {found}, kind {kind!r}; this eaglequant reads schema_version "
+            f"{SCHEMA_VERSION} ({SWEEP} or {COMPARISON}); re-run eaglequant tune"
+        )
+    return str(kind)
+
+
+def as_comparison(summary: Mapping[str, Any]) -> ComparisonSummary:
+    return cast(ComparisonSummary, summary)

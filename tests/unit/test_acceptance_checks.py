@@ -1,0 +1,126 @@
+"""Checks 2 and 5 on engine results made of per-prompt counts recorded from real vLLM runs."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from eaglequant.recipe import ValidationSpec
+from eaglequant.render.junit import junit_xml
+from eaglequant.render.reports import validation_markdown
+from eaglequant.validate.acceptance import AcceptanceThresholds, engine_acceptance_checks
+from eaglequant.validate.check import Check
+from tests.unit import recorded_counts as recorded
+
+
+def engine(rows: list[tuple[tuple[int, ...], int]], metrics: dict[str, Any]) -> dict[str, Any]:
+    """An engine entry as ``run_engine`` returns it, holding the recorded counts."""
+    per_request = [{"histogram": list(h), "num_draft_tokens": n} for h, n in rows]
+    return {"ok": True, "result": {"metrics": metrics, "per_request": per_request}}
+
+
+BF16 = engine(recorded.BF16, recorded.BF16_METRICS)
+FP8 = engine(recorded.FP8, recorded.FP8_METRICS)
+COARSE = engine(recorded.COARSE, recorded.COARSE_METRICS)
+RANDOM = engine(recorded.RANDOM, recorded.RANDOM_METRICS)
+
+
+def checks(fp8: dict[str, Any], **changes: float) -> tuple[Check, Check]:
+    spec = ValidationSpec()
+    thresholds = AcceptanceThresholds(
+        min_acceptance_ratio=changes.get("min_acceptance_ratio", spec.min_acceptance_ratio),
+        min_position_ratio=changes.get("min_position_ratio", spec.min_position_ratio),
+    )
+    return engine_acceptance_checks({"bf16": BF16, "fp8": fp8}, thresholds)
+
+
+def test_the_toy_export_passes_both_with_its_intervals() -> None:
+    two, five = checks(FP8)
+    assert (two.verdict, five.verdict) == ("PASS", "PASS") and two.passed and five.passed
+    assert two.detail == (
+        "FP8 mean acceptance length 3.190 vs BF16 3.214: ratio 0.992 [0.983, 1.002], "
+        "required >= 0.98: PASS; 95% paired-bootstrap interval over 32 prompts "
+        "(2000 resamples, seed 0)"
+    )
+    assert five.detail.startswith(
+        "pos 1: FP8 0.862 / BF16 0.868, ratio 0.994 [0.985, 1.002], required >= 0.95: PASS; "
+        "pos 2: FP8 0.693 / BF16 0.702, ratio 0.988 [0.966, 1.009], required >= 0.95: PASS; "
+    )
+    assert two.numbers["interval"]["low"] == pytest.approx(0.983, abs=5e-4)
+    assert five.numbers["verdicts"] == ["PASS"] * 3
+
+
+def test_a_straddling_interval_is_inconclusive_and_not_passed() -> None:
+    two, five = checks(COARSE)
+    assert two.verdict == "INCONCLUSIVE" and not two.passed
+    needed = two.numbers["prompts_needed"]
+    assert needed > 32
+    assert f"required >= 0.98: INCONCLUSIVE (about {needed} prompts would decide)" in two.detail
+    assert five.verdict == "PASS"
+
+
+def test_each_position_is_judged_against_the_per_position_ratio() -> None:
+    _, five = checks(FP8, min_position_ratio=1.0)
+    assert five.numbers["verdicts"] == ["INCONCLUSIVE", "INCONCLUSIVE", "FAIL"]
+    assert five.verdict == "FAIL" and "pos 3: FP8 0.635 / BF16 0.645" in five.detail
+
+
+def test_a_random_draft_fails_both() -> None:
+    two, five = checks(RANDOM)
+    assert (two.verdict, five.verdict) == ("FAIL", "FAIL")
+
+
+def test_counts_that_disagree_with_the_engine_fail_both() -> None:
+    bad = engine(recorded.FP8, dict(recorded.FP8_METRICS, num_drafts=480))
+    two, five = checks(bad)
+    message = (
+        "per-prompt counts disagree with vLLM's counters: num_drafts 479 summed over prompts "
+        "vs 480 counted by vLLM"
+    )
+    assert (two.verdict, two.detail) == ("FAIL", message)
+    assert (five.verdict, five.detail) == ("FAIL", message)
+
+
+def test_missing_per_prompt_counts_fail() -> None:
+    missing = {"ok": True, "result": {"metrics": recorded.FP8_METRICS, "per_request": None}}
+    two, _ = checks(missing)
+    assert two.detail == "vLLM reported no per-prompt spec-decode counts"
+
+
+def test_a_check_verdict_agrees_with_passed() -> None:
+    assert Check("x", True, "").verdict == "PASS"
+    assert Check("x", False, "").verdict == "FAIL"
+    assert not Check.judged("x", "INCONCLUSIVE", "").passed
+    with pytest.raises(ValueError, match="verdict 'INCONCLUSIVE' with passed=True"):
+        Check("x", True, "", {}, "INCONCLUSIVE")
+
+
+def test_inconclusive_renders_as_such_in_markdown_and_junit() -> None:
+    two, five = checks(COARSE)
+    report = {
+        "target": "t", "draft": "out/draft-fp8", "baseline": "b", "k": 3, "prompts": 32,
+        "max_tokens": 48, "backend": "cpu", "plugin_active": True, "engines": {},
+        "checks": [
+            {"name": c.name, "passed": c.passed, "verdict": c.verdict, "detail": c.detail}
+            for c in (two, five)
+        ],
+    }  # fmt: skip
+    text = validation_markdown(report)
+    assert "| 2 acceptance | INCONCLUSIVE |" in text and "| 5 per-position | PASS |" in text
+    assert "**Validation INCONCLUSIVE (too few prompts to decide).**" in text
+    assert '<failure message="INCONCLUSIVE: FP8 mean acceptance length' in junit_xml([report])
+
+
+def test_a_subset_of_prompts_is_judged_on_its_own() -> None:
+    """One category's prompts: the counts of those prompts alone, a wider interval."""
+    from eaglequant.validate.acceptance import acceptance_checks
+    from eaglequant.validate.stats import PromptCounts
+
+    half = [[PromptCounts(h, n) for h, n in rows[:16]] for rows in (recorded.FP8, recorded.BF16)]
+    thresholds = AcceptanceThresholds(min_acceptance_ratio=0.98, min_position_ratio=0.95)
+    two, _ = acceptance_checks(half[0], half[1], thresholds)
+    whole, _ = checks(FP8)
+    assert two.numbers["interval"]["prompts"] == 16 and "over 16 prompts" in two.detail
+    width = two.numbers["interval"]["high"] - two.numbers["interval"]["low"]
+    assert width > whole.numbers["interval"]["high"] - whole.numbers["interval"]["low"]

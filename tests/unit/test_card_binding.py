@@ -1,0 +1,184 @@
+"""The model card and validate's binding: exact bytes, no machine path, how it was made."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+from click.testing import CliRunner
+
+from eaglequant.binding import binding, bound_files, folder_files
+from eaglequant.cli import main
+from eaglequant.errors import InputError
+from eaglequant.provenance import command_string, machine_paths
+from eaglequant.render.reports import PLOTS
+from eaglequant.tune.report import write_reports
+from eaglequant.tune.sweep import TuneRequest, TuneResult, summarize
+from eaglequant.validate.validate import ValidateRequest, check_inputs
+from tests.conftest import TOY
+from tests.exported import LOCAL_NAMES, Exported, flip_byte, make_exported
+
+REPO_ID = "example/toy-eagle3-fp8"
+
+
+@pytest.fixture
+def exported(tmp_path: Path) -> Exported:
+    return make_exported(tmp_path)
+
+
+def card(exported: Exported, *extra: str) -> tuple[int, str]:
+    args = ["card", str(exported.folder), "--base-model", "toy/target", "--repo-id", REPO_ID]
+    result = CliRunner().invoke(main, [*args, "--validation", str(exported.validation), *extra])
+    return result.exit_code, result.output
+
+
+def test_card_names_no_machine_path(exported: Exported, tmp_path: Path) -> None:
+    code, output = card(exported)
+    assert code == 0, output
+    text = (exported.folder / "README.md").read_text()
+    for local in (str(tmp_path), str(tmp_path.resolve()), *LOCAL_NAMES, "VLLM_DIST_IDENT"):
+        assert local not in text
+    assert machine_paths(text) == []
+    front = yaml.safe_load(text.split("---\n")[1])
+    assert front["base_model"] == "toy/target"
+    assert '"model": "example/toy-eagle3-fp8"' in text and "vllm serve toy/target" in text
+    assert "FP8 draft `example/toy-eagle3-fp8`, BF16 baseline `<BF16_DRAFT>`" in text
+    assert "32 prompts x 48 tokens" in text
+
+
+def test_card_has_environment_reproduce_and_files(exported: Exported) -> None:
+    assert card(exported)[0] == 0
+    text = (exported.folder / "README.md").read_text()
+    report = json.loads(exported.validation.read_text())
+    environment = text.split("## Environment")[1].split("##")[0]
+    assert "recorded by `eaglequant validate`" in environment
+    assert f"eaglequant {report['environment']['versions']['eaglequant']}" in environment
+    assert f"CPU: {report['environment']['cpu']['model']}" in environment
+    reproduce = text.split("## Reproduce")[1].split("##")[0]
+    assert (
+        "eaglequant export <BF16_DRAFT> <FP8_DRAFT> --calib-target <TARGET> "
+        "--calib-data <CALIB_DATA> --calib-engine transformers" in reproduce
+    )
+    assert (
+        "eaglequant validate --target <TARGET> --draft <FP8_DRAFT> --baseline <BF16_DRAFT>"
+        in reproduce
+    )
+    assert "`<TARGET>`: the target model (`toy/target`)" in reproduce
+    manifest = json.loads((exported.folder / "eaglequant.json").read_text())
+    for name, digest in manifest["files"].items():
+        size = (exported.folder / name).stat().st_size
+        assert f"| `{name}` | {size} | `{digest}` |" in text
+
+
+def test_a_flipped_byte_in_a_shard_makes_card_refuse(exported: Exported) -> None:
+    shard = exported.shards()[0]
+    flip_byte(exported.folder / shard)
+    code, output = card(exported)
+    assert code == 2
+    assert output.splitlines()[-1].startswith(
+        f"error: {exported.folder / shard}: sha256 differs from the manifest eaglequant.json"
+    )
+    assert not (exported.folder / "README.md").exists()
+
+
+def test_card_refuses_a_report_made_for_other_bytes(exported: Exported) -> None:
+    shard = exported.shards()[-1]
+    report = json.loads(exported.validation.read_text())
+    report["files"]["draft"]["files"][shard] = "0" * 64
+    exported.validation.write_text(json.dumps(report))
+    code, output = card(exported)
+    assert code == 2
+    assert output.splitlines()[-1] == (
+        f"error: {exported.validation}: made for other bytes: {shard} differs from "
+        f"{exported.folder / shard}; rerun eaglequant validate on {exported.folder}"
+    )
+    del report["files"]
+    exported.validation.write_text(json.dumps(report))
+    code, output = card(exported)
+    assert code == 2 and "records no sha256 of the files it validated" in output
+
+
+def test_card_refuses_a_machine_path_it_cannot_name(exported: Exported) -> None:
+    report = json.loads(exported.validation.read_text())
+    report["checks"][0]["detail"] = "diverged; see /var/tmp/somewhere-else/engine.log"
+    exported.validation.write_text(json.dumps(report))
+    code, output = card(exported)
+    assert code == 2
+    assert "the card would name the machine path '/var/tmp/somewhere-else/engine.log'" in output
+
+
+def test_without_a_report_the_card_says_whose_environment(exported: Exported) -> None:
+    args = ["card", str(exported.folder), "--base-model", "toy/target", "--repo-id", REPO_ID]
+    assert CliRunner().invoke(main, args).exit_code == 0
+    text = (exported.folder / "README.md").read_text()
+    assert "of the machine that rendered this card (no report recorded one)" in text
+    assert "# validate: " not in text and "eaglequant export <BF16_DRAFT>" in text
+
+
+def test_binding_hashes_the_manifest_files_and_verifies_them(exported: Exported) -> None:
+    manifest = json.loads((exported.folder / "eaglequant.json").read_text())
+    assert bound_files(exported.folder) == manifest["files"]
+    assert "validation.json" not in manifest["files"]  # written later, not part of the export
+    block = binding(exported.source)
+    assert block == {"name": "bf16-src-local", "files": folder_files(exported.source)}
+    assert set(block["files"]) == {"config.json", "model.safetensors"}
+    shard = exported.shards()[1]
+    flip_byte(exported.folder / shard, 100)
+    with pytest.raises(InputError, match=rf"{shard}: sha256 differs from the manifest"):
+        bound_files(exported.folder)
+
+
+def test_validate_refuses_changed_bytes_before_any_engine(tmp_path: Path) -> None:
+    exported = make_exported(tmp_path)
+    shard = exported.shards()[0]
+    flip_byte(exported.folder / shard)
+    request = ValidateRequest(
+        target=TOY / "target", draft=exported.folder, baseline=TOY / "draft", prompts=["hi"]
+    )
+    with pytest.raises(InputError, match=rf"^{exported.folder / shard}: sha256 differs"):
+        check_inputs(request)
+
+
+def test_command_string_replaces_every_path(tmp_path: Path) -> None:
+    draft = tmp_path / "draft"
+    argv = ["export", str(draft) + "/", f"--calib-data={tmp_path / 'd.jsonl'}", "--recipe"]
+    argv += ["fp8-static", "--engine-arg", f"download_dir={tmp_path}/cache", "--note", "a b"]
+    line = command_string(argv, {draft: "<BF16_DRAFT>", tmp_path / "d.jsonl": "<CALIB_DATA>"})
+    assert line == (
+        "eaglequant export <BF16_DRAFT> --calib-data=<CALIB_DATA> --recipe fp8-static "
+        "--engine-arg 'download_dir=<PATH>' --note 'a b'"
+    )
+
+
+def test_card_embeds_recorded_tune_results_without_their_paths(
+    exported: Exported, tmp_path: Path
+) -> None:
+    tune_dir = tmp_path / "tune-local"
+    request = TuneRequest(
+        target=TOY / "target", draft=exported.folder, ks=(2,), concurrencies=(1,), isl=64, osl=32
+    )
+    results = [
+        TuneResult(
+            k=k,
+            concurrency=1,
+            runs=runs,
+            mean_tpot_ms=None,
+            acceptance_length=2.5 if k else None,
+            per_position=[0.8, 0.7][:k],
+        )
+        for k, runs in ((0, [243.3, 221.3, 266.6]), (2, [210.6, 205.0, 215.1]))
+    ]
+    summary = summarize(request, results, 200)
+    tune_dir.mkdir()
+    write_reports(tune_dir, summary)
+    assert summary["target"].startswith("/")  # recorded on this machine, absolute
+    code, output = card(exported, "--tune", str(tune_dir))
+    assert code == 0, output
+    text = (exported.folder / "README.md").read_text()
+    assert machine_paths(text) == [] and str(Path(summary["target"]).parent) not in text
+    assert "## Tuning (`eaglequant tune`)" in text and "| concurrency |" in text
+    assert "# tune: the command line was not recorded" in text
+    for name in PLOTS:
+        assert (exported.folder / name).is_file() and f"]({name})" in text

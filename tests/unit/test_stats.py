@@ -1,0 +1,155 @@
+"""The bootstrap and the verdict rule on per-prompt counts recorded from real vLLM runs."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from eaglequant.validate.stats import (
+    FAIL,
+    INCONCLUSIVE,
+    PASS,
+    Interval,
+    PromptCounts,
+    bootstrap_ratios,
+    counts_mismatch,
+    judge,
+    overall_verdict,
+    pooled_counts,
+)
+from tests.unit import recorded_counts as recorded
+
+
+def _counts(rows: list[tuple[tuple[int, ...], int]]) -> list[PromptCounts]:
+    return [PromptCounts(histogram, drafted) for histogram, drafted in rows]
+
+
+BF16, FP8 = _counts(recorded.BF16), _counts(recorded.FP8)
+COARSE, RANDOM = _counts(recorded.COARSE), _counts(recorded.RANDOM)
+
+
+@pytest.mark.parametrize(
+    ("prompts", "metrics"),
+    [
+        (BF16, recorded.BF16_METRICS),
+        (FP8, recorded.FP8_METRICS),
+        (COARSE, recorded.COARSE_METRICS),
+        (RANDOM, recorded.RANDOM_METRICS),
+    ],
+)
+def test_per_prompt_counts_sum_to_the_engines_counters(
+    prompts: list[PromptCounts], metrics: dict
+) -> None:
+    assert pooled_counts(prompts) == metrics
+    assert counts_mismatch(prompts, metrics) is None
+
+
+def test_a_counter_mismatch_is_named() -> None:
+    metrics = dict(recorded.FP8_METRICS, accepted_per_pos=[413, 332, 305])
+    assert counts_mismatch(FP8, metrics) == (
+        "accepted_per_pos [413, 332, 304] summed over prompts vs [413, 332, 305] counted by vLLM"
+    )
+
+
+def test_per_position_counts_come_from_the_histogram() -> None:
+    prompt = PromptCounts((2, 3, 1, 4), 30)  # 10 steps
+    assert (prompt.drafts, prompt.accepted) == (10, 3 + 2 + 12)
+    assert prompt.accepted_per_pos(3) == [8, 5, 4]
+
+
+def test_point_estimates_are_the_pooled_ratios() -> None:
+    ratios = bootstrap_ratios(FP8, BF16, paired=True)
+    fp8, bf16 = recorded.FP8_METRICS, recorded.BF16_METRICS
+    length = (1 + fp8["num_accepted_tokens"] / fp8["num_drafts"]) / (
+        1 + bf16["num_accepted_tokens"] / bf16["num_drafts"]
+    )
+    assert ratios.mean_length.point == pytest.approx(length)
+    for p, interval in enumerate(ratios.per_position):
+        rate = fp8["accepted_per_pos"][p] / fp8["num_drafts"]
+        assert interval.point == pytest.approx(
+            rate / (bf16["accepted_per_pos"][p] / bf16["num_drafts"])
+        )
+        assert interval.low <= interval.point <= interval.high
+    assert ratios.mean_length.prompts == 32 and ratios.paired
+
+
+def test_the_toy_fp8_export_clears_the_default_threshold() -> None:
+    """Measured: 0.992 [0.983, 1.002] against 0.98."""
+    interval = bootstrap_ratios(FP8, BF16, paired=True).mean_length
+    assert (round(interval.point, 3), round(interval.low, 3), round(interval.high, 3)) == (
+        0.992,
+        0.983,
+        1.002,
+    )
+    assert judge(interval, 0.98).verdict == PASS
+    assert judge(interval, 0.95).verdict == PASS
+
+
+def test_an_interval_straddling_the_threshold_is_inconclusive_with_a_prompt_count() -> None:
+    """The coarse export: 0.991 [0.979, 1.002] against 0.98."""
+    interval = bootstrap_ratios(COARSE, BF16, paired=True).mean_length
+    assert interval.low < 0.98 <= interval.high
+    verdict = judge(interval, 0.98)
+    assert verdict.verdict == INCONCLUSIVE and not verdict.passed
+    expected = math.ceil(32 * (interval.half_width / (interval.point - 0.98)) ** 2)
+    assert verdict.prompts_needed == expected > 32
+    assert verdict.describe() == f"INCONCLUSIVE (about {expected} prompts would decide)"
+
+
+def test_a_random_draft_clearly_fails() -> None:
+    ratios = bootstrap_ratios(RANDOM, BF16, paired=True)
+    assert ratios.mean_length.high < 0.4
+    assert judge(ratios.mean_length, 0.98).verdict == FAIL
+    assert [judge(i, 0.95).verdict for i in ratios.per_position] == [FAIL] * 3
+
+
+def test_the_same_seed_gives_the_same_interval_and_another_seed_another() -> None:
+    first = bootstrap_ratios(COARSE, BF16, paired=True, seed=7)
+    assert bootstrap_ratios(COARSE, BF16, paired=True, seed=7) == first
+    other = bootstrap_ratios(COARSE, BF16, paired=True, seed=8)
+    assert other.mean_length.point == first.mean_length.point
+    assert (other.mean_length.low, other.mean_length.high) != (
+        first.mean_length.low,
+        first.mean_length.high,
+    )
+
+
+def test_pairing_narrows_the_interval_of_mostly_equal_runs() -> None:
+    """25 of the 32 prompts drafted identically under both drafts: pairing cancels them."""
+    paired = bootstrap_ratios(FP8, BF16, paired=True).mean_length
+    unpaired = bootstrap_ratios(FP8, BF16, paired=False).mean_length
+    assert paired.point == unpaired.point
+    assert paired.half_width * 4 < unpaired.half_width
+
+
+def test_paired_runs_need_equal_prompt_counts() -> None:
+    with pytest.raises(ValueError, match="equal prompt counts"):
+        bootstrap_ratios(FP8[:10], BF16, paired=True)
+    assert bootstrap_ratios(FP8[:10], BF16, paired=False).mean_length.prompts == 10
+
+
+def _interval(point: float, low: float, high: float) -> Interval:
+    return Interval(point, low, high, prompts=100, resamples=2000, seed=0)
+
+
+@pytest.mark.parametrize(
+    ("interval", "verdict", "needed"),
+    [
+        (_interval(0.99, 0.98, 1.0), PASS, None),  # the lower bound on the threshold passes
+        (_interval(0.97, 0.96, 0.979), FAIL, None),
+        (_interval(0.97, 0.96, 0.98), INCONCLUSIVE, 101),  # the upper bound on it does not fail
+        (_interval(0.985, 0.975, 0.995), INCONCLUSIVE, 400),
+        (_interval(0.98, 0.97, 0.99), INCONCLUSIVE, None),  # the estimate on the threshold
+        (_interval(math.nan, math.nan, math.nan), INCONCLUSIVE, None),
+    ],
+)
+def test_the_verdict_rule(interval: Interval, verdict: str, needed: int | None) -> None:
+    judged = judge(interval, 0.98)
+    assert (judged.verdict, judged.prompts_needed) == (verdict, needed)
+
+
+def test_overall_verdict() -> None:
+    assert overall_verdict([PASS, PASS]) == PASS
+    assert overall_verdict([PASS, INCONCLUSIVE]) == INCONCLUSIVE
+    assert overall_verdict([INCONCLUSIVE, FAIL, PASS]) == FAIL

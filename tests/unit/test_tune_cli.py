@@ -1,0 +1,78 @@
+"""tune --baseline's option errors: one line, exit 2, before any server or vLLM probe."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+from click.testing import CliRunner
+
+from eaglequant.cli import main
+from tests.conftest import TOY, edit_config
+
+BASE = ["tune", "--target", str(TOY / "target"), "--draft", str(TOY / "draft")]
+
+
+def _error(args: list[str]) -> str:
+    result = CliRunner().invoke(main, args)
+    assert result.exit_code == 2, result.output
+    return result.output.splitlines()[-1]
+
+
+def test_keep_servers_needs_a_baseline() -> None:
+    assert _error([*BASE, "--keep-servers"]) == (
+        "error: --keep-servers applies to --baseline; add --baseline or drop it"
+    )
+
+
+def test_a_missing_baseline_is_named() -> None:
+    assert _error([*BASE, "--baseline", "/no/such/draft"]) == (
+        "error: /no/such/draft: no such folder; pass the model folder path"
+    )
+
+
+def test_a_quark_draft_is_refused_in_float32(tmp_path: Path) -> None:
+    fp8 = shutil.copytree(TOY / "draft", tmp_path / "fp8")
+    edit_config(fp8, quantization_config={"quant_method": "quark", "export": {}})
+    args = ["tune", "--target", str(TOY / "target"), "--draft", str(fp8)]
+    args += ["--baseline", str(TOY / "draft"), "--engine-arg", "dtype=float32"]
+    assert _error(args) == (
+        f"error: {fp8}: a Quark-quantized draft runs in the target's dtype, and vLLM's quark "
+        "method takes bfloat16 or float16, not float32; drop dtype=float32"
+    )
+
+
+def test_a_schedule_does_not_go_with_a_baseline() -> None:
+    args = [*BASE, "--baseline", str(TOY / "draft"), "--schedule", "[[1, 4, 2]]"]
+    assert _error(args) == (
+        "error: a baseline comparison measures single ks; drop the schedule or the baseline"
+    )
+
+
+def test_the_dataset_goes_to_vllm_bench_serve_as_its_own_options(tmp_path: Path) -> None:
+    from eaglequant.tune.bench import bench_command
+    from eaglequant.tune.request import TuneRequest
+
+    share = tmp_path / "sharegpt.json"
+    share.write_text('[{"conversations": [{"from": "human", "value": "hi"}, {"value": "yo"}]}]')
+    common = {"target": TOY / "target", "draft": TOY / "draft", "osl": 32}
+    flags = {
+        name: bench_command(TuneRequest(**common, **extra), 8000, 4, tmp_path / "r.json")
+        for name, extra in [
+            ("random", {}),
+            ("custom", {"prompts": share}),
+            ("sharegpt", {"prompts": share, "dataset": "sharegpt"}),
+        ]
+    }
+    assert flags["random"][-7:] == [
+        "--dataset-name", "random", "--random-input-len", "1024", "--random-output-len", "32",
+        "--ignore-eos",
+    ]  # fmt: skip
+    assert flags["custom"][-7:-3] == ["--dataset-name", "custom", "--dataset-path", str(share)]
+    assert flags["sharegpt"][-6:] == [
+        "--dataset-name", "sharegpt", "--dataset-path", str(share), "--sharegpt-output-len", "32",
+    ]  # fmt: skip
+    assert "--max-concurrency" in flags["random"] and "--num-warmups" in flags["random"]
+    assert _error([*BASE, "--dataset", "sharegpt"]) == (
+        "error: the sharegpt dataset reads a file; pass the prompts"
+    )

@@ -1,0 +1,133 @@
+"""Checks 2 and 5: the FP8 draft's acceptance against the BF16 draft's, with intervals over prompts.
+
+Both checks come from one paired bootstrap of the two drafts' per-prompt counts
+(``stats.py``): check 2 judges the ratio of mean acceptance length against
+``min_acceptance_ratio``, check 5 each draft position's ratio of acceptance
+rates against ``min_position_ratio``. :func:`acceptance_checks` takes the
+counts of any subset of prompts (all of them, or one category's).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from eaglequant.validate.check import Check
+from eaglequant.validate.stats import (
+    DEFAULT_RESAMPLES,
+    DEFAULT_SEED,
+    Interval,
+    PromptCounts,
+    RatioIntervals,
+    bootstrap_ratios,
+    counts_mismatch,
+    judge,
+    overall_verdict,
+    pooled_quantities,
+)
+
+ACCEPTANCE = "2 acceptance"
+PER_POSITION = "5 per-position"
+
+
+@dataclass(frozen=True, kw_only=True)
+class AcceptanceThresholds:
+    """The recipe's ratios and the bootstrap's settings."""
+
+    min_acceptance_ratio: float
+    min_position_ratio: float
+    resamples: int = DEFAULT_RESAMPLES
+    seed: int = DEFAULT_SEED
+
+
+def prompt_counts(result: Mapping[str, Any]) -> list[PromptCounts]:
+    """A speculative engine run's per-prompt counts (``engine_run``'s ``per_request``), held to
+    the engine's own global counters; ValueError says what is wrong."""
+    per_request = result.get("per_request")
+    if not per_request or any(p is None for p in per_request):
+        raise ValueError("vLLM reported no per-prompt spec-decode counts")
+    counts = [PromptCounts.from_json(p) for p in per_request]
+    mismatch = counts_mismatch(counts, result["metrics"])
+    if mismatch:
+        raise ValueError(f"per-prompt counts disagree with vLLM's counters: {mismatch}")
+    return counts
+
+
+def engine_acceptance_checks(
+    engines: Mapping[str, Mapping[str, Any]], thresholds: AcceptanceThresholds
+) -> tuple[Check, Check]:
+    """Checks 2 and 5 on the ``fp8`` and ``bf16`` engine runs (both failed when counts are bad)."""
+    try:
+        fp8, bf16 = (prompt_counts(engines[role]["result"]) for role in ("fp8", "bf16"))
+    except ValueError as exc:
+        return Check(ACCEPTANCE, False, str(exc)), Check(PER_POSITION, False, str(exc))
+    return acceptance_checks(fp8, bf16, thresholds)
+
+
+def acceptance_checks(
+    fp8: Sequence[PromptCounts], bf16: Sequence[PromptCounts], thresholds: AcceptanceThresholds
+) -> tuple[Check, Check]:
+    """Checks 2 and 5 on the two drafts' counts for the same prompts, in the same order."""
+    ratios = bootstrap_ratios(
+        fp8, bf16, paired=True, resamples=thresholds.resamples, seed=thresholds.seed
+    )
+    k = len(ratios.per_position)
+    values = {"fp8": pooled_quantities(fp8, k), "bf16": pooled_quantities(bf16, k)}
+    return (
+        _mean_length(values, ratios, thresholds.min_acceptance_ratio),
+        _per_position(values, ratios, thresholds.min_position_ratio),
+    )
+
+
+def _mean_length(values: dict[str, list[float]], ratios: RatioIntervals, threshold: float) -> Check:
+    fp8, bf16 = values["fp8"][0], values["bf16"][0]
+    verdict = judge(ratios.mean_length, threshold)
+    detail = (
+        f"FP8 mean acceptance length {fp8:.3f} vs BF16 {bf16:.3f}: ratio "
+        f"{_judged(ratios.mean_length, threshold)}; {_method(ratios)}"
+    )
+    numbers = {
+        "fp8": fp8,
+        "bf16": bf16,
+        "ratio": ratios.mean_length.point,
+        "interval": ratios.mean_length.to_json(),
+        "threshold": threshold,
+        "prompts_needed": verdict.prompts_needed,
+    }
+    return Check.judged(ACCEPTANCE, verdict.verdict, detail, numbers)
+
+
+def _per_position(
+    values: dict[str, list[float]], ratios: RatioIntervals, threshold: float
+) -> Check:
+    fp8, bf16 = values["fp8"][1:], values["bf16"][1:]
+    verdicts = [judge(i, threshold) for i in ratios.per_position]
+    detail = "; ".join(
+        f"pos {p + 1}: FP8 {f:.3f} / BF16 {b:.3f}, ratio {_judged(i, threshold)}"
+        for p, (f, b, i) in enumerate(zip(fp8, bf16, ratios.per_position, strict=True))
+    )
+    numbers = {
+        "fp8": fp8,
+        "bf16": bf16,
+        "threshold": threshold,
+        "intervals": [i.to_json() for i in ratios.per_position],
+        "verdicts": [v.verdict for v in verdicts],
+        "prompts_needed": [v.prompts_needed for v in verdicts],
+    }
+    verdict = overall_verdict([v.verdict for v in verdicts])
+    return Check.judged(PER_POSITION, verdict, f"{detail}; {_method(ratios)}", numbers)
+
+
+def _judged(interval: Interval, threshold: float) -> str:
+    """``0.992 [0.983, 1.002], required >= 0.98: PASS`` (INCONCLUSIVE with its prompt count)."""
+    verdict = judge(interval, threshold).describe()
+    return f"{interval.describe()}, required >= {threshold}: {verdict}"
+
+
+def _method(ratios: RatioIntervals) -> str:
+    interval = ratios.mean_length
+    return (
+        f"95% paired-bootstrap interval over {interval.prompts} prompts "
+        f"({interval.resamples} resamples, seed {interval.seed})"
+    )

@@ -1,0 +1,238 @@
+"""Acceptance statistics over prompts: per-prompt counts, bootstrap intervals, one verdict rule.
+
+Greedy decoding is deterministic, so a run's acceptance varies only with the
+prompts it is measured on. Each prompt's verify steps are summarised by vLLM
+as a histogram (``histogram[j]``: steps that accepted ``j`` draft tokens);
+resampling prompts with replacement, and recomputing the pooled acceptance
+(summed accepted over summed drafts) of each run, gives a percentile interval
+for the ratio of two runs. When both runs drafted for the same prompts the
+resampling is paired (the same prompts drawn for both), otherwise each run's
+prompts are drawn on their own.
+
+:func:`judge` is the one rule turning an interval and a threshold into PASS,
+FAIL or INCONCLUSIVE.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import numpy as np
+
+PASS = "PASS"
+FAIL = "FAIL"
+INCONCLUSIVE = "INCONCLUSIVE"
+VERDICTS = (PASS, FAIL, INCONCLUSIVE)
+DEFAULT_RESAMPLES = 2000
+DEFAULT_SEED = 0
+CONFIDENCE = 0.95
+
+
+@dataclass(frozen=True)
+class PromptCounts:
+    """One prompt's verify steps: ``histogram[j]`` steps accepted ``j`` draft tokens."""
+
+    histogram: tuple[int, ...]
+    num_draft_tokens: int
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> PromptCounts:
+        return cls(tuple(int(c) for c in data["histogram"]), int(data["num_draft_tokens"]))
+
+    def to_json(self) -> dict[str, Any]:
+        return {"histogram": list(self.histogram), "num_draft_tokens": self.num_draft_tokens}
+
+    @property
+    def drafts(self) -> int:
+        return sum(self.histogram)
+
+    @property
+    def accepted(self) -> int:
+        return sum(j * count for j, count in enumerate(self.histogram))
+
+    def accepted_per_pos(self, k: int) -> list[int]:
+        """Steps that accepted draft position ``p`` (0-based), i.e. more than ``p`` tokens."""
+        return [sum(self.histogram[p + 1 :]) for p in range(k)]
+
+
+def positions(prompts: Sequence[PromptCounts]) -> int:
+    """The number of draft positions (k) the histograms cover."""
+    return max((len(p.histogram) - 1 for p in prompts), default=0)
+
+
+def pooled_counts(prompts: Sequence[PromptCounts]) -> dict[str, Any]:
+    """The run's totals under the names of ``LLM.get_metrics()``'s spec-decode counters."""
+    k = positions(prompts)
+    per_pos = [sum(p.accepted_per_pos(k)[i] for p in prompts) for i in range(k)]
+    return {
+        "num_drafts": sum(p.drafts for p in prompts),
+        "num_draft_tokens": sum(p.num_draft_tokens for p in prompts),
+        "num_accepted_tokens": sum(p.accepted for p in prompts),
+        "accepted_per_pos": per_pos,
+    }
+
+
+def counts_mismatch(prompts: Sequence[PromptCounts], metrics: Mapping[str, Any]) -> str | None:
+    """How the per-prompt sums differ from the engine's global counters (None: they agree)."""
+    pooled = pooled_counts(prompts)
+    wrong = [
+        f"{key} {pooled[key]} summed over prompts vs {metrics.get(key)} counted by vLLM"
+        for key in pooled
+        if pooled[key] != metrics.get(key)
+    ]
+    return "; ".join(wrong) or None
+
+
+@dataclass(frozen=True)
+class Interval:
+    """A point estimate with its bootstrap percentile interval over ``prompts`` prompts."""
+
+    point: float
+    low: float
+    high: float
+    prompts: int
+    resamples: int
+    seed: int
+    confidence: float = CONFIDENCE
+
+    @property
+    def half_width(self) -> float:
+        return (self.high - self.low) / 2
+
+    def describe(self) -> str:
+        return f"{self.point:.3f} [{self.low:.3f}, {self.high:.3f}]"
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class RatioIntervals:
+    """The ratio of two runs' mean acceptance length, and of each position's acceptance rate."""
+
+    mean_length: Interval
+    per_position: tuple[Interval, ...]
+    paired: bool
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "paired": self.paired,
+            "mean_length": self.mean_length.to_json(),
+            "per_position": [i.to_json() for i in self.per_position],
+        }
+
+
+def _matrix(prompts: Sequence[PromptCounts], k: int) -> np.ndarray:
+    """Rows per prompt: drafts, accepted tokens, then accepted at each of the ``k`` positions."""
+    rows = [[p.drafts, p.accepted, *p.accepted_per_pos(k)] for p in prompts]
+    return np.asarray(rows, dtype=np.float64).reshape(len(prompts), 2 + k)
+
+
+def _quantities(sums: np.ndarray) -> np.ndarray:
+    """Mean acceptance length and per-position rates from summed rows (last axis)."""
+    with np.errstate(divide="ignore", invalid="ignore"):
+        drafts = sums[..., :1]
+        length = 1 + sums[..., 1:2] / drafts
+        rates = sums[..., 2:] / drafts
+    return np.concatenate([length, rates], axis=-1)
+
+
+def pooled_quantities(prompts: Sequence[PromptCounts], k: int) -> list[float]:
+    """The run's mean acceptance length, then its acceptance rate at each of ``k`` positions."""
+    return [float(v) for v in _quantities(_matrix(prompts, k).sum(axis=0))]
+
+
+def _weights(rng: np.random.Generator, n: int, resamples: int) -> np.ndarray:
+    """How often each of ``n`` prompts is drawn in each resample (n draws with replacement)."""
+    return rng.multinomial(n, np.full(n, 1.0 / n), size=resamples).astype(np.float64)
+
+
+def bootstrap_ratios(
+    numerator: Sequence[PromptCounts],
+    denominator: Sequence[PromptCounts],
+    *,
+    paired: bool,
+    resamples: int = DEFAULT_RESAMPLES,
+    seed: int = DEFAULT_SEED,
+) -> RatioIntervals:
+    """numerator / denominator of mean acceptance length and of each position's rate.
+
+    ``paired``: both runs drafted for the same prompts, in the same order; each
+    resample draws one set of prompt indices for both. Otherwise each run's
+    prompts are resampled independently. A ratio whose denominator is zero in a
+    resample is left out of that quantity's interval.
+    """
+    if not numerator or not denominator:
+        raise ValueError("bootstrap needs at least one prompt on each side")
+    if paired and len(numerator) != len(denominator):
+        raise ValueError(
+            f"paired runs need equal prompt counts ({len(numerator)} vs {len(denominator)})"
+        )
+    k = max(positions(numerator), positions(denominator))
+    top, bottom = _matrix(numerator, k), _matrix(denominator, k)
+    rng = np.random.default_rng(seed)
+    top_w = _weights(rng, len(numerator), resamples)
+    bottom_w = top_w if paired else _weights(rng, len(denominator), resamples)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        points = _quantities(top.sum(axis=0)) / _quantities(bottom.sum(axis=0))
+        ratios = _quantities(top_w @ top) / _quantities(bottom_w @ bottom)
+    ratios[~np.isfinite(ratios)] = np.nan
+    n = min(len(numerator), len(denominator))
+    tail = (1 - CONFIDENCE) / 2 * 100
+    intervals = []
+    for column in range(1 + k):
+        values = ratios[:, column]
+        values = values[~np.isnan(values)]
+        low, high = np.percentile(values, [tail, 100 - tail]) if values.size else (math.nan,) * 2
+        intervals.append(
+            Interval(float(points[column]), float(low), float(high), n, resamples, seed)
+        )
+    return RatioIntervals(intervals[0], tuple(intervals[1:]), paired)
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """PASS, FAIL or INCONCLUSIVE; for INCONCLUSIVE, roughly how many prompts would decide."""
+
+    verdict: str
+    prompts_needed: int | None = None
+
+    @property
+    def passed(self) -> bool:
+        return self.verdict == PASS
+
+    def describe(self) -> str:
+        if self.verdict != INCONCLUSIVE:
+            return self.verdict
+        if self.prompts_needed is None:
+            return f"{INCONCLUSIVE} (the estimate sits at the threshold: no prompt count decides)"
+        return f"{INCONCLUSIVE} (about {self.prompts_needed} prompts would decide)"
+
+
+def judge(interval: Interval, threshold: float) -> Verdict:
+    """PASS when the interval lies at or above ``threshold``, FAIL when wholly below it, else
+    INCONCLUSIVE with the prompt count at which the interval would stop straddling it.
+
+    The interval's half-width shrinks about as 1/sqrt(prompts), so it clears the
+    threshold once it is narrower than the estimate's distance from it:
+    n x (half-width / |estimate - threshold|)^2 prompts.
+    """
+    if interval.low >= threshold:
+        return Verdict(PASS)
+    if interval.high < threshold:
+        return Verdict(FAIL)
+    distance = abs(interval.point - threshold)
+    if not math.isfinite(interval.half_width) or distance == 0 or not math.isfinite(distance):
+        return Verdict(INCONCLUSIVE)
+    needed = math.ceil(interval.prompts * (interval.half_width / distance) ** 2)
+    return Verdict(INCONCLUSIVE, max(needed, interval.prompts + 1))
+
+
+def overall_verdict(verdicts: Sequence[str]) -> str:
+    """FAIL if any is FAIL, else INCONCLUSIVE if any is, else PASS."""
+    if FAIL in verdicts:
+        return FAIL
+    return INCONCLUSIVE if INCONCLUSIVE in verdicts else PASS
