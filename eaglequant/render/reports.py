@@ -205,8 +205,8 @@ def compare_markdown(report: dict[str, Any], heading: str = "##") -> str:
         f"{heading} Which format to ship (`eaglequant compare`)",
         "",
         f"BF16 draft `{_folder(report['baseline'])}` ({report['baseline_bytes']} bytes) on "
-        f"target `{_folder(report['target'])}`; `num_speculative_tokens={report['k']}`, {report['prompts']} "
-        f"prompts x {report['max_tokens']} tokens, greedy. BF16 mean acceptance length "
+        f"target `{_folder(report['target'])}`; `num_speculative_tokens={report['k']}`, "
+        f"{report['prompts']} prompts x {report['max_tokens']} tokens, greedy. BF16 mean acceptance length "
         f"{_num(bf16)}, by position {bf16_pos}.",
         "",
         "| recipe | format | draft KV cache | bytes | vs BF16 | params quantized | lossless "
