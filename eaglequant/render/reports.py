@@ -206,8 +206,8 @@ def compare_markdown(report: dict[str, Any], heading: str = "##") -> str:
         "",
         f"BF16 draft `{_folder(report['baseline'])}` ({report['baseline_bytes']} bytes) on "
         f"target `{_folder(report['target'])}`; `num_speculative_tokens={report['k']}`, "
-        f"{report['prompts']} prompts x {report['max_tokens']} tokens, greedy. BF16 mean acceptance length "
-        f"{_num(bf16)}, by position {bf16_pos}.",
+        f"{report['prompts']} prompts x {report['max_tokens']} tokens, greedy. BF16 mean "
+        f"acceptance length {_num(bf16)}, by position {bf16_pos}.",
         "",
         "| recipe | format | draft KV cache | bytes | vs BF16 | params quantized | lossless "
         "| mean acceptance | by position | vs BF16 | verdict |",
