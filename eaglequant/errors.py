@@ -47,3 +47,9 @@ class PublishFailed(EagleQuantError):
     """The Hub refused or failed an upload the checks allowed (exit 1)."""
 
     exit_code = 1
+
+
+class FetchFailed(EagleQuantError):
+    """A download the user asked for (``eaglequant prompts fetch``) failed (exit 1)."""
+
+    exit_code = 1

@@ -70,6 +70,7 @@ class ValidationSpec:
     scale_tolerance: float = 4.0
     min_position_ratio: float = 0.95
     max_regression: float = 0.02
+    min_category_drafts: int = 256  # a prompt category is judged from this many draft tokens
 
 
 @dataclass(frozen=True)
@@ -214,6 +215,8 @@ def _check_values(recipe: Recipe, path: str) -> None:
         raise InputError(f"{path}: 'validation.max_regression' must be in [0, 1)")
     if validation.scale_tolerance <= 1:
         raise InputError(f"{path}: 'validation.scale_tolerance' must be above 1")
+    if validation.min_category_drafts < 1:
+        raise InputError(f"{path}: 'validation.min_category_drafts' must be at least 1")
 
 
 def _check_formats(recipe: Recipe, path: str) -> None:

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from eaglequant.capture.run import check_engine
+from eaglequant.capture.sequences import check_data
 from eaglequant.draft import DraftDims, check_target_fits, form_exclude, require_bf16_draft
 from eaglequant.errors import InputError
 from eaglequant.exclusions import rewrite_exclude
@@ -97,8 +98,7 @@ def plan_export(request: ExportRequest) -> ExportPlan:
     if calib.kind == "target":
         assert calib.target is not None and calib.data is not None
         aux_ids = check_target_fits(calib.target, dims)
-        if not calib.data.is_file():
-            raise InputError(f"{calib.data}: no such calibration data file")
+        check_data(calib.data)
         if calib.engine is not None:
             check_engine(calib.engine)
     elif calib.kind == "capture":

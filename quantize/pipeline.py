@@ -107,7 +107,7 @@ def calibrate(
     if source.kind == "target":
         assert source.target and source.data and aux_layer_ids and source.engine
         with tempfile.TemporaryDirectory(prefix=".calibration-", dir=scratch_parent) as scratch:
-            sequences = tokenize_data(
+            tokenized = tokenize_data(
                 source.target,
                 source.data,
                 source.seq_len or spec.seq_len,
@@ -117,10 +117,11 @@ def calibrate(
             info = capture_into(
                 Path(scratch),
                 target=source.target,
-                sequences=sequences,
+                sequences=tokenized.sequences,
                 aux_ids=aux_layer_ids,
                 engine=source.engine,
                 embeddings=model.embed_tokens is None,
+                source={"data": tokenized.provenance},
                 progress=progress,
             )
             data = load_capture(Path(scratch), dims)

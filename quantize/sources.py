@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Literal
 
 if TYPE_CHECKING:
     from eaglequant.capture.run import CaptureEngine
+    from eaglequant.prompts.source import PromptSource
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -16,7 +17,7 @@ class CalibrationSource:
 
     kind: Literal["target", "capture", "none"]
     target: Path | None = None
-    data: Path | None = None
+    data: Path | PromptSource | None = None  # a text file or a named prompt set
     capture: Path | None = None
     samples: int | None = None
     seq_len: int | None = None

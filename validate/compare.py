@@ -127,7 +127,7 @@ class OneEnginePerDraft:
         }
 
     def candidate(self, request: ValidateRequest) -> dict[str, Any]:
-        return run_engine(request, request.draft, request.draft_kv_cache_dtype)
+        return run_engine(request, request.draft, kv_cache_dtype=request.draft_kv_cache_dtype)
 
 
 def check_request(request: CompareRequest) -> None:

@@ -3,8 +3,9 @@
 Run as ``python -m eaglequant.validate.engine_run SPEC OUT`` (:mod:`eaglequant.engine.child`).
 
 SPEC is a JSON file: ``llm`` (the ``vllm.LLM`` keyword arguments from
-``eaglequant.engine.config.llm_kwargs``), prompts, max_tokens and the number of top
-logprobs to record (None for none). The process applies the platform's
+``eaglequant.engine.config.llm_kwargs``), prompts, whether their tokenization
+adds special tokens (not for chat-templated prompts), max_tokens and the
+number of top logprobs to record (None for none). The process applies the platform's
 defaults (CPU only: eager mode, KV cache space, thread binding), starts an
 offline ``vllm.LLM`` (greedy), generates, and writes OUT with the token ids
 (and top logprobs), the spec-decode counters from ``LLM.get_metrics()`` and,
@@ -126,7 +127,12 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
         ignore_eos=True,
         logprobs=spec.get("logprobs"),
     )
-    outputs = llm.generate(spec["prompts"], params, use_tqdm=False)
+    outputs = llm.generate(
+        spec["prompts"],
+        params,
+        use_tqdm=False,
+        tokenization_kwargs={"add_special_tokens": spec.get("add_special_tokens", True)},
+    )
     generated = time.perf_counter()
     return {
         "token_ids": [list(o.outputs[0].token_ids) for o in outputs],

@@ -43,6 +43,7 @@ class PlausibilityInputs:
     tolerance: float
     capture: CaptureEngine
     hidden_states: Path | None = None
+    add_special_tokens: bool = True
 
 
 def scale_plausibility(inputs: PlausibilityInputs) -> Check:
@@ -101,7 +102,9 @@ def _target_states(
         return load_capture(inputs.hidden_states, dims)
     from eaglequant.capture.run import capture_into
 
-    sequences = validation_sequences(inputs.target, inputs.prompts, inputs.generated)
+    sequences = validation_sequences(
+        inputs.target, inputs.prompts, inputs.generated, inputs.add_special_tokens
+    )
     with tempfile.TemporaryDirectory(prefix="eaglequant-check6-") as folder:
         capture_into(
             Path(folder),
@@ -115,14 +118,21 @@ def _target_states(
 
 
 def validation_sequences(
-    target: Path, prompts: list[str], generated: list[list[int]] | None
+    target: Path,
+    prompts: list[str],
+    generated: list[list[int]] | None,
+    add_special_tokens: bool = True,
 ) -> list[list[int]]:
-    """Each prompt's token ids (the target's tokenizer, as vLLM's) and the target's continuation."""
+    """Each prompt's token ids (the target's tokenizer, as vLLM's) and the target's continuation.
+
+    ``add_special_tokens`` False for chat-templated prompts, as vLLM's chat endpoint.
+    """
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(target)
     return [
-        tokenizer(prompt)["input_ids"] + (generated[i] if generated else [])
+        tokenizer(prompt, add_special_tokens=add_special_tokens)["input_ids"]
+        + (generated[i] if generated else [])
         for i, prompt in enumerate(prompts)
     ]
 

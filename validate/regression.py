@@ -54,6 +54,7 @@ class RunCounts:
     prompts_sha256: str
     outputs_sha256: str
     per_prompt: tuple[PromptCounts, ...]
+    categories: tuple[str, ...] | None = None  # one per prompt, when the prompts had them
 
 
 def run_counts(report: Mapping[str, Any], source: str) -> RunCounts:
@@ -76,7 +77,15 @@ def run_counts(report: Mapping[str, Any], source: str) -> RunCounts:
         prompts_sha256=str(report["prompts_sha256"]),
         outputs_sha256=str(fp8["outputs_sha256"]),
         per_prompt=counts,
+        categories=_categories(report, len(counts)),
     )
+
+
+def _categories(report: Mapping[str, Any], prompts: int) -> tuple[str, ...] | None:
+    names = report.get("prompt_categories")
+    if not isinstance(names, list) or len(names) != prompts:
+        return None
+    return tuple(str(n) for n in names)
 
 
 def read_previous(path: Path) -> RunCounts:

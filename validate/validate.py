@@ -59,14 +59,22 @@ from eaglequant.environment import environment
 from eaglequant.errors import EngineFailed, InputError
 from eaglequant.exclusions import predict_fates
 from eaglequant.io.checkpoint import read_checkpoint
-from eaglequant.io.records import jsonl_records, read_utf8
-from eaglequant.manifest import MANIFEST_FILE, read_manifest
+from eaglequant.manifest import MANIFEST_FILE, read_json_object, read_manifest
+from eaglequant.prompts.chat import RenderedPrompts, render_for_target
+from eaglequant.prompts.records import read_prompts as read_prompts
+from eaglequant.prompts.source import text_hashes
 from eaglequant.recipe import E8M0_NAN, ValidationSpec, load_recipe
 from eaglequant.serving import speculative_config
 from eaglequant.validate.acceptance import (
     AcceptanceThresholds,
     engine_acceptance_checks,
     prompt_counts,
+)
+from eaglequant.validate.categories import (
+    ROLES,
+    by_category,
+    category_checks,
+    category_regression,
 )
 from eaglequant.validate.check import Check
 from eaglequant.validate.lossless import (
@@ -102,6 +110,10 @@ class ValidateRequest:
     capture: CaptureEngine = field(default_factory=CaptureEngine)
     hidden_states: Path | None = None
     draft_kv_cache_dtype: str | None = None  # the validated draft's KV cache (the BF16 one: auto)
+    categories: list[str] | None = None  # one per prompt
+    min_category_drafts: int = ValidationSpec.min_category_drafts
+    prompt_set: dict[str, Any] | None = None  # the prompts' source and sha256
+    chat_template: bool = True  # render with the target's chat template when it has one
     against: RunCounts | None = None
     resamples: int = DEFAULT_RESAMPLES
     seed: int = DEFAULT_SEED
@@ -126,6 +138,12 @@ class ValidationReport:
     files: dict[str, Any] = field(default_factory=dict)
     command: str | None = None
     environment: dict[str, Any] = field(default_factory=dict)
+    chat_template: bool = False
+    prompt_set: dict[str, Any] | None = None
+    calibration_overlap: dict[str, Any] | None = None
+    categories: dict[str, dict[str, Any]] | None = None
+    min_category_drafts: int | None = None
+    prompt_categories: list[str] | None = None
 
     @property
     def passed(self) -> bool:
@@ -140,23 +158,6 @@ class ValidationReport:
         data["passed"] = self.passed
         data["verdict"] = self.verdict
         return data
-
-
-def read_prompts(path: Path) -> list[str]:
-    """Prompts from a .jsonl (``text`` or ``prompt`` fields) or .txt (one per line)."""
-    raw = read_utf8(path, "prompts")
-    if path.suffix == ".jsonl":
-        prompts = []
-        for number, record in jsonl_records(path, raw):
-            text = record.get("text", record.get("prompt"))
-            if not isinstance(text, str):
-                raise InputError(f"{path}:{number}: needs a 'text' or 'prompt' string")
-            prompts.append(text)
-    else:
-        prompts = [line for line in raw.splitlines() if line.strip()]
-    if not prompts:
-        raise InputError(f"{path}: holds no prompts")
-    return prompts
 
 
 def validation_spec(draft: Path, recipe: str | None) -> ValidationSpec:
@@ -182,6 +183,11 @@ def check_inputs(request: ValidateRequest) -> dict[str, Any]:
     """Everything that can be checked before any engine starts; the files it will validate."""
     if not request.target.is_dir():
         raise InputError(f"{request.target}: no such target folder; pass the target model's folder")
+    if request.categories is not None and len(request.categories) != len(request.prompts):
+        raise InputError(
+            f"{len(request.categories)} categories for {len(request.prompts)} prompts; "
+            "give one category per prompt"
+        )
     files = {"draft": binding(request.draft), "baseline": binding(request.baseline)}
     dims = {}
     for folder in (request.draft, request.baseline):
@@ -212,20 +218,24 @@ def validate(
 ) -> ValidationReport:
     """Run the three engines (or reuse finished ``target``/``bf16`` runs) and the six checks."""
     files = check_inputs(request)
+    rendered = engine_prompts(request)
     engines: dict[str, dict[str, Any]] = dict(reuse or {})
     for role, draft in (("target", None), ("bf16", request.baseline), ("fp8", request.draft)):
         if role in engines:
             continue
         progress(f"vLLM engine: {role} ...")
         kv = request.draft_kv_cache_dtype if role == "fp8" else None
-        engines[role] = run_engine(request, draft, kv)
+        engines[role] = run_engine(request, draft, rendered, kv)
         state = "ok" if engines[role]["ok"] else "FAILED"
         progress(f"vLLM engine: {role} {state} ({engines[role]['wall_s']:.0f}s)")
     checks = _engine_checks(request, engines)
+    categories = _categories(request, engines)
+    if categories is not None:
+        checks += category_checks(categories)
     progress("scale plausibility ...")
-    checks.append(scale_plausibility(request, engines["target"]))
+    checks.append(scale_plausibility(request, engines["target"], rendered))
     if request.against is not None:
-        checks.append(_regression(request, engines["fp8"]))
+        checks += _regression(request, engines["fp8"])
     fp8 = engines["fp8"]
     fp8_config = fp8.get("result", {}).get("engine_config", {})
     return ValidationReport(
@@ -244,21 +254,80 @@ def validate(
         files=files,
         command=request.command,
         environment=environment(),
+        chat_template=rendered.chat_template,
+        prompt_set=request.prompt_set,
+        calibration_overlap=calibration_overlap(request.draft, request.prompts),
+        categories=categories,
+        min_category_drafts=request.min_category_drafts if request.categories else None,
+        prompt_categories=request.categories,
     )
 
 
+def _categories(
+    request: ValidateRequest, engines: dict[str, dict[str, Any]]
+) -> dict[str, dict[str, Any]] | None:
+    """Acceptance by category for both drafts (None without categories or per-prompt counts)."""
+    if request.categories is None or not all(engines[role]["ok"] for role in ROLES):
+        return None
+    try:
+        counts = {role: prompt_counts(engines[role]["result"]) for role in ROLES}
+    except ValueError:
+        return None  # checks 2 and 5 already fail with the reason
+    return by_category(
+        request.categories,
+        counts,
+        min_drafts=request.min_category_drafts,
+        thresholds=_thresholds(request),
+        acceptance=acceptance,
+    )
+
+
+def _thresholds(request: ValidateRequest) -> AcceptanceThresholds:
+    return AcceptanceThresholds(
+        min_acceptance_ratio=request.min_acceptance_ratio,
+        min_position_ratio=request.min_position_ratio,
+        resamples=request.resamples,
+        seed=request.seed,
+    )
+
+
+def engine_prompts(request: ValidateRequest) -> RenderedPrompts:
+    """The prompts as every engine gets them: through the target's chat template, if asked."""
+    return render_for_target(request.target, request.prompts, request.chat_template)
+
+
+def calibration_overlap(draft: Path, prompts: list[str]) -> dict[str, Any] | None:
+    """How many validation prompts the draft was calibrated on (its manifest's text hashes);
+    None when the manifest records none."""
+    manifest = draft / MANIFEST_FILE
+    if not manifest.is_file():
+        return None
+    calibration = read_json_object(manifest, "export manifest").get("calibration") or {}
+    data = calibration.get("data") or (calibration.get("capture") or {}).get("data")
+    if not isinstance(data, dict) or not data.get("text_hashes"):
+        return None
+    calibrated = set(data["text_hashes"])
+    shared = sum(1 for digest in text_hashes(prompts) if digest in calibrated)
+    return {"calibration": data.get("source"), "shared": shared, "prompts": len(prompts)}
+
+
 def run_engine(
-    request: ValidateRequest, draft: Path | None, kv_cache_dtype: str | None = None
+    request: ValidateRequest,
+    draft: Path | None,
+    rendered: RenderedPrompts | None = None,
+    kv_cache_dtype: str | None = None,
 ) -> dict[str, Any]:
     """One engine in a child process (own process group), bounded by the timeout; the draft's
     KV cache in ``kv_cache_dtype`` (None: the target's)."""
+    rendered = rendered or engine_prompts(request)
     with tempfile.TemporaryDirectory(prefix="eaglequant-engine-") as scratch:
         spec_path, out_path = Path(scratch) / "spec.json", Path(scratch) / "out.json"
         log_path = Path(scratch) / "engine.log"
         speculative = speculative_config(str(draft), request.k, kv_cache_dtype) if draft else None
         spec = {
             "llm": llm_kwargs(request.engine, str(request.target), speculative),
-            "prompts": request.prompts,
+            "prompts": rendered.texts,
+            "add_special_tokens": rendered.add_special_tokens,
             "max_tokens": request.max_tokens,
             "logprobs": None if draft else TOP_LOGPROBS,
         }
@@ -332,13 +401,7 @@ def _engine_checks(request: ValidateRequest, engines: dict[str, dict[str, Any]])
             )
         ]
     target = engines["target"]["result"]
-    thresholds = AcceptanceThresholds(
-        min_acceptance_ratio=request.min_acceptance_ratio,
-        min_position_ratio=request.min_position_ratio,
-        resamples=request.resamples,
-        seed=request.seed,
-    )
-    acceptance_check, per_position = engine_acceptance_checks(engines, thresholds)
+    acceptance_check, per_position = engine_acceptance_checks(engines, _thresholds(request))
     return [
         lossless_check(
             target["token_ids"],
@@ -427,15 +490,16 @@ def _log_check(log: str) -> Check:
     return Check("4 engine log", not hits, detail, {"warnings": hits[:10]})
 
 
-def _regression(request: ValidateRequest, fp8: dict[str, Any]) -> Check:
-    """Check 7 on this run's FP8 engine against the earlier report's."""
+def _regression(request: ValidateRequest, fp8: dict[str, Any]) -> list[Check]:
+    """Check 7 on this run's FP8 engine against the earlier report's, and per category when
+    both runs have categories."""
     assert request.against is not None
     try:
         counts = prompt_counts(fp8["result"]) if fp8["ok"] else None
     except ValueError as exc:
-        return Check(REGRESSION, False, str(exc))
+        return [Check(REGRESSION, False, str(exc))]
     if counts is None:
-        return Check(REGRESSION, False, "the FP8 engine did not finish: nothing to compare")
+        return [Check(REGRESSION, False, "the FP8 engine did not finish: nothing to compare")]
     current = RunCounts(
         source="this run",
         k=request.k,
@@ -443,17 +507,31 @@ def _regression(request: ValidateRequest, fp8: dict[str, Any]) -> Check:
         prompts_sha256=prompts_digest(request.prompts),
         outputs_sha256=outputs_digest(fp8["result"]["token_ids"]),
         per_prompt=tuple(counts),
+        categories=tuple(request.categories) if request.categories else None,
     )
-    return regression_check(
+    checks = [
+        regression_check(
+            current,
+            request.against,
+            max_regression=request.max_regression,
+            resamples=request.resamples,
+            seed=request.seed,
+        )
+    ]
+    by_category = category_regression(
         current,
         request.against,
+        min_drafts=request.min_category_drafts,
         max_regression=request.max_regression,
         resamples=request.resamples,
         seed=request.seed,
     )
+    return checks if by_category is None else [*checks, by_category]
 
 
-def scale_plausibility(request: ValidateRequest, target_engine: dict[str, Any]) -> Check:
+def scale_plausibility(
+    request: ValidateRequest, target_engine: dict[str, Any], rendered: RenderedPrompts
+) -> Check:
     """Check 6 on the validation sequences: each prompt and the target's own continuation."""
     from eaglequant.validate.plausibility import PlausibilityInputs
     from eaglequant.validate.plausibility import scale_plausibility as check
@@ -462,7 +540,8 @@ def scale_plausibility(request: ValidateRequest, target_engine: dict[str, Any]) 
         target=request.target,
         draft=request.draft,
         baseline=request.baseline,
-        prompts=request.prompts,
+        prompts=rendered.texts,
+        add_special_tokens=rendered.add_special_tokens,
         generated=target_engine.get("result", {}).get("token_ids"),
         k=request.k,
         tolerance=request.scale_tolerance,

@@ -36,6 +36,7 @@ from eaglequant.engine.config import (
 from eaglequant.errors import InputError
 from eaglequant.io.checkpoint import read_checkpoint
 from eaglequant.io.output import atomic_output_dir, check_output_path
+from eaglequant.prompts.source import PromptSource
 
 EngineName = Literal["vllm", "transformers"]
 # max_model_len is free here (the default fits the longest sequence); the rest as validate's.
@@ -165,7 +166,7 @@ class CaptureRequest:
     """``eaglequant capture``: ``aux_layers`` None takes the draft's, else vLLM's default."""
 
     target: Path
-    data: Path
+    data: Path | PromptSource
     out: Path
     engine: CaptureEngine
     draft: Path | None = None
@@ -180,14 +181,13 @@ def capture_hidden_states(
     request: CaptureRequest, progress: Callable[[str], None] = lambda _m: None
 ) -> dict[str, Any]:
     """Check everything, run the target, publish ``out`` atomically; return capture.json's data."""
-    from eaglequant.capture.sequences import tokenize_data
+    from eaglequant.capture.sequences import check_data, tokenize_data
 
     check_output_path(request.out, [request.target], request.overwrite)
     ids = aux_layer_ids(request.target, request.draft, request.aux_layers)
-    if not request.data.is_file():
-        raise InputError(f"{request.data}: no such calibration data file")
+    check_data(request.data)
     check_engine(request.engine)
-    sequences = tokenize_data(
+    tokenized = tokenize_data(
         request.target,
         request.data,
         request.seq_len,
@@ -198,11 +198,11 @@ def capture_hidden_states(
         info = capture_into(
             temp,
             target=request.target,
-            sequences=sequences,
+            sequences=tokenized.sequences,
             aux_ids=ids,
             engine=request.engine,
             embeddings=request.embeddings,
-            source={"data": str(request.data), "draft_checked": request.draft is not None},
+            source={"data": tokenized.provenance, "draft_checked": request.draft is not None},
             progress=progress,
         )
     return info

@@ -23,6 +23,7 @@ from eaglequant.cli.export import export
 from eaglequant.cli.fix_config import fix_config_command
 from eaglequant.cli.inspect import inspect
 from eaglequant.cli.options import ARGV_KEY
+from eaglequant.cli.prompts import prompts
 from eaglequant.cli.publish import publish
 from eaglequant.cli.toy import toy
 from eaglequant.cli.tune import tune
@@ -63,18 +64,8 @@ def main() -> None:
     """Turn a BF16 EAGLE-3 draft into a static FP8 E4M3 draft that vLLM loads, and prove it."""
 
 
-for _command in (
-    inspect,
-    fix_config_command,
-    card,
-    toy,
-    export,
-    capture,
-    validate,
-    tune,
-    publish,
-    compare,
-):
+_COMMANDS = (inspect, fix_config_command, card, toy, export, capture, validate, tune, publish)
+for _command in (*_COMMANDS, prompts, compare):
     main.add_command(_command)
 
 if __name__ == "__main__":

@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 
 from eaglequant.cli.options import (
     PATH,
+    PROMPTS,
+    SETS_HELP,
     capture_engine,
     data_parallel_option,
     engine_choice,
@@ -18,10 +21,18 @@ from eaglequant.cli.options import (
     progress,
 )
 
+if TYPE_CHECKING:
+    from eaglequant.prompts.source import PromptSource
+
 
 @click.command()
 @click.option("--target", "target", type=PATH, required=True, help="Target model folder.")
-@click.option("--data", type=PATH, required=True, help="Text: .jsonl (text or messages) or .txt.")
+@click.option(
+    "--data",
+    type=PROMPTS,
+    required=True,
+    help=f"Text: .jsonl (text or messages), .txt, or {SETS_HELP}.",
+)
 @click.argument("out", type=PATH)
 @click.option("--draft", type=PATH, help="Draft folder: take its aux layer ids and check the fit.")
 @click.option(
@@ -37,7 +48,7 @@ from eaglequant.cli.options import (
 @click.option("--trust-remote-code", is_flag=True)
 def capture(
     target: Path,
-    data: Path,
+    data: PromptSource,
     out: Path,
     draft: Path | None,
     aux_layers: str | None,

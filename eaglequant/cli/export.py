@@ -10,6 +10,8 @@ import click
 
 from eaglequant.cli.options import (
     PATH,
+    PROMPTS,
+    SETS_HELP,
     capture_engine,
     data_parallel_option,
     engine_choice,
@@ -23,13 +25,14 @@ from eaglequant.errors import InputError
 
 if TYPE_CHECKING:
     from eaglequant.capture.run import CaptureEngine
+    from eaglequant.prompts.source import PromptSource
     from eaglequant.quantize.sources import CalibrationSource
 
 
 def _calibration_source(
     calib: str | None,
     calib_target: Path | None,
-    calib_data: Path | None,
+    calib_data: PromptSource | None,
     calib_hidden_states: Path | None,
     samples: int | None,
     seq_len: int | None,
@@ -78,7 +81,9 @@ def _calibration_source(
     "--calib-target", type=PATH, help="Target model folder to capture hidden states from."
 )
 @click.option(
-    "--calib-data", type=PATH, help="Calibration text: .jsonl (text or messages) or .txt."
+    "--calib-data",
+    type=PROMPTS,
+    help=f"Calibration text: .jsonl (text or messages), .txt, or {SETS_HELP}.",
 )
 @click.option("--calib-hidden-states", type=PATH, help="A folder written by `eaglequant capture`.")
 @click.option(
@@ -118,7 +123,7 @@ def export(
     out: Path | None,
     recipe: str,
     calib_target: Path | None,
-    calib_data: Path | None,
+    calib_data: PromptSource | None,
     calib_hidden_states: Path | None,
     calib: str | None,
     calib_samples: int | None,

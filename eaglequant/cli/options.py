@@ -39,6 +39,38 @@ def invocation() -> str:
     return command_string(argv, paths)
 
 
+SETS_HELP = "a prompt set mt-bench, humaneval or sharegpt (NAME:N: its first N)"
+
+
+class PromptsType(click.ParamType):
+    """A prompts file or a named prompt set (``NAME[:N]``), as a ``PromptSource``.
+
+    ``as_file``: a set is written out as a ``.jsonl`` of ``{"prompt": ...}`` in the cache
+    and its path returned, for commands that hand a file to another program.
+    """
+
+    name = "PROMPTS"
+
+    def __init__(self, as_file: bool = False) -> None:
+        self.as_file = as_file
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        from eaglequant.prompts.source import PromptSource, parse_source
+
+        source = value if isinstance(value, (PromptSource, Path)) else parse_source(str(value))
+        if not self.as_file or isinstance(source, Path):
+            return source
+        if source.path is not None:
+            return source.path
+        from eaglequant.prompts.source import prompts_as_file
+
+        return prompts_as_file(source)
+
+
+PROMPTS = PromptsType()
+PROMPTS_FILE = PromptsType(as_file=True)
+
+
 def progress(message: str) -> None:
     """A library progress line, on stderr."""
     click.echo(f"[eaglequant] {message}", err=True)

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 
 from eaglequant.cli.options import (
     PATH,
+    PROMPTS,
     draft_kv_cache_option,
     engine_options,
     engine_settings,
@@ -16,6 +18,9 @@ from eaglequant.cli.options import (
     invocation,
 )
 from eaglequant.errors import InputError
+
+if TYPE_CHECKING:
+    from eaglequant.prompts.source import PromptSource
 
 
 @click.command()
@@ -49,9 +54,9 @@ from eaglequant.errors import InputError
 )
 @click.option(
     "--prompts",
-    type=PATH,
-    help="A .jsonl of {'prompt': ...} instead of random tokens (or, with --dataset "
-    "sharegpt, a ShareGPT .json).",
+    type=PROMPTS,
+    help="A .jsonl of {'prompt': ...}, or a prompt set (mt-bench, humaneval, sharegpt[:N]), "
+    "instead of random tokens (with --dataset sharegpt: a ShareGPT .json, or the set sharegpt).",
 )
 @click.option(
     "--dataset",
@@ -89,7 +94,7 @@ def tune(
     concurrency: str,
     isl: int,
     osl: int,
-    prompts: Path | None,
+    prompts: PromptSource | Path | None,
     dataset: str | None,
     num_prompts: int | None,
     repeats: int,
@@ -110,6 +115,7 @@ def tune(
     With --baseline: the release table, the draft against the baseline draft and no
     speculation at every k and concurrency.
     """
+    from eaglequant.prompts.source import bench_dataset_file
     from eaglequant.tune.request import KEEP, RESTART, TuneRequest
 
     if keep_servers and baseline is None:
@@ -123,7 +129,7 @@ def tune(
         concurrencies=int_list(concurrency, "--concurrency", minimum=1, example="4,8,16"),
         isl=isl,
         osl=osl,
-        prompts=prompts,
+        prompts=bench_dataset_file(prompts, dataset) if prompts is not None else None,
         dataset=dataset,
         num_prompts=num_prompts,
         repeats=repeats,

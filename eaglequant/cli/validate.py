@@ -5,11 +5,14 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 
 from eaglequant.cli.options import (
     PATH,
+    PROMPTS,
+    SETS_HELP,
     draft_kv_cache_option,
     engine_choice,
     engine_options,
@@ -17,6 +20,9 @@ from eaglequant.cli.options import (
     invocation,
 )
 from eaglequant.cli.options import capture_engine as capture_engine_for
+
+if TYPE_CHECKING:
+    from eaglequant.prompts.source import PromptSource
 
 
 @click.command()
@@ -27,7 +33,16 @@ from eaglequant.cli.options import capture_engine as capture_engine_for
     "--k", type=click.IntRange(1, 16), default=3, show_default=True, help="num_speculative_tokens."
 )
 @click.option(
-    "--prompts", type=PATH, required=True, help="Prompts: .jsonl (text) or .txt (one per line)."
+    "--prompts",
+    type=PROMPTS,
+    required=True,
+    help=f"Prompts: .jsonl (text, prompt or turns; optional category), .txt (one per line), or "
+    f"{SETS_HELP}, installed with `eaglequant prompts fetch`.",
+)
+@click.option(
+    "--no-chat-template",
+    is_flag=True,
+    help="Send the prompts raw, not through the target's chat template (used when it has one).",
 )
 @click.option("--max-tokens", type=click.IntRange(min=1), default=48, show_default=True)
 @click.option(
@@ -96,7 +111,8 @@ def validate(
     draft: Path,
     baseline: Path,
     k: int,
-    prompts: Path,
+    prompts: PromptSource,
+    no_chat_template: bool,
     max_tokens: int,
     recipe: str | None,
     min_acceptance_ratio: float | None,
@@ -120,21 +136,27 @@ def validate(
     Exit 0 when every check passes, 1 when one fails or is inconclusive, 2 for bad input.
     """
     from eaglequant.io.output import check_file_output, write_text_atomic
+    from eaglequant.prompts.source import load_prompts
     from eaglequant.render.junit import junit_xml
     from eaglequant.render.reports import validation_markdown
     from eaglequant.render.terminal import print_validation
     from eaglequant.validate.regression import read_previous
-    from eaglequant.validate.validate import ValidateRequest, read_prompts, validation_spec
+    from eaglequant.validate.validate import ValidateRequest, validation_spec
     from eaglequant.validate.validate import validate as run
 
     for path in filter(None, (json_path, markdown_path, junit_path)):
         check_file_output(path)
     thresholds = validation_spec(draft, recipe)
+    prompt_set = load_prompts(prompts)
     request = ValidateRequest(
         target=target,
         draft=draft,
         baseline=baseline,
-        prompts=read_prompts(prompts),
+        prompts=prompt_set.texts,
+        categories=prompt_set.categories,
+        prompt_set=prompt_set.describe(),
+        chat_template=not no_chat_template,
+        min_category_drafts=thresholds.min_category_drafts,
         k=k,
         max_tokens=max_tokens,
         min_acceptance_ratio=(

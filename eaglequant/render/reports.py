@@ -39,6 +39,89 @@ def acceptance_rows(report: dict[str, Any]) -> list[tuple[str, str, str, str]]:
     return rows
 
 
+def category_rows(report: dict[str, Any]) -> list[tuple[str, ...]]:
+    """Per category: prompts, draft tokens, BF16 and FP8 mean acceptance, ratio, by position,
+    and whether the checks judged it (and how)."""
+    rows = []
+    for name, row in (report.get("categories") or {}).items():
+        bf16, fp8 = row["bf16"], row["fp8"]
+        means = (bf16["mean_length"], fp8["mean_length"])
+        ratio = "-"
+        if None not in means and means[0]:
+            ratio = f"{means[1] / means[0]:.3f}"
+        checks = row.get("checks")
+        verdicts = "reported, not judged"
+        if checks:
+            interval = checks["2"]["numbers"]["interval"]
+            ratio += f" [{interval['low']:.3f}, {interval['high']:.3f}]"
+            verdicts = f"2 {checks['2']['verdict']}, 5 {checks['5']['verdict']}"
+        positions = " / ".join(
+            f"{f:.3f}:{b:.3f}"
+            for f, b in zip(fp8["per_position"], bf16["per_position"], strict=False)
+        )
+        rows.append(
+            (
+                name,
+                str(row["prompts"]),
+                f"{bf16['draft_tokens']} / {fp8['draft_tokens']}",
+                *("-" if m is None else f"{m:.3f}" for m in means),
+                ratio,
+                positions or "-",
+                verdicts,
+            )
+        )
+    return rows
+
+
+CATEGORY_COLUMNS = (
+    "category",
+    "prompts",
+    "draft tokens BF16 / FP8",
+    "BF16 mean acceptance",
+    "FP8 mean acceptance",
+    "FP8/BF16 [95% interval]",
+    "by position FP8:BF16",
+    "checks 2 and 5",
+)
+
+
+def category_markdown(report: dict[str, Any]) -> list[str]:
+    """The per-category table (no lines when the report has no categories)."""
+    rows = category_rows(report)
+    if not rows:
+        return []
+    minimum = report.get("min_category_drafts")
+    lines = ["| " + " | ".join(CATEGORY_COLUMNS) + " |", "|" + "---|" * len(CATEGORY_COLUMNS)]
+    lines += ["| " + " | ".join(row) + " |" for row in rows]
+    note = f"Categories with fewer than {minimum} draft tokens are reported, not judged."
+    return [*lines, "", note, ""]
+
+
+def prompts_line(report: dict[str, Any]) -> str:
+    """Which prompts, identified by sha256, how they were rendered, and any calibration overlap."""
+    source = report.get("prompt_set")
+    text = (
+        f"Prompts: `{source['source']}` (sha256 `{source['sha256']}`)"
+        if source
+        else "Prompts: given in the request"
+    )
+    text += (
+        ", rendered with the target's chat template."
+        if report.get("chat_template")
+        else ", sent raw (no chat template)."
+    )
+    overlap = report.get("calibration_overlap")
+    if overlap and overlap["shared"]:
+        text += (
+            f" **{overlap['shared']} of {overlap['prompts']} prompts are among the draft's "
+            f"calibration texts** (`{overlap['calibration']}`): a draft validated on its own "
+            "calibration prompts proves less."
+        )
+    elif overlap:
+        text += f" None is among the draft's calibration texts (`{overlap['calibration']}`)."
+    return text
+
+
 def check_verdict(check: dict[str, Any]) -> str:
     """A check's PASS, FAIL or INCONCLUSIVE from its JSON form."""
     return str(check.get("verdict") or ("PASS" if check["passed"] else "FAIL"))
@@ -72,6 +155,7 @@ def validation_markdown(report: dict[str, Any], heading: str = "##") -> str:
         + ".",
         "",
     ]
+    lines += [prompts_line(report), ""]
     if report.get("serve_command"):
         lines += [f"Equivalent serve line: `{report['serve_command']}`", ""]
     config = report["engines"].get("fp8", {}).get("engine_config")
@@ -81,7 +165,8 @@ def validation_markdown(report: dict[str, Any], heading: str = "##") -> str:
     lines += ["| draft | mean acceptance length | acceptance by position | engine |"]
     lines += ["|---|---|---|---|"]
     lines += [f"| {a} | {b} | {c} | {d} |" for a, b, c, d in acceptance_rows(report)]
-    lines += ["", "| check | result | detail |", "|---|---|---|"]
+    lines += ["", *category_markdown(report)]
+    lines += ["| check | result | detail |", "|---|---|---|"]
     for check in report["checks"]:
         detail = check["detail"].replace("|", "\\|")
         lines.append(f"| {check['name']} | {check_verdict(check)} | {detail} |")

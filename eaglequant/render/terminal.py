@@ -9,7 +9,14 @@ from rich.console import Console
 from rich.table import Table
 
 from eaglequant.checks import InspectReport
-from eaglequant.render.reports import acceptance_rows, check_verdict, report_verdict
+from eaglequant.render.reports import (
+    CATEGORY_COLUMNS,
+    acceptance_rows,
+    category_rows,
+    check_verdict,
+    prompts_line,
+    report_verdict,
+)
 
 VERDICT_STYLES = {"PASS": "green", "FAIL": "red", "INCONCLUSIVE": "yellow"}
 VERDICT_LINES = {
@@ -124,12 +131,21 @@ def print_validation(report: dict[str, Any]) -> None:
         f"{report['max_tokens']} tokens, backend {report['backend']}, "
         f"CPU FP8 plugin {'active' if report['plugin_active'] else 'inactive'}"
     )
+    console.print(prompts_line(report).replace("**", "").replace("`", ""))
     table = Table(title="Speculative decoding in vLLM")
     for column in ("draft", "mean acceptance length", "acceptance by position", "engine"):
         table.add_column(column)
     for row in acceptance_rows(report):
         table.add_row(*row)
     console.print(table)
+    categories = category_rows(report)
+    if categories:
+        by_category = Table(title="By prompt category")
+        for column in CATEGORY_COLUMNS:
+            by_category.add_column(column)
+        for category in categories:
+            by_category.add_row(*category)
+        console.print(by_category)
     checks = Table(title="Checks")
     for column in ("check", "result", "detail"):
         checks.add_column(column)

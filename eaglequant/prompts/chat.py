@@ -1,0 +1,52 @@
+"""Prompts as the target sees them: through its chat template, as ``vllm serve``'s chat endpoint.
+
+The endpoint renders one user message with ``add_generation_prompt=True`` and
+tokenizes the result without adding special tokens (the template writes its
+own BOS); a raw prompt is tokenized with them, as the completions endpoint and
+``LLM.generate`` do. :class:`RenderedPrompts` carries both the texts and that
+choice, so every engine and the scale check tokenize the same way.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+
+@dataclass(frozen=True)
+class RenderedPrompts:
+    texts: list[str]
+    chat_template: bool
+
+    @property
+    def add_special_tokens(self) -> bool:
+        return not self.chat_template
+
+
+def has_chat_template(tokenizer: Any) -> bool:
+    return bool(getattr(tokenizer, "chat_template", None))
+
+
+def render(texts: list[str], tokenizer: Any, use_template: bool) -> RenderedPrompts:
+    """Each text as one user turn of ``tokenizer``'s chat template, when asked and it has one."""
+    if not (use_template and has_chat_template(tokenizer)):
+        return RenderedPrompts(list(texts), chat_template=False)
+    rendered = [
+        str(
+            tokenizer.apply_chat_template(
+                [{"role": "user", "content": text}], add_generation_prompt=True, tokenize=False
+            )
+        )
+        for text in texts
+    ]
+    return RenderedPrompts(rendered, chat_template=True)
+
+
+def render_for_target(
+    target: Path, texts: list[str], use_template: bool, trust_remote_code: bool = False
+) -> RenderedPrompts:
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(target, trust_remote_code=trust_remote_code)
+    return render(texts, tokenizer, use_template)

@@ -1,0 +1,92 @@
+"""Acceptance by category from per-prompt counts, its verdicts, and its table in the report."""
+
+from __future__ import annotations
+
+import pytest
+
+from eaglequant.render.reports import category_markdown
+from eaglequant.validate.acceptance import AcceptanceThresholds
+from eaglequant.validate.categories import by_category, category_checks, category_regression
+from eaglequant.validate.regression import RunCounts
+from eaglequant.validate.stats import PromptCounts
+from eaglequant.validate.validate import acceptance
+
+THRESHOLDS = AcceptanceThresholds(min_acceptance_ratio=0.98, min_position_ratio=0.95)
+
+
+def _counts(histogram: list[int]) -> PromptCounts:
+    return PromptCounts(tuple(histogram), 3 * sum(histogram))
+
+
+def _table(min_drafts: int) -> dict:
+    # math: 4 prompts, FP8 accepts much less on three of them; code: one short prompt.
+    categories = ["math", "code", "math", "math", "math"]
+    full, half = [0, 0, 0, 10], [5, 0, 0, 5]
+    per_request = {
+        "bf16": [_counts(full), _counts([1, 1, 1, 1]), *[_counts(full)] * 3],
+        "fp8": [_counts(half), _counts([1, 1, 1, 1]), _counts(half), _counts(half), _counts(full)],
+    }
+    return by_category(
+        categories, per_request, min_drafts=min_drafts, thresholds=THRESHOLDS, acceptance=acceptance
+    )
+
+
+def test_pooled_category_counts_give_vllms_mean_and_per_position() -> None:
+    table = _table(min_drafts=100)
+    assert list(table) == ["math", "code"]
+    math = table["math"]
+    assert math["prompts"] == 4 and math["bf16"]["mean_length"] == 4.0
+    assert math["fp8"]["mean_length"] == pytest.approx(1 + (3 * 15 + 30) / 40)
+    assert math["fp8"]["per_position"] == pytest.approx([25 / 40] * 3)
+    assert math["fp8"]["draft_tokens"] == 120
+    assert math["judged"]
+    assert [math["checks"][n]["verdict"] for n in "25"] == ["FAIL", "FAIL"]
+    assert math["checks"]["2"]["name"] == "2 acceptance"
+    assert not table["code"]["judged"] and "checks" not in table["code"]  # 12 draft tokens
+
+
+def test_a_failing_category_fails_checks_2_and_5_by_category() -> None:
+    checks = category_checks(_table(min_drafts=100))
+    assert [(c.name, c.verdict) for c in checks] == [
+        ("2 acceptance by category", "FAIL"),
+        ("5 per-position by category", "FAIL"),
+    ]
+    assert checks[0].detail == "FAIL: math; not judged: code"
+    nothing_judged = category_checks(_table(min_drafts=10**6))
+    assert [c.verdict for c in nothing_judged] == ["PASS", "PASS"]
+    assert nothing_judged[0].detail == "no category judged (not judged: math, code)"
+
+
+def test_category_table_in_the_markdown() -> None:
+    lines = category_markdown({"categories": _table(min_drafts=100), "min_category_drafts": 100})
+    assert lines[2].startswith("| math | 4 | 120 / 120 | 4.000 | 2.875 | 0.719 [0.625, ")
+    assert lines[2].endswith("| 0.625:1.000 / 0.625:1.000 / 0.625:1.000 | 2 FAIL, 5 FAIL |")
+    assert lines[3].endswith("| reported, not judged |")
+    assert lines[-2] == "Categories with fewer than 100 draft tokens are reported, not judged."
+    assert category_markdown({"categories": None}) == []
+
+
+def _run(source: str, per_prompt: list[PromptCounts]) -> RunCounts:
+    categories = ("math",) * 4 + ("code",) * 4 + ("tiny",)
+    return RunCounts(source, 3, 32, "same-prompts", source, tuple(per_prompt), categories)
+
+
+def test_the_regression_gate_judges_each_category_both_runs_have() -> None:
+    full, half = _counts([0, 0, 0, 10]), _counts([5, 0, 0, 5])
+    before = _run("previous.json", [full] * 8 + [_counts([1, 0, 0, 0])])
+    now = _run("this run", [half, half, half, full] + [full] * 4 + [_counts([0, 1, 0, 0])])
+    check = category_regression(
+        now, before, min_drafts=60, max_regression=0.02, resamples=500, seed=0
+    )
+    assert check is not None and check.name == "7 regression by category"
+    assert not check.passed
+    assert check.detail == (
+        "vs previous.json: dropped beyond noise: math; no drop beyond noise: code; "
+        "not judged (fewer than 60 draft tokens): tiny"
+    )
+    assert check.numbers["categories"]["math"]["numbers"]["paired"] is True
+    plain = RunCounts("old.json", 3, 32, "same-prompts", "x", before.per_prompt, None)
+    assert (
+        category_regression(now, plain, min_drafts=60, max_regression=0.02, resamples=500, seed=0)
+        is None
+    )
