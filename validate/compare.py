@@ -37,6 +37,7 @@ from eaglequant.validate.validate import ValidateRequest, run_engine, validate
 
 COMPARE_SCHEMA_VERSION = 1
 CAPTURE_DIR, CANDIDATES_DIR = "capture", "candidates"
+FAILURE_CHARS = 600
 Progress = Callable[[str], None]
 
 
@@ -76,6 +77,7 @@ class CandidateRow:
     min_acceptance_ratio: float
     passed: bool
     failed_checks: list[str]
+    failure: str | None = None  # the first failed check's detail (an engine's: its log's cause)
 
 
 @dataclass(frozen=True)
@@ -281,7 +283,21 @@ def _row(
         min_acceptance_ratio=recipe.validation.min_acceptance_ratio,
         passed=bool(report["passed"]),
         failed_checks=[c["name"] for c in report["checks"] if not c["passed"]],
+        failure=_failure(report["checks"]),
     )
+
+
+def _failure(checks: list[dict[str, Any]]) -> str | None:
+    """The first failed check's detail; a failed engine's with its log's last error line."""
+    failed = next((c for c in checks if not c["passed"]), None)
+    if failed is None:
+        return None
+    detail = str(failed["detail"])
+    for tail in (failed.get("numbers") or {}).get("log_tail", {}).values():
+        errors = [line.strip() for line in tail.splitlines() if "Error" in line]
+        if errors:
+            detail += f": {errors[-1]}"
+    return detail[:FAILURE_CHARS]
 
 
 def _report(

@@ -308,6 +308,9 @@ def compare_markdown(report: dict[str, Any], heading: str = "##") -> str:
             f"{_num(row['mean_acceptance'])} | {per_pos} | {_num(row['acceptance_ratio'])} "
             f"(>= {row['min_acceptance_ratio']}) | {verdict} |"
         )
+    failures = [f"- `{r['recipe']}`: {r['failure']}" for r in report["rows"] if r.get("failure")]
+    if failures:
+        lines += ["", "Why the failing candidates failed:", "", *failures]
     chosen = report["recommended"]
     closing = (
         f"**Recommended: `{chosen}`** (the smallest passing candidate; on equal size, the "

@@ -126,3 +126,14 @@ def test_an_unknown_recipe_is_refused(tiny_draft: Path, tmp_path: Path) -> None:
     )
     assert result.exit_code == 2
     assert result.output.startswith("error: recipe 'nvfp4': unknown; use one of [")
+
+
+def test_a_failed_engine_is_explained_by_its_logs_last_error() -> None:
+    from eaglequant.validate.compare import _failure
+
+    checks = [
+        {"name": "engines", "passed": False, "detail": "vLLM engine(s) ['fp8'] failed",
+         "numbers": {"log_tail": {"fp8": "loading\nValueError: no MXFP4 kernel\nexit"}}},
+    ]  # fmt: skip
+    assert _failure(checks) == "vLLM engine(s) ['fp8'] failed: ValueError: no MXFP4 kernel"
+    assert _failure([{"name": "1 lossless", "passed": True, "detail": "ok"}]) is None
