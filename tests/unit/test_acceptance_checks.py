@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import pytest
@@ -124,3 +125,22 @@ def test_a_subset_of_prompts_is_judged_on_its_own() -> None:
     assert two.numbers["interval"]["prompts"] == 16 and "over 16 prompts" in two.detail
     width = two.numbers["interval"]["high"] - two.numbers["interval"]["low"]
     assert width > whole.numbers["interval"]["high"] - whole.numbers["interval"]["low"]
+
+
+def test_the_terminal_shows_the_inconclusive_verdict() -> None:
+    from eaglequant.render.terminal import console, print_validation
+
+    two, five = checks(COARSE)
+    report = {
+        "target": "t", "draft": "d", "baseline": "b", "k": 3, "prompts": 32, "max_tokens": 48,
+        "backend": "cpu", "plugin_active": True, "engines": {},
+        "checks": [
+            {"name": c.name, "passed": c.passed, "verdict": c.verdict, "detail": c.detail}
+            for c in (two, five)
+        ],
+    }  # fmt: skip
+    with console.capture() as captured:
+        print_validation(report)
+    text = captured.get()
+    assert re.search(r"│ 2 acceptance +│ INCONCLUSIVE │", text), text
+    assert text.rstrip().endswith("validation INCONCLUSIVE: too few prompts to decide")

@@ -27,6 +27,7 @@ CORE = [
     "eaglequant.forms",
     "eaglequant.checks",
     "eaglequant.manifest",
+    "eaglequant.validation_report",
     "eaglequant.environment",
     "eaglequant.io.safetensors_header",
     "eaglequant.io.checkpoint",
