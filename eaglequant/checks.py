@@ -15,6 +15,7 @@ from typing import Any
 
 from eaglequant.draft import (
     KEEP_UNQUANTIZED,
+    SCALE_SUFFIXES,
     Problem,
     dims_from_config,
     draft_form,
@@ -29,6 +30,36 @@ from eaglequant.exclusions import (
     predict_fates,
 )
 from eaglequant.io.checkpoint import Checkpoint, read_checkpoint
+from eaglequant.io.safetensors_header import FLOAT_DTYPES
+from eaglequant.recipe import E8M0_NAN
+
+
+@dataclass(frozen=True)
+class SizeSummary:
+    """Bytes on disk and how many of the draft's parameters are stored quantized.
+
+    A packed MXFP4 byte holds two parameters; scales are not parameters.
+    """
+
+    bytes_on_disk: int
+    parameters: int
+    quantized_parameters: int
+
+    @property
+    def quantized_fraction(self) -> float:
+        return self.quantized_parameters / self.parameters if self.parameters else 0.0
+
+
+def size_summary(ckpt: Checkpoint) -> SizeSummary:
+    """The tensors' bytes (headers aside) and their parameters, quantized or not."""
+    total = quantized = 0
+    for name, info in ckpt.tensors.items():
+        if name.endswith(SCALE_SUFFIXES):
+            continue
+        count = math.prod(info.shape) * (2 if info.dtype == "U8" else 1)
+        total += count
+        quantized += count if info.dtype not in FLOAT_DTYPES else 0
+    return SizeSummary(ckpt.total_bytes, total, quantized)
 
 
 @dataclass
@@ -43,6 +74,7 @@ class InspectReport:
     bytes_by_dtype: dict[str, int]
     shards: list[str]
     quantization: dict[str, Any] | None
+    size: SizeSummary | None = None
     fates: list[LayerFate] = field(default_factory=list)
     scales: dict[str, list[float]] = field(default_factory=dict)
     problems: list[Problem] = field(default_factory=list)
@@ -50,6 +82,8 @@ class InspectReport:
     def to_json(self) -> dict[str, Any]:
         data = asdict(self)
         data["problems"] = [str(p) for p in self.problems]
+        if self.size is not None:
+            data["size"]["quantized_fraction"] = self.size.quantized_fraction
         return data
 
 
@@ -77,6 +111,7 @@ def inspect_checkpoint(path: Path, target_layers: int = DEFAULT_TARGET_LAYERS) -
         bytes_by_dtype=dict(sorted(bytes_by_dtype.items())),
         shards=list(ckpt.shard_files),
         quantization=_quant_summary(ckpt.config.get("quantization_config")),
+        size=size_summary(ckpt) if recognised else None,
         fates=[_as_stored(ckpt, fate) for fate in fates],
         scales={ckpt.tensors[name].name: values for name, values in scales.items()},
         problems=problems,
@@ -180,21 +215,23 @@ def _fate_problems(
         weight = ckpt.tensors.get(f"{source}.weight")
         if weight is None:
             continue
-        is_fp8 = weight.dtype.startswith("F8")
-        if fate.quantized and not is_fp8:
+        is_quantized = weight.dtype not in FLOAT_DTYPES  # FP8, or MXFP4's packed bytes
+        if fate.quantized and not is_quantized:
             problems.append(
                 Problem(
                     fate.vllm_name,
                     f"vLLM would build it as {fate.scheme} but '{source}.weight' is "
-                    f"{weight.dtype} (vLLM casts it to FP8 with placeholder scales)",
+                    f"{weight.dtype} (vLLM loads it into a quantized layer with placeholder "
+                    "scales)",
                     f"exclude it with a regex: run `eaglequant fix-config {ckpt.folder}`",
                 )
             )
-        elif not fate.quantized and is_fp8:
+        elif not fate.quantized and is_quantized:
             problems.append(
                 Problem(
                     fate.vllm_name,
-                    f"'{source}.weight' is FP8 but vLLM would build the layer unquantized",
+                    f"'{source}.weight' is {weight.dtype} but vLLM would build the layer "
+                    "unquantized",
                     "remove it from exclude or re-export",
                 )
             )
@@ -220,6 +257,16 @@ def _scale_problems(
                     "re-export the draft",
                 )
             )
+            continue
+        if ckpt.tensors[name].dtype == "U8":  # OCP MX: E8M0 exponent bytes
+            if E8M0_NAN in ckpt.read_raw(name):
+                problems.append(
+                    Problem(
+                        f"{ckpt.tensors[name].file}: tensor '{ckpt.tensors[name].name}'",
+                        f"holds the E8M0 NaN exponent ({E8M0_NAN})",
+                        "re-export the draft",
+                    )
+                )
             continue
         values = scales.get(name, [])
         if not values or not all(math.isfinite(v) and v > 0 for v in values):

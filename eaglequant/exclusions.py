@@ -23,6 +23,7 @@ from typing import Any
 
 from eaglequant.forms import form_of, fused_shards
 from eaglequant.forms.llama import LLAMA
+from eaglequant.recipe import MX_BLOCK, MX_DTYPES
 
 # Bare names that the published reference card writes as these exact regexes.
 CARD_REGEX = {"fc": "re:.*fc.*", "lm_head": "re:.*lm_head.*"}
@@ -65,6 +66,7 @@ class LayerFate:
     quantized: bool
     scheme: str
     reason: str
+    vllm_scheme: str | None = None  # the Quark scheme class vLLM builds it with, if quantized
 
 
 def vllm_linear_names(target_layers: int, draft_layers: int = 1) -> dict[str, tuple[str, ...]]:
@@ -140,7 +142,14 @@ def _fate(vllm_name: str, sources: tuple[str, ...], qcfg: Any) -> LayerFate:
     if excluded:
         return LayerFate(vllm_name, sources, False, "bf16", "excluded")
     layer_cfg = _layer_config(vllm_name, qcfg)
-    return LayerFate(vllm_name, sources, True, describe_scheme(layer_cfg), "not excluded")
+    return LayerFate(
+        vllm_name,
+        sources,
+        True,
+        describe_scheme(layer_cfg),
+        "not excluded",
+        vllm_scheme(layer_cfg),
+    )
 
 
 def _layer_config(vllm_name: str, qcfg: dict[str, Any]) -> dict[str, Any]:
@@ -156,11 +165,20 @@ def _layer_config(vllm_name: str, qcfg: dict[str, Any]) -> dict[str, Any]:
 
 
 def describe_scheme(layer_cfg: dict[str, Any]) -> str:
-    """A short name such as ``fp8 w:per_tensor a:per_tensor static``."""
+    """A short name such as ``fp8 w:per_tensor a:per_tensor static`` or ``mxfp4 a:mxfp4``."""
     weight = _single(layer_cfg.get("weight"))
     act = _single(layer_cfg.get("input_tensors"))
     if not weight:
         return "bf16 (no weight spec)"
+    mx = _mx_dtype(weight)
+    if mx is not None:
+        if not act:
+            return f"{mx} weight-only"
+        a_mx = _mx_dtype(act)
+        if a_mx is not None:
+            return f"{mx} a:{a_mx} dynamic"
+        mode = "dynamic" if act.get("is_dynamic") else "static"
+        return f"{mx} a:fp8 {act.get('qscheme')} {mode}"
     if weight.get("dtype") != "fp8_e4m3":
         return f"{weight.get('dtype')} (not FP8 E4M3)"
     w = weight.get("qscheme")
@@ -171,6 +189,38 @@ def describe_scheme(layer_cfg: dict[str, Any]) -> str:
         a = "per_token" if a == "per_channel" else a
         return f"fp8 w:{w} a:{a} dynamic"
     return f"fp8 w:{w} a:{a} static"
+
+
+def vllm_scheme(layer_cfg: dict[str, Any]) -> str | None:
+    """The Quark scheme class vLLM builds a quantized linear with (its dispatch order), or None.
+
+    ``QuarkW8A8Fp8`` for FP8 per-tensor/per-channel weights, ``QuarkW4A8_MXFP4_FP8``
+    for MXFP4 weights with static per-tensor FP8 inputs, ``QuarkOCP_MX`` for other
+    OCP MX weights.
+    """
+    weight = _single(layer_cfg.get("weight"))
+    act = _single(layer_cfg.get("input_tensors"))
+    if not weight:
+        return None
+    if weight.get("dtype") == "fp8_e4m3" and weight.get("qscheme") in ("per_tensor", "per_channel"):
+        return "QuarkW8A8Fp8" if act and act.get("dtype") == "fp8_e4m3" else None
+    mx = _mx_dtype(weight)
+    if mx is None:
+        return None
+    if act and act.get("dtype") == "fp8_e4m3" and not act.get("is_dynamic"):
+        w4a8 = mx == "mxfp4" and act.get("qscheme") == "per_tensor" and act.get("symmetric")
+        return "QuarkW4A8_MXFP4_FP8" if w4a8 else None
+    return "QuarkOCP_MX"
+
+
+def _mx_dtype(spec: dict[str, Any]) -> str | None:
+    """``mxfp8_e4m3`` or ``mxfp4`` for an OCP MX spec (per_group of 32, E8M0 scales)."""
+    dtype = str(spec.get("dtype"))
+    mx = dtype.replace("fp", "mxfp", 1)
+    grouped = spec.get("qscheme") == "per_group" and spec.get("group_size") == MX_BLOCK
+    if mx in MX_DTYPES and grouped and spec.get("scale_format") == "e8m0":
+        return mx
+    return None
 
 
 def _single(spec: Any) -> dict[str, Any] | None:

@@ -17,20 +17,32 @@ from eaglequant.errors import InputError
 
 DEFAULT_RECIPE = "fp8-static"
 FP8_E4M3_MAX = 448.0
+MX_BLOCK = 32  # OCP MX: elements sharing one E8M0 scale, along the input dimension
+MX_DTYPES = ("mxfp8_e4m3", "mxfp4")
+E8M0_BIAS, E8M0_NAN = 127, 255  # an E8M0 scale byte e is 2 ** (e - 127); 255 is NaN
+
+Dtype = Literal["fp8_e4m3", "mxfp8_e4m3", "mxfp4"]
 
 
 @dataclass(frozen=True)
 class WeightSpec:
-    """How midlayer weights are quantized (always static)."""
+    """How midlayer weights are quantized (always static).
 
-    granularity: Literal["per_tensor", "per_channel"] = "per_tensor"
+    ``dtype`` FP8 E4M3 with a float32 scale per tensor or per output channel, or
+    OCP MX (``mxfp8_e4m3``, ``mxfp4``) with one E8M0 scale per 32 input elements
+    (``granularity: per_group``).
+    """
+
+    dtype: Dtype = "fp8_e4m3"
+    granularity: Literal["per_tensor", "per_channel", "per_group"] = "per_tensor"
 
 
 @dataclass(frozen=True)
 class ActivationSpec:
-    """How midlayer linear inputs are quantized."""
+    """How midlayer linear inputs are quantized (OCP MX: always dynamic, per 32 elements)."""
 
-    granularity: Literal["per_tensor", "per_token"] = "per_tensor"
+    dtype: Dtype = "fp8_e4m3"
+    granularity: Literal["per_tensor", "per_token", "per_group"] = "per_tensor"
     dynamic: bool = False
 
 
@@ -77,6 +89,26 @@ class Recipe:
     @property
     def needs_calibration(self) -> bool:
         return not self.activation.dynamic
+
+    @property
+    def direct_flow(self) -> bool:
+        """Quark's file-to-file ``direct_quantize_checkpoint`` (FP8 with dynamic inputs) rather
+        than ``quantize_model`` on the module (static inputs, and every OCP MX recipe: the
+        direct flow has no per-group FP8)."""
+        return self.activation.dynamic and not self.mx_weights
+
+    @property
+    def mx_weights(self) -> bool:
+        """OCP MX weights: E8M0 scales per 32-element block (mxfp4 packs two values a byte)."""
+        return self.weight.dtype in MX_DTYPES
+
+    def scheme(self) -> str:
+        """The one-line description of the format: ``W mxfp4 (per 32) / A fp8_e4m3 static``."""
+        w, a = self.weight, self.activation
+        mode = "dynamic" if a.dynamic else "static"
+        w_part = f"{w.dtype} per {MX_BLOCK}" if self.mx_weights else f"{w.dtype} {w.granularity}"
+        a_gran = f"per {MX_BLOCK}" if a.granularity == "per_group" else a.granularity
+        return f"W {w_part} / A {a.dtype} {a_gran} {mode}"
 
     def to_dict(self) -> dict[str, Any]:
         data = dataclasses.asdict(self)
@@ -174,6 +206,7 @@ def _check_values(recipe: Recipe, path: str) -> None:
         raise InputError(f"{path}: 'calibration.held_out' >= 0 and 'fixed_input_amax' > 0 required")
     if recipe.activation.granularity == "per_token" and not recipe.activation.dynamic:
         raise InputError(f"{path}: 'activation.granularity: per_token' requires 'dynamic: true'")
+    _check_formats(recipe, path)
     validation = recipe.validation
     for key in ("min_acceptance_ratio", "min_position_ratio"):
         if not 0 < getattr(validation, key) <= 1.5:
@@ -184,3 +217,38 @@ def _check_values(recipe: Recipe, path: str) -> None:
         raise InputError(f"{path}: 'validation.scale_tolerance' must be above 1")
     if validation.min_category_drafts < 1:
         raise InputError(f"{path}: 'validation.min_category_drafts' must be at least 1")
+
+
+def _check_formats(recipe: Recipe, path: str) -> None:
+    """Each dtype with the granularities it has: OCP MX is per 32-element group, FP8 is not."""
+    for part, spec in (("weight", recipe.weight), ("activation", recipe.activation)):
+        mx = spec.dtype in MX_DTYPES
+        if mx != (spec.granularity == "per_group"):
+            raise InputError(
+                f"{path}: '{part}.granularity: per_group' goes with an OCP MX dtype "
+                f"({', '.join(MX_DTYPES)}) and only with one, got dtype {spec.dtype!r} "
+                f"and granularity {spec.granularity!r}"
+            )
+    act = recipe.activation
+    if act.dtype in MX_DTYPES and not act.dynamic:
+        raise InputError(
+            f"{path}: 'activation.dtype: {act.dtype}' requires 'dynamic: true' "
+            "(vLLM computes OCP MX input scales on the fly; it refuses static ones)"
+        )
+    weight = recipe.weight.dtype
+    if act.dtype in MX_DTYPES and act.dtype != weight:
+        raise InputError(
+            f"{path}: 'activation.dtype: {act.dtype}' needs 'weight.dtype: {act.dtype}'; "
+            "vLLM's QuarkOCP_MX pairs OCP MX inputs with weights of the same dtype only"
+        )
+    static_fp8_input = act.dtype == "fp8_e4m3" and not act.dynamic
+    if weight == "mxfp8_e4m3" and static_fp8_input:
+        raise InputError(
+            f"{path}: 'weight.dtype: mxfp8_e4m3' with static FP8 inputs: vLLM refuses it "
+            '("Quark model\'s OCP MX quantization is incompatible with static input scales"); '
+            "use 'activation.dynamic: true' or 'weight.dtype: mxfp4' (its W4A8 scheme)"
+        )
+    if weight == "mxfp4" and static_fp8_input and act.granularity != "per_tensor":
+        raise InputError(
+            f"{path}: vLLM's W4A8 MXFP4/FP8 scheme takes static inputs per tensor only"
+        )

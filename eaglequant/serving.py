@@ -14,24 +14,33 @@ from collections.abc import Sequence
 from typing import Any
 
 DRAFT_TENSOR_PARALLEL_SIZE = 1
+# vLLM's CacheDType values a draft's KV cache can take (its speculative config's
+# ``kv_cache_dtype``; unset: the draft inherits the target's ``--kv-cache-dtype``)
+DRAFT_KV_CACHE_DTYPES = ("auto", "bfloat16", "float16", "fp8", "fp8_e4m3", "fp8_e5m2")
 
 
-def speculative_config(draft: str, k: int) -> dict[str, Any]:
-    """``--speculative-config`` for an EAGLE-3 draft proposing ``k`` tokens."""
-    return {
+def speculative_config(draft: str, k: int, kv_cache_dtype: str | None = None) -> dict[str, Any]:
+    """``--speculative-config`` for an EAGLE-3 draft proposing ``k`` tokens (its KV cache in
+    ``kv_cache_dtype``, else the target's)."""
+    config: dict[str, Any] = {
         "model": draft,
         "method": "eagle3",
         "num_speculative_tokens": k,
         "draft_tensor_parallel_size": DRAFT_TENSOR_PARALLEL_SIZE,
     }
+    if kv_cache_dtype is not None:
+        config["kv_cache_dtype"] = kv_cache_dtype
+    return config
 
 
-def schedule_config(draft: str, schedule: Sequence[Sequence[int]]) -> dict[str, Any]:
+def schedule_config(
+    draft: str, schedule: Sequence[Sequence[int]], kv_cache_dtype: str | None = None
+) -> dict[str, Any]:
     """``--speculative-config`` proposing k tokens by batch size (``[first, last, k]`` ranges).
 
     ``num_speculative_tokens`` is the largest k: vLLM caps every range's k at it.
     """
     largest = max(k for _, _, k in schedule)
-    return speculative_config(draft, largest) | {
+    return speculative_config(draft, largest, kv_cache_dtype) | {
         "num_speculative_tokens_per_batch_size": [list(r) for r in schedule]
     }

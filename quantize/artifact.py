@@ -29,7 +29,7 @@ from eaglequant.io.writer import LayoutWriter, copy_extra_files, write_text
 from eaglequant.manifest import MANIFEST_FILE, Manifest, write_manifest
 from eaglequant.quantize.file_to_file import BACKGROUND_NICE
 from eaglequant.quantize.timing import timed
-from eaglequant.recipe import Recipe
+from eaglequant.recipe import MX_BLOCK, MX_DTYPES, Recipe
 
 if TYPE_CHECKING:
     import torch
@@ -45,13 +45,31 @@ def predicted_quantized(ckpt: Checkpoint, recipe: Recipe) -> list[TensorBlob]:
     blobs = []
     for linear in dims_from_config(ckpt.config).linears:
         name = ckpt.stored_name(linear)
-        shape = ckpt.tensors[f"{linear}.weight"].shape
-        per_channel = recipe.weight.granularity == "per_channel"
-        blobs.append(TensorBlob(f"{name}.weight", "F8_E4M3", shape))
-        blobs.append(TensorBlob(f"{name}.weight_scale", "F32", (shape[0],) if per_channel else ()))
+        rows, cols = ckpt.tensors[f"{linear}.weight"].shape
+        weight_dtype, weight_shape, scale_dtype, scale_shape = quantized_layout(
+            recipe, (rows, cols)
+        )
+        blobs.append(TensorBlob(f"{name}.weight", weight_dtype, weight_shape))
+        blobs.append(TensorBlob(f"{name}.weight_scale", scale_dtype, scale_shape))
         if not recipe.activation.dynamic:
             blobs.append(TensorBlob(f"{name}.input_scale", "F32", ()))
     return blobs
+
+
+def quantized_layout(
+    recipe: Recipe, shape: tuple[int, int]
+) -> tuple[str, tuple[int, ...], str, tuple[int, ...]]:
+    """(weight dtype, weight shape, scale dtype, scale shape) on disk for one linear.
+
+    OCP MX: one E8M0 exponent byte per 32 input elements; MXFP4 packs two values a byte.
+    """
+    rows, cols = shape
+    dtype = recipe.weight.dtype
+    if dtype in MX_DTYPES:
+        weight = ("U8", (rows, cols // 2)) if dtype == "mxfp4" else ("F8_E4M3", (rows, cols))
+        return (*weight, "U8", (rows, cols // MX_BLOCK))
+    per_channel = recipe.weight.granularity == "per_channel"
+    return "F8_E4M3", (rows, cols), "F32", ((rows,) if per_channel else ())
 
 
 def passthrough_blobs(ckpt: Checkpoint) -> list[TensorBlob]:

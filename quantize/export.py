@@ -75,8 +75,20 @@ class ExportResult:
     manifest: Manifest | None = None  # None for a dry run
 
 
+def check_exportable(recipe: Recipe) -> None:
+    """Refuse a recipe Quark cannot write, before any heavy work."""
+    if recipe.weight.dtype == "mxfp8_e4m3":
+        raise InputError(
+            f"recipe {recipe.name}: AMD Quark 0.13 cannot export OCP MXFP8 weights (its "
+            'real_quantize_fp8_e4m3 has no per_group scheme: "Unsupported QuantSchema: '
+            'per_group for quant_dtype: fp8_e4m3"), though vLLM would load them (QuarkOCP_MX); '
+            "use mxfp4 or an FP8 recipe"
+        )
+
+
 def plan_export(request: ExportRequest) -> ExportPlan:
     """Check input, recipe, calibration source and output; import nothing heavy."""
+    check_exportable(request.recipe)
     ckpt = read_checkpoint(request.src)
     dims = require_bf16_draft(ckpt)
     check_output_path(request.out, [request.src], request.overwrite)
@@ -93,7 +105,7 @@ def plan_export(request: ExportRequest) -> ExportPlan:
         assert calib.capture is not None
         if not calib.capture.exists():
             raise InputError(f"{calib.capture}: no such capture folder; run `eaglequant capture`")
-    flow = "quantize_model (static)" if recipe.needs_calibration else "direct_quantize_checkpoint"
+    flow = "direct_quantize_checkpoint" if recipe.direct_flow else "quantize_model"
     steps = [
         f"load {request.src} ({len(ckpt.tensors)} tensors, {ckpt.total_bytes} bytes)",
         f"calibrate: {calib.describe()}",
@@ -101,7 +113,7 @@ def plan_export(request: ExportRequest) -> ExportPlan:
         f"write {request.out} with exclude {rewrite_exclude(list(recipe.exclude))}",
         "verify the written folder by reading it back",
     ]
-    module_needed = recipe.needs_calibration or calib.kind != "none"
+    module_needed = not recipe.direct_flow or calib.kind != "none"
     return ExportPlan(ckpt, dims, aux_ids, module_needed, steps, recipe)
 
 
@@ -142,8 +154,8 @@ def export_draft(
 
 
 def _start_quark(request: ExportRequest, plan: ExportPlan, scratch: Path) -> FileToFile | None:
-    """Dynamic activations: Quark's worker, importing Quark from now on (static: None)."""
-    if request.recipe.needs_calibration:
+    """Quark's direct flow: its worker, importing Quark from now on (the module flow: None)."""
+    if not request.recipe.direct_flow:
         return None
     return FileToFile(plan.ckpt, request.recipe, scratch, request.out)
 

@@ -3,7 +3,9 @@
 The FP8 side is simulated from the written tensors themselves (inputs cast to
 FP8 with ``input_scale`` or per-token / per-tensor dynamic scales, a GEMM of the
 FP8 values, then both scales), so what is measured is the artifact, not Quark's
-in-memory model. Both drafts compute their linears as vLLM's BF16 ones (inputs
+in-memory model; OCP MX layers dequantize their weights and QDQ their inputs
+per 32-element block, as vLLM emulates them without MX hardware. Both drafts
+compute their linears as vLLM's BF16 ones (inputs
 and outputs rounded to BF16, :func:`compute.module_linear`); the FP8 GEMM
 (:func:`compute.fp8_linear`) rounds its sums to BF16 before the scales apply,
 as a BF16 GEMM returns them (vLLM rounds once, after: this is at most one BF16
@@ -27,9 +29,9 @@ import torch
 from torch import nn
 from tqdm.auto import tqdm
 
-from eaglequant.model import compute
+from eaglequant.model import compute, mx
 from eaglequant.model.eagle3 import Eagle3Draft, StepOutput, micro_batches
-from eaglequant.recipe import FP8_E4M3_MAX, Recipe
+from eaglequant.recipe import FP8_E4M3_MAX, MX_DTYPES, Recipe
 
 FP8 = torch.float8_e4m3fn
 
@@ -77,6 +79,42 @@ class SimulatedFp8Linear(nn.Module):
         return out if self.bias is None else out + self.bias
 
 
+class SimulatedMxLinear(nn.Module):
+    """An nn.Linear replacement computing as vLLM emulates OCP MX where the platform has none.
+
+    The weight is dequantized once from its elements and E8M0 block scales into
+    BF16 (exact: every MXFP8/MXFP4 value times a power of two is a BF16 value);
+    inputs go through MX QDQ per 32-element block, or FP8 with a static
+    ``input_scale`` (W4A8), before a BF16 GEMM.
+    """
+
+    weight: torch.Tensor
+
+    def __init__(
+        self,
+        weight: torch.Tensor,
+        weight_scale: torch.Tensor,
+        input_scale: torch.Tensor | None,
+        recipe: Recipe,
+        bias: torch.Tensor | None = None,
+    ) -> None:
+        super().__init__()
+        dequantized = mx.dequantize(weight, weight_scale, recipe.weight.dtype)
+        self.register_buffer("weight", dequantized.to(torch.bfloat16))
+        self.bias = None if bias is None else bias.float()
+        self.input_scale = input_scale.float() if input_scale is not None else None
+        self.input_dtype = recipe.activation.dtype
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x.float()
+        if self.input_scale is not None:
+            x = fp8_values(x, self.input_scale).float() * self.input_scale
+        elif self.input_dtype in MX_DTYPES:
+            x = mx.quantize_dequantize(x, self.input_dtype)
+        out = compute.linear(x, self.weight)
+        return out if self.bias is None else out + self.bias
+
+
 def simulated_fp8_draft(
     bf16: Eagle3Draft, tensors: dict[str, torch.Tensor], recipe: Recipe
 ) -> Eagle3Draft:
@@ -88,13 +126,15 @@ def simulated_fp8_draft(
     model = copy.deepcopy(bf16, memo=shared)
     for name in bf16.dims.linears:
         parent, child = name.rsplit(".", 1)
-        module = SimulatedFp8Linear(
-            tensors[f"{name}.weight"],
-            tensors[f"{name}.weight_scale"],
-            tensors.get(f"{name}.input_scale"),
-            per_token=recipe.activation.granularity == "per_token",
-            bias=getattr(bf16.get_submodule(name), "bias", None),
-        )
+        bias = getattr(bf16.get_submodule(name), "bias", None)
+        weight, scale = tensors[f"{name}.weight"], tensors[f"{name}.weight_scale"]
+        input_scale = tensors.get(f"{name}.input_scale")
+        module: nn.Module
+        if recipe.mx_weights:
+            module = SimulatedMxLinear(weight, scale, input_scale, recipe, bias=bias)
+        else:
+            per_token = recipe.activation.granularity == "per_token"
+            module = SimulatedFp8Linear(weight, scale, input_scale, per_token, bias=bias)
         setattr(model.get_submodule(parent), child, module)
     return model
 
@@ -133,7 +173,7 @@ def measure(
     ``weight_of(name)`` gives the BF16 weight of one of ``linears`` (every decoder
     layer's; one at a time, so the file-to-file flow never needs the whole draft in memory).
     """
-    layers = [_layer_stats(weight_of(name), tensors, name) for name in linears]
+    layers = [_layer_stats(weight_of(name), tensors, name, recipe) for name in linears]
     if bf16 is None or not held_out:
         return Measurement(layers)
     device = next(bf16.fc.parameters()).device
@@ -146,16 +186,18 @@ def measure(
 
 
 def _layer_stats(
-    weight: torch.Tensor,
-    tensors: dict[str, torch.Tensor],
-    name: str,
+    weight: torch.Tensor, tensors: dict[str, torch.Tensor], name: str, recipe: Recipe
 ) -> LayerStats:
+    """``weight_scale``: the largest one (an OCP MX weight's largest block scale)."""
     input_scale = tensors.get(f"{name}.input_scale")
     scale = float(input_scale) if input_scale is not None else None
+    weight_scale = tensors[f"{name}.weight_scale"]
+    if recipe.mx_weights:
+        weight_scale = mx.block_scales(weight_scale)
     return LayerStats(
         name=name,
         weight_amax=float(weight.abs().max()),
-        weight_scale=float(tensors[f"{name}.weight_scale"].float().max()),
+        weight_scale=float(weight_scale.float().max()),
         input_amax=scale * FP8_E4M3_MAX if scale is not None else None,
         input_scale=scale,
     )

@@ -37,7 +37,7 @@ from eaglequant.model import compute
 from eaglequant.model.eagle3 import Eagle3Draft
 from eaglequant.model.load import release_file_pages
 from eaglequant.quantize.file_to_file import SCRATCH_PREFIX, FileToFile
-from eaglequant.recipe import FP8_E4M3_MAX, Recipe
+from eaglequant.recipe import FP8_E4M3_MAX, MX_DTYPES, Recipe
 
 UNQUANTIZED_MODULES = ("fc", "lm_head", "embed_tokens")
 LAYER_MODULES = ("midlayer.", "layers.")  # the decoder layers, whose linears Quark quantizes
@@ -63,30 +63,53 @@ def import_quark() -> float:
 
 def quark_config(recipe: Recipe) -> Any:
     """The Quark ``QConfig`` for ``recipe``."""
+    from quark.torch.quantization.config.config import QConfig, QLayerConfig
+
+    layer = QLayerConfig(
+        weight=_weight_spec(recipe).to_quantization_spec(),
+        input_tensors=_input_spec(recipe).to_quantization_spec(),
+    )
+    return QConfig(global_quant_config=layer, exclude=list(recipe.exclude))
+
+
+def _weight_spec(recipe: Recipe) -> Any:
     from quark.torch.quantization.config.config import (
         FP8E4M3PerChannelSpec,
         FP8E4M3PerTensorSpec,
-        QConfig,
-        QLayerConfig,
     )
 
-    if recipe.weight.granularity == "per_channel":
-        weight = FP8E4M3PerChannelSpec(ch_axis=0, is_dynamic=False, scale_type=recipe.scale_type)
-    else:
-        weight = FP8E4M3PerTensorSpec(
-            observer_method="min_max", scale_type=recipe.scale_type, is_dynamic=False
-        )
-    act = recipe.activation
-    if act.granularity == "per_token":
-        inputs = FP8E4M3PerChannelSpec(ch_axis=1, is_dynamic=True, scale_type=recipe.scale_type)
-    else:
-        inputs = FP8E4M3PerTensorSpec(
-            observer_method="min_max", scale_type=recipe.scale_type, is_dynamic=act.dynamic
-        )
-    layer = QLayerConfig(
-        weight=weight.to_quantization_spec(), input_tensors=inputs.to_quantization_spec()
+    weight = recipe.weight
+    if weight.dtype in MX_DTYPES:
+        return _mx_spec(weight.dtype, is_dynamic=False)
+    if weight.granularity == "per_channel":
+        return FP8E4M3PerChannelSpec(ch_axis=0, is_dynamic=False, scale_type=recipe.scale_type)
+    return FP8E4M3PerTensorSpec(
+        observer_method="min_max", scale_type=recipe.scale_type, is_dynamic=False
     )
-    return QConfig(global_quant_config=layer, exclude=list(recipe.exclude))
+
+
+def _input_spec(recipe: Recipe) -> Any:
+    from quark.torch.quantization.config.config import (
+        FP8E4M3PerChannelSpec,
+        FP8E4M3PerTensorSpec,
+    )
+
+    act = recipe.activation
+    if act.dtype in MX_DTYPES:
+        return _mx_spec(act.dtype, is_dynamic=True)
+    if act.granularity == "per_token":
+        return FP8E4M3PerChannelSpec(ch_axis=1, is_dynamic=True, scale_type=recipe.scale_type)
+    return FP8E4M3PerTensorSpec(
+        observer_method="min_max", scale_type=recipe.scale_type, is_dynamic=act.dynamic
+    )
+
+
+def _mx_spec(dtype: str, *, is_dynamic: bool) -> Any:
+    """Quark's OCP MX spec: E8M0 scales per 32 elements along the last (input) dimension."""
+    from quark.torch.quantization.config.config import OCP_MXFP4Spec, OCP_MXFP8E4M3Spec
+
+    spec = OCP_MXFP4Spec if dtype == "mxfp4" else OCP_MXFP8E4M3Spec
+    return spec(ch_axis=-1, is_dynamic=is_dynamic)
 
 
 def quiet_quark() -> None:
@@ -111,7 +134,7 @@ def quantize_static(
     """Calibrate ``model`` (float32 Eagle3Draft) with Quark and export its FP8 decoder layers.
 
     ``batches`` None means no calibration data: every static input scale is set
-    from the recipe's ``fixed_input_amax`` instead.
+    from the recipe's ``fixed_input_amax`` instead (dynamic inputs need none).
     """
     timings = {"import_quark": import_quark()}
     from quark.torch import ModelQuantizer, export_safetensors
@@ -123,7 +146,8 @@ def quantize_static(
         # then set every input scale from the recipe's assumed range.
         with _embeddings_for_zero_batch(model):
             quantized = quantizer.quantize_model(model, [_zero_batch(model)])
-        _set_fixed_input_scales(quantized, recipe.calibration.fixed_input_amax / FP8_E4M3_MAX)
+        if recipe.needs_calibration:
+            _set_fixed_input_scales(quantized, recipe.calibration.fixed_input_amax / FP8_E4M3_MAX)
     else:
         with _native_while_calibrating(model):
             quantized = quantizer.quantize_model(model, list(batches))

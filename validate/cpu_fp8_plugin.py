@@ -12,8 +12,9 @@ ops are stubs, it replaces ``vllm._custom_ops.scaled_fp8_quant`` with the
 torch-native equivalent below (static, dynamic per-tensor and dynamic
 per-token; clamp to ±448; float8_e4m3fn) and removes the SiluAndMul + static
 FP8 fusion so the MLP falls back to SiluAndMul plus the linear's own input
-quantization. FP8 GEMMs then run through ``torch._scaled_mm``. On GPU and
-ROCm it does nothing.
+quantization. FP8 GEMMs then run through ``torch._scaled_mm``. On CPU it also
+lists vLLM's MXFP4 emulation kernel, which its CPU kernel table lacks. On GPU
+and ROCm it does nothing.
 """
 
 from __future__ import annotations
@@ -33,10 +34,13 @@ MIN_SCALE = 1.0 / (FP8_E4M3_MAX * 512.0)
 
 
 def register() -> None:
-    """vLLM's plugin hook: patch only on CPU with stub ops; idempotent."""
+    """vLLM's plugin hook: patch only on CPU (FP8: only with stub ops); idempotent."""
     from vllm.platforms import current_platform
 
-    if not current_platform.is_cpu() or not fp8_ops_are_stubs():
+    if not current_platform.is_cpu():
+        return
+    list_mxfp4_emulation_on_cpu()
+    if not fp8_ops_are_stubs():
         return
     import vllm._custom_ops as ops
     from vllm.model_executor.layers.activation import SiluAndMul
@@ -46,6 +50,23 @@ def register() -> None:
     ops.scaled_fp8_quant = torch_scaled_fp8_quant
     fused_act_quant._FUSED_ACT_QUANT.pop((SiluAndMul, kFp8StaticTensorSym), None)
     os.environ[ACTIVE_ENV] = "1"
+
+
+def list_mxfp4_emulation_on_cpu() -> None:
+    """Offer vLLM's own MXFP4 emulation kernel on CPU, where its kernel table lists none.
+
+    ``init_mxfp4_linear_kernel`` picks from a per-platform table with no CPU entry,
+    so an OCP MXFP4 layer (``QuarkOCP_MX``) fails to build on CPU ("Failed to find
+    a kernel that can implement the MXFP4 linear layer"). Its
+    ``EmulationMxfp4LinearKernel`` (Quark's weight dequantization and input QDQ,
+    then a BF16 GEMM) is what it uses on GPUs without MX; it runs on CPU as is.
+    """
+    from vllm.model_executor.kernels import linear
+    from vllm.platforms import PlatformEnum
+
+    table = linear._POSSIBLE_MXFP4_KERNELS
+    if not table.get(PlatformEnum.CPU):
+        table[PlatformEnum.CPU] = [linear.EmulationMxfp4LinearKernel]
 
 
 def fp8_ops_are_stubs() -> bool:

@@ -58,6 +58,7 @@ def draft_layers(worker: Any) -> list[dict[str, Any]]:
             if isinstance(scale, torch.Tensor):
                 values = scale.detach().float().flatten()
                 entry[scale_name] = {
+                    "dtype": str(scale.dtype).removeprefix("torch."),
                     "count": values.numel(),
                     "min": float(values.min()),
                     "max": float(values.max()),

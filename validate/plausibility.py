@@ -5,7 +5,9 @@ validation sequences (prompt + the target's own greedy continuation), unrolled
 over k speculative steps; each midlayer linear's input range is recorded and
 compared with the FP8 artifact's ``input_scale`` x 448. ``weight_scale`` x 448
 is compared with the BF16 weight's amax (per tensor, or per output row for
-per-channel scales). Acceptance alone cannot catch these: FP8 is floating
+per-channel scales); an OCP MX weight's E8M0 exponents (one per 32 input
+elements) are checked for shape and NaN, and each block's scale x the element
+maximum against that block's amax. Acceptance alone cannot catch these: FP8 is floating
 point, so a scale 1000x too large leaves acceptance unchanged, and a missing
 ``input_scale`` loads silently as vLLM's -3.4e38 placeholder.
 """
@@ -20,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 from eaglequant.draft import DraftDims, dims_from_config
 from eaglequant.errors import InputError
 from eaglequant.io.checkpoint import read_checkpoint
-from eaglequant.recipe import FP8_E4M3_MAX
+from eaglequant.recipe import E8M0_NAN, FP8_E4M3_MAX, MX_BLOCK
 from eaglequant.validate.check import Check
 
 if TYPE_CHECKING:
@@ -146,12 +148,12 @@ def _static_inputs(config: dict[str, Any]) -> bool:
 
 
 def _ratio_problem(
-    name: str, what: str, implied: float, measured: float, tolerance: float
+    name: str, what: str, implied: float, measured: float, tolerance: float, times: str = "448"
 ) -> list[str]:
     ratio = implied / measured if measured > 0 else float("inf")
     if not (1 / tolerance <= ratio <= tolerance):
         return [
-            f"{name}.{what} x 448 = {implied:.4g} but the measured range is {measured:.4g} "
+            f"{name}.{what} x {times} = {implied:.4g} but the measured range is {measured:.4g} "
             f"(off by {ratio:.3g}x, tolerance {tolerance}x)"
         ]
     return []
@@ -160,6 +162,9 @@ def _ratio_problem(
 def _check_weight_scale(
     fp8: Any, name: str, weight_abs: Any, tolerance: float, row: dict[str, Any]
 ) -> list[str]:
+    key = f"{name}.weight_scale"
+    if key in fp8.tensors and fp8.tensors[key].dtype == "U8":
+        return _check_mx_weight_scale(fp8, name, weight_abs, tolerance, row)
     scale, problems = _finite_positive_scale(fp8, f"{name}.weight_scale", "")
     if scale is None:
         return problems
@@ -178,6 +183,39 @@ def _check_weight_scale(
     implied = float(scale[0]) * FP8_E4M3_MAX
     row["weight_scale_x448"], row["weight_amax"] = implied, float(weight_abs.max())
     return _ratio_problem(name, "weight_scale", implied, float(weight_abs.max()), tolerance)
+
+
+def _check_mx_weight_scale(
+    fp8: Any, name: str, weight_abs: Any, tolerance: float, row: dict[str, Any]
+) -> list[str]:
+    """OCP MX: one E8M0 exponent per 32 input elements; each block's scale x the element
+    maximum (448 MXFP8, 6 MXFP4) must lie within ``tolerance`` of that block's BF16 amax."""
+    import torch
+
+    from eaglequant.model import mx
+
+    key = f"{name}.weight_scale"
+    exponents = fp8.load_tensor(key).view(torch.uint8)
+    rows, cols = weight_abs.shape
+    expected = (rows, cols // MX_BLOCK)
+    if tuple(exponents.shape) != expected:
+        return [f"{key} has shape {list(exponents.shape)}, expected {list(expected)} (E8M0 per 32)"]
+    if bool((exponents == E8M0_NAN).any()):
+        return [f"{key} holds the E8M0 NaN exponent {E8M0_NAN}"]
+    dtype = "mxfp4" if fp8.tensors[f"{name}.weight"].dtype == "U8" else "mxfp8_e4m3"
+    implied = mx.block_scales(exponents) * mx.ELEMENT_MAX[dtype]
+    block_amax = weight_abs.float().view(rows, cols // MX_BLOCK, MX_BLOCK).amax(-1)
+    row["weight_exponent_range"] = [int(exponents.min()), int(exponents.max())]
+    live = block_amax > 0  # an all-zero block has no range to hold its scale to
+    if not bool(live.any()):
+        return []
+    ratios = implied[live] / block_amax[live]
+    worst = int(ratios.log().abs().argmax())
+    row["weight_scale_worst_ratio"] = float(ratios[worst])
+    flat = int(live.flatten().nonzero()[worst])
+    block = f"weight_scale[{flat // expected[1]}, {flat % expected[1]}]"
+    got, amax = float(implied[live][worst]), float(block_amax[live][worst])
+    return _ratio_problem(name, block, got, amax, tolerance, f"{mx.ELEMENT_MAX[dtype]:g}")
 
 
 def _check_input_scale(

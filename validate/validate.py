@@ -17,7 +17,9 @@ reported with its numbers:
    interval clears the recipe's ratio, FAIL when it lies wholly below,
    otherwise INCONCLUSIVE (about how many prompts would decide);
 3. layers: vLLM built ``fc`` and ``lm_head`` unquantized and every midlayer
-   projection with the FP8 scheme, FP8 weights and finite positive scales;
+   projection with the Quark scheme ``inspect`` predicts from the draft's config
+   (``QuarkW8A8Fp8``, ``QuarkOCP_MX``, ``QuarkW4A8_MXFP4_FP8``), quantized
+   weights and finite positive scales;
 4. log: no "Attempted to load weight … float8_e4m3fn" (a bad exclusion);
 5. per-position acceptance: each position's FP8/BF16 acceptance-rate ratio,
    judged as check 2 against the recipe's per-position ratio;
@@ -25,7 +27,8 @@ reported with its numbers:
    hidden states (captured with the chosen engine on the validation sequences,
    or read from a capture folder) gives each layer's input range;
    ``input_scale`` x 448 and ``weight_scale`` x 448 must lie within the
-   recipe's factor of the measured ranges, and no scale may be missing;
+   recipe's factor of the measured ranges, and no scale may be missing (OCP
+   MX weights: each 32-element block's E8M0 scale against the block's amax);
 7. regression (``--against`` an earlier report): this FP8 run's acceptance
    against the earlier one's (``regression.py``).
 
@@ -63,7 +66,7 @@ from eaglequant.manifest import MANIFEST_FILE, read_json_object, read_manifest
 from eaglequant.prompts.chat import RenderedPrompts, render_for_target
 from eaglequant.prompts.records import read_prompts as read_prompts
 from eaglequant.prompts.source import text_hashes
-from eaglequant.recipe import ValidationSpec, load_recipe
+from eaglequant.recipe import E8M0_NAN, ValidationSpec, load_recipe
 from eaglequant.serving import speculative_config
 from eaglequant.validate.acceptance import (
     AcceptanceThresholds,
@@ -110,6 +113,7 @@ class ValidateRequest:
     tie_margin: float = DEFAULT_TIE_MARGIN
     capture: CaptureEngine = field(default_factory=CaptureEngine)
     hidden_states: Path | None = None
+    draft_kv_cache_dtype: str | None = None  # the validated draft's KV cache (the BF16 one: auto)
     categories: list[str] | None = None  # one per prompt
     min_category_drafts: int = ValidationSpec.min_category_drafts
     prompt_set: dict[str, Any] | None = None  # the prompts' source and sha256
@@ -225,13 +229,17 @@ def validate(
     files = check_inputs(request)
     rendered = engine_prompts(request)
     engines: dict[str, dict[str, Any]] = dict(reuse or {})
+
+    def run_one(draft: Path | None) -> dict[str, Any]:
+        kv = request.draft_kv_cache_dtype if draft == request.draft else None
+        return run_engine(request, draft, rendered, kv)
+
     roles = [("target", None), ("bf16", request.baseline), ("fp8", request.draft)]
-    runner = run_per_draft if request.engine_per_draft else partial(run_single, request, rendered)
-    runs = runner(
-        [(r, d) for r, d in roles if r not in engines],
-        partial(run_engine, request, rendered=rendered),
-        progress,
-    )
+    per_draft = request.engine_per_draft or request.draft_kv_cache_dtype is not None
+    if request.draft_kv_cache_dtype is not None and not request.engine_per_draft:
+        progress("a draft KV-cache dtype is set: one engine per draft (a swap keeps the KV cache)")
+    runner = run_per_draft if per_draft else partial(run_single, request, rendered)
+    runs = runner([(r, d) for r, d in roles if r not in engines], run_one, progress)
     engines |= runs.engines
     checks = _engine_checks(request, engines)
     categories = _categories(request, engines)
@@ -326,14 +334,18 @@ def _total(engines: dict[str, dict[str, Any]], key: str) -> float:
 
 
 def run_engine(
-    request: ValidateRequest, draft: Path | None, rendered: RenderedPrompts | None = None
+    request: ValidateRequest,
+    draft: Path | None,
+    rendered: RenderedPrompts | None = None,
+    kv_cache_dtype: str | None = None,
 ) -> dict[str, Any]:
-    """One engine in a child process (own process group), bounded by the timeout."""
+    """One engine in a child process (own process group), bounded by the timeout; the draft's
+    KV cache in ``kv_cache_dtype`` (None: the target's)."""
     rendered = rendered or engine_prompts(request)
     with tempfile.TemporaryDirectory(prefix="eaglequant-engine-") as scratch:
         spec_path, out_path = Path(scratch) / "spec.json", Path(scratch) / "out.json"
         log_path = Path(scratch) / "engine.log"
-        speculative = speculative_config(str(draft), request.k) if draft else None
+        speculative = speculative_config(str(draft), request.k, kv_cache_dtype) if draft else None
         spec = {
             "llm": llm_kwargs(request.engine, str(request.target), speculative),
             "prompts": rendered.texts,
@@ -421,7 +433,7 @@ def _engine_checks(request: ValidateRequest, engines: dict[str, dict[str, Any]])
             request.tie_margin,
         ),
         acceptance_check,
-        layers_check(engines["fp8"]["result"]["draft_layers"], kept_bf16(request.draft)),
+        layers_check(engines["fp8"]["result"]["draft_layers"], expected_schemes(request.draft)),
         _log_check(engines["fp8"]["log"]),
         per_position,
     ]
@@ -431,44 +443,63 @@ def _exit_cause(engine: dict[str, Any]) -> str:
     return ChildRun(engine["returncode"], engine["timed_out"], engine["wall_s"]).cause()
 
 
-def kept_bf16(draft: Path) -> frozenset[str]:
-    """The draft layer's linears inspect predicts BF16 (an MLA draft's ``self_attn.kv_b_proj``),
-    named within the layer (vLLM's layer index differs between its weights and its modules)."""
+def expected_schemes(draft: Path) -> dict[str, str | None]:
+    """Each draft-layer linear, named within the layer (vLLM's layer index differs between its
+    weights and its modules), with the Quark scheme inspect predicts vLLM builds it with
+    (None: BF16, as an MLA draft's ``self_attn.kv_b_proj``)."""
     fates = predict_fates(read_checkpoint(draft).config)
-    return frozenset(
-        f.vllm_name.split(".", 3)[3] for f in fates if not f.quantized and ".layers." in f.vllm_name
-    )
+    return {
+        f.vllm_name.split(".", 3)[3]: f.vllm_scheme if f.quantized else None
+        for f in fates
+        if ".layers." in f.vllm_name
+    }
 
 
-def layers_check(layers: list[dict[str, Any]], kept: frozenset[str] = frozenset()) -> Check:
-    """vLLM's drafter as built: fc, lm_head and the ``kept`` layer linears unquantized, every
-    other layer linear QuarkW8A8Fp8 with finite positive scales."""
+def layers_check(layers: list[dict[str, Any]], expected: dict[str, str | None]) -> Check:
+    """vLLM's drafter as built: fc, lm_head unquantized, every draft-layer linear with the
+    scheme ``expected`` names for it (None: unquantized) and finite positive scales (E8M0
+    exponent bytes: none NaN)."""
     problems = []
     for layer in layers:
         name, method = layer["name"], layer["quant_method"]
         within = name.split(".", 3)[3] if ".layers." in name else None
-        if name in ("model.fc", "lm_head", "model.embed_tokens") or within in kept:
+        if name in ("model.fc", "lm_head", "model.embed_tokens") or (
+            within is not None and expected.get(within, "QuarkW8A8Fp8") is None
+        ):
             if not method.startswith("Unquantized") or layer["weight_dtype"] == "float8_e4m3fn":
                 problems.append(
                     f"{name} built as {layer['scheme'] or method} ({layer['weight_dtype']})"
                 )
             continue
-        if ".layers." not in name:
+        if within is None:
             continue
-        if layer["scheme"] != "QuarkW8A8Fp8" or layer["weight_dtype"] != "float8_e4m3fn":
+        scheme = expected.get(within, "QuarkW8A8Fp8")
+        if layer["scheme"] != scheme or layer["weight_dtype"] not in QUANTIZED_WEIGHT_DTYPES:
             problems.append(
-                f"{name} built as {layer['scheme'] or method} ({layer['weight_dtype']})"
+                f"{name} built as {layer['scheme'] or method} ({layer['weight_dtype']}), "
+                f"expected {scheme}"
             )
         for scale in ("weight_scale", "input_scale"):
-            if scale in layer and not layer[scale]["finite_positive"]:
+            if scale in layer and not _scale_ok(layer[scale]):
                 problems.append(f"{name}.{scale} not finite positive ({layer[scale]})")
+    schemes = sorted({s for s in expected.values() if s is not None})
+    kept = sorted(k for k, s in expected.items() if s is None)
     detail = (
-        "fc, lm_head unquantized; every draft layer's projections QuarkW8A8Fp8 with finite "
-        "positive scales"
-    ) + (f" but for {', '.join(sorted(kept))} (BF16 as predicted)" if kept else "")
+        f"fc, lm_head unquantized; every draft layer's projections {'/'.join(schemes)} with "
+        "finite positive scales"
+    ) + (f" but for {', '.join(kept)} (BF16 as predicted)" if kept else "")
     if problems:
         detail = "; ".join(problems)
     return Check("3 layers", not problems, detail, {"layers": layers})
+
+
+QUANTIZED_WEIGHT_DTYPES = ("float8_e4m3fn", "uint8")  # FP8 and MXFP8; MXFP4's packed bytes
+
+
+def _scale_ok(scale: dict[str, Any]) -> bool:
+    if scale.get("dtype") == "uint8":  # E8M0 exponent bytes: 255 is NaN
+        return bool(scale["max"] < E8M0_NAN)
+    return bool(scale["finite_positive"])
 
 
 def _log_check(log: str) -> Check:

@@ -20,6 +20,12 @@ from eaglequant.cli.options import EXISTING_DIR
 @click.option(
     "--tune", "tune_dir", type=click.Path(path_type=Path), help="A folder from tune --out."
 )
+@click.option(
+    "--compare",
+    "compare_dir",
+    type=click.Path(path_type=Path),
+    help="A folder from compare --out: embeds its comparison table.",
+)
 @click.option("--license", "license_id", help="License id for the front matter.")
 @click.option(
     "--repo-id",
@@ -31,6 +37,7 @@ def card(
     base_model: str,
     validation: Path | None,
     tune_dir: Path | None,
+    compare_dir: Path | None,
     license_id: str | None,
     repo_id: str | None,
 ) -> None:
@@ -41,5 +48,13 @@ def card(
     """
     from eaglequant.render.card import write_card
 
-    path = write_card(folder, base_model, validation, tune_dir, license_id, repo_id=repo_id)
+    path = write_card(
+        folder,
+        base_model,
+        validation,
+        tune_dir,
+        license_id,
+        repo_id=repo_id,
+        compare_dir=compare_dir,
+    )
     click.echo(f"wrote {path}")

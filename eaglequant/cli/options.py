@@ -125,6 +125,17 @@ def engine_options(func: Any) -> Any:
     )(func)
 
 
+def draft_kv_cache_option(func: Any) -> Any:
+    """``--draft-kv-cache-dtype`` (validate, tune, compare): the speculative ``kv_cache_dtype``."""
+    from eaglequant.serving import DRAFT_KV_CACHE_DTYPES
+
+    return click.option(
+        "--draft-kv-cache-dtype",
+        type=click.Choice(DRAFT_KV_CACHE_DTYPES),
+        help="The quantized draft's KV cache dtype, as vLLM spells it (default: the target's).",
+    )(func)
+
+
 def engine_settings(
     tensor_parallel_size: int, engine_args: tuple[str, ...], max_model_len: int | None = None
 ) -> EngineOptions:

@@ -11,6 +11,7 @@ import click
 from eaglequant.cli.options import (
     PATH,
     PROMPTS,
+    draft_kv_cache_option,
     engine_options,
     engine_settings,
     int_list,
@@ -80,6 +81,7 @@ if TYPE_CHECKING:
 )
 @click.option("--serve-arg", "serve_args", multiple=True, help="Passed to vllm serve (repeatable).")
 @engine_options
+@draft_kv_cache_option
 @click.option("--max-model-len", type=click.IntRange(min=16), help="Default: ISL + OSL + max k.")
 @click.option("--out", type=PATH, default=Path("tune-results"), show_default=True)
 @click.option("--server-timeout", type=float, default=600.0, show_default=True)
@@ -100,6 +102,7 @@ def tune(
     serve_args: tuple[str, ...],
     tensor_parallel_size: int,
     engine_args: tuple[str, ...],
+    draft_kv_cache_dtype: str | None,
     max_model_len: int | None,
     out: Path,
     server_timeout: float,
@@ -135,6 +138,7 @@ def tune(
         engine=engine_settings(tensor_parallel_size, engine_args, max_model_len),
         out=out,
         server_timeout_s=server_timeout,
+        draft_kv_cache_dtype=draft_kv_cache_dtype,
         command=invocation(),
     )
 

@@ -13,6 +13,7 @@ from eaglequant.cli.options import (
     PATH,
     PROMPTS,
     SETS_HELP,
+    draft_kv_cache_option,
     engine_choice,
     engine_options,
     engine_settings,
@@ -72,6 +73,7 @@ if TYPE_CHECKING:
     help="Default: 1024 on CPU, vLLM's own on GPU/ROCm.",
 )
 @engine_options
+@draft_kv_cache_option
 @engine_choice("--capture-engine", "check 6's hidden states")
 @click.option(
     "--hidden-states",
@@ -125,6 +127,7 @@ def validate(
     max_model_len: int | None,
     tensor_parallel_size: int,
     engine_args: tuple[str, ...],
+    draft_kv_cache_dtype: str | None,
     capture_engine: str | None,
     hidden_states: Path | None,
     lossless: str,
@@ -180,6 +183,7 @@ def validate(
         ),
         hidden_states=hidden_states,
         engine_per_draft=engine_per_draft,
+        draft_kv_cache_dtype=draft_kv_cache_dtype,
         against=read_previous(against) if against else None,
         command=invocation(),
     )

@@ -34,7 +34,13 @@ from eaglequant.io.checkpoint import read_checkpoint
 from eaglequant.io.readback import sha256_file
 from eaglequant.manifest import Manifest, read_json_object, read_manifest
 from eaglequant.provenance import ABSOLUTE_PATH, machine_paths
-from eaglequant.render.reports import PLOTS, tune_markdown, validation_markdown
+from eaglequant.render.reports import (
+    COMPARE_JSON,
+    PLOTS,
+    compare_markdown,
+    tune_markdown,
+    validation_markdown,
+)
 from eaglequant.serving import schedule_config, speculative_config
 from eaglequant.validation_report import read_report
 
@@ -53,6 +59,7 @@ def write_card(
     tune_dir: Path | None = None,
     license_id: str | None = None,
     repo_id: str | None = None,
+    compare_dir: Path | None = None,
 ) -> Path:
     """Render and write ``README.md`` into ``folder``; InputError before writing anything when
     a file differs from the manifest or the validation report is about other bytes."""
@@ -66,8 +73,13 @@ def write_card(
         check_report_binding(validation, report, files, folder)
     tuning = read_json_object(tune_dir / "results.json", "tuning results") if tune_dir else None
     license_id = license_id or source_license(Path(manifest.get("source", "")))
+    comparison = None
+    if compare_dir:
+        comparison = read_json_object(compare_dir / COMPARE_JSON, "comparison")
     names = PublicNames(base_model=base_model, repo_id=repo_id or NO_REPO_ID)
-    text = render(folder, names, config, manifest, report, tuning, license_id)
+    text = render(
+        folder, names, config, manifest, report, tuning, license_id, comparison=comparison
+    )
     record = {
         "files_sha256": files_digest(files),
         "validation_sha256": sha256_file(validation) if validation else None,
@@ -162,6 +174,7 @@ def render(
     report: dict[str, Any] | None,
     tuning: dict[str, Any] | None,
     license_id: str | None,
+    comparison: dict[str, Any] | None = None,
 ) -> str:
     """The card's Markdown, naming no path of this machine (InputError if one would remain)."""
     qcfg = config["quantization_config"]
@@ -195,6 +208,8 @@ def render(
     ]
     if report:
         parts.append(validation_markdown(report))
+    if comparison:
+        parts.append(compare_markdown(comparison))
     if tuning:
         parts.append("## Tuning (`eaglequant tune`)\n\n" + tune_markdown(tuning))
         parts.append("".join(f"![{n}]({n})\n" for n in PLOTS))
@@ -325,7 +340,7 @@ def _quantization_section(config: dict[str, Any], manifest: Manifest) -> str:
     fates = predict_fates(config)
     rows = "\n".join(
         f"| `{', '.join(f.checkpoint_names)}` | "
-        f"{f.scheme if f.quantized else f'BF16 ({f.reason})'} |"
+        f"{f'{f.scheme} (`{f.vllm_scheme}`)' if f.quantized else f'BF16 ({f.reason})'} |"
         for f in fates
     )
     exclude = config["quantization_config"].get("exclude")

@@ -23,6 +23,7 @@ from eaglequant.tune.summary import (
 )
 
 PLOTS = ("throughput.png", "speedup.png", "acceptance.png")
+COMPARE_JSON, COMPARE_MD = "compare.json", "compare.md"  # in ``eaglequant compare --out``
 
 
 def acceptance_rows(report: dict[str, Any]) -> list[tuple[str, str, str, str]]:
@@ -279,6 +280,54 @@ def mean_positions(lists: list[list[float]]) -> list[float]:
         for i, value in enumerate(values):
             sums[i] += value
     return [s / len(lists) for s in sums]
+
+
+def compare_markdown(report: dict[str, Any], heading: str = "##") -> str:
+    """``compare``'s table: one row per candidate against the BF16 draft, the recommendation."""
+    bf16 = report["baseline_mean_acceptance"]
+    bf16_pos = " / ".join(f"{p:.3f}" for p in report["baseline_per_position"]) or "-"
+    lines = [
+        f"{heading} Which format to ship (`eaglequant compare`)",
+        "",
+        f"BF16 draft `{_folder(report['baseline'])}` ({report['baseline_bytes']} bytes) on "
+        f"target `{_folder(report['target'])}`; `num_speculative_tokens={report['k']}`, "
+        f"{report['prompts']} prompts x {report['max_tokens']} tokens, greedy. BF16 mean "
+        f"acceptance length {_num(bf16)}, by position {bf16_pos}.",
+        "",
+        "| recipe | format | draft KV cache | bytes | vs BF16 | params quantized | lossless "
+        "| mean acceptance | by position | vs BF16 | verdict |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for row in report["rows"]:
+        per_pos = " / ".join(f"{p:.3f}" for p in row["per_position"]) or "-"
+        verdict = "PASS" if row["passed"] else "FAIL (" + ", ".join(row["failed_checks"]) + ")"
+        lines.append(
+            f"| `{row['recipe']}` | {row['scheme']} | {row['kv_cache_dtype']} | "
+            f"{row['bytes_on_disk']} | {row['bytes_ratio']:.3f} | "
+            f"{row['quantized_fraction']:.1%} | {'yes' if row['lossless'] else 'NO'} | "
+            f"{_num(row['mean_acceptance'])} | {per_pos} | {_num(row['acceptance_ratio'])} "
+            f"(>= {row['min_acceptance_ratio']}) | {verdict} |"
+        )
+    failures = [f"- `{r['recipe']}`: {r['failure']}" for r in report["rows"] if r.get("failure")]
+    if failures:
+        lines += ["", "Why the failing candidates failed:", "", *failures]
+    chosen = report["recommended"]
+    closing = (
+        f"**Recommended: `{chosen}`** (the smallest passing candidate; on equal size, the "
+        "better mean acceptance)."
+        if chosen
+        else "**No candidate passed.**"
+    )
+    return "\n".join([*lines, "", closing, ""])
+
+
+def _num(value: float | None) -> str:
+    return "-" if value is None else f"{value:.3f}"
+
+
+def _folder(path: str) -> str:
+    """A folder by its name alone: the table goes into cards, which name no local path."""
+    return path.rstrip("/").rsplit("/", 1)[-1]
 
 
 def comparison_markdown(summary: ComparisonSummary) -> str:

@@ -59,6 +59,12 @@ def print_inspect(report: InspectReport) -> None:
         )
     else:
         console.print("quantization: none")
+    if report.size is not None:
+        size = report.size
+        console.print(
+            f"size: {size.bytes_on_disk} bytes of tensors; {size.quantized_parameters} of "
+            f"{size.parameters} parameters quantized ({size.quantized_fraction:.1%})"
+        )
     table = Table(title="How vLLM will build each draft linear")
     for column in ("vLLM module", "checkpoint", "quantized", "scheme", "why"):
         table.add_column(column)
@@ -67,7 +73,7 @@ def print_inspect(report: InspectReport) -> None:
             fate.vllm_name,
             ", ".join(fate.checkpoint_names),
             "yes" if fate.quantized else "no",
-            fate.scheme,
+            fate.scheme + (f" ({fate.vllm_scheme})" if fate.vllm_scheme else ""),
             fate.reason,
         )
     console.print(table)

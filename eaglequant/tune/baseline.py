@@ -98,11 +98,17 @@ Samples = dict[tuple[str, int], list[Sample]]
 
 
 def candidates(request: TuneRequest) -> list[Candidate]:
+    """No speculation, then per k the baseline draft and the draft (its KV cache in the
+    request's draft KV dtype; the baseline's as the target's)."""
     assert request.baseline is not None
+
+    def kv(role: str) -> str | None:
+        return request.draft_kv_cache_dtype if role == DRAFT else None
+
     found = [Candidate(NO_SPECULATION, 0, None)]
     for k in request.ks:
         for role, path in ((BASELINE, request.baseline), (DRAFT, request.draft)):
-            found.append(Candidate(role, k, speculative_config(str(path), k)))
+            found.append(Candidate(role, k, speculative_config(str(path), k, kv(role))))
     return found
 
 

@@ -66,6 +66,7 @@ class TuneRequest:
     server_timeout_s: float = 600.0
     bench_timeout_s: float = 1800.0
     command: str | None = None  # how it was invoked, path-free (eaglequant.provenance)
+    draft_kv_cache_dtype: str | None = None  # None: the draft's KV cache as the target's
 
 
 def _max_model_len(request: TuneRequest) -> int | None:

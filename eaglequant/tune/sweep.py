@@ -136,7 +136,10 @@ def tune(request: TuneRequest, progress: Any = lambda _m: None) -> SweepSummary:
     request.out.mkdir(parents=True, exist_ok=True)
     draft = str(request.draft)
     configs = [Configuration(label="no-speculation", k=0, spec=None)] + [
-        Configuration(label=f"k{k}", k=k, spec=speculative_config(draft, k)) for k in request.ks
+        Configuration(
+            label=f"k{k}", k=k, spec=speculative_config(draft, k, request.draft_kv_cache_dtype)
+        )
+        for k in request.ks
     ]
     results: list[TuneResult] = []
     with tempfile.TemporaryDirectory(prefix="eaglequant-tune-") as scratch:
@@ -144,7 +147,7 @@ def tune(request: TuneRequest, progress: Any = lambda _m: None) -> SweepSummary:
             results += measure(request, config, env, max_len, Path(scratch), progress)
         ranges, skipped = planned_schedule(request, sweep_runs(results))
         if skipped is None:
-            spec = schedule_config(draft, ranges)
+            spec = schedule_config(draft, ranges, request.draft_kv_cache_dtype)
             config = Configuration(
                 label="schedule", k=spec["num_speculative_tokens"], spec=spec, schedule=True
             )
@@ -195,9 +198,9 @@ def summarize(
     draft = str(request.draft)
     spec = None
     if choice["schedule"]:
-        spec = schedule_config(draft, ranges)
+        spec = schedule_config(draft, ranges, request.draft_kv_cache_dtype)
     elif choice["k"]:
-        spec = speculative_config(draft, choice["k"])
+        spec = speculative_config(draft, choice["k"], request.draft_kv_cache_dtype)
     ranged = any(k for _, _, k in ranges)
     return {
         "schema_version": SCHEMA_VERSION,
@@ -212,7 +215,9 @@ def summarize(
             "measured": bool(scheduled),
             "not_measured_because": skipped,
             "results": [_row(r, sweep) for r in scheduled],
-            "serve_command": serve_line(request, schedule_config(draft, ranges), max_len)
+            "serve_command": serve_line(
+                request, schedule_config(draft, ranges, request.draft_kv_cache_dtype), max_len
+            )
             if ranged
             else None,
         },

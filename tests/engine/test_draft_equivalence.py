@@ -232,7 +232,12 @@ def test_exported_draft_loads_as_inspect_predicts(
     from click.testing import CliRunner
 
     from eaglequant.cli import main
-    from eaglequant.validate.validate import ValidateRequest, kept_bf16, layers_check, run_engine
+    from eaglequant.validate.validate import (
+        ValidateRequest,
+        expected_schemes,
+        layers_check,
+        run_engine,
+    )
 
     config = json.loads((TOY / "draft" / "config.json").read_text())
     verifier = str(TOY / "target") if in_speculators else None
@@ -250,9 +255,11 @@ def test_exported_draft_loads_as_inspect_predicts(
     engine = run_engine(validating, out)
     assert engine["ok"], engine["log"][-3000:]
     layers = engine["result"]["draft_layers"]
-    check = layers_check(layers, kept_bf16(out))
+    expected = expected_schemes(out)
+    check = layers_check(layers, expected)
     assert check.passed, check.detail
-    assert kept_bf16(out) == ({"self_attn.kv_b_proj"} if mla else set())
+    kept = {name for name, scheme in expected.items() if scheme is None}
+    assert kept == ({"self_attn.kv_b_proj"} if mla else set())
     # inspect names layers as vLLM's prefixes (model.layers.4 after a 4-layer target); the
     # engine's module tree counts the draft's own list (model.layers.0, model.layers.1, …).
     fates = {

@@ -1,0 +1,97 @@
+"""``eaglequant compare``: option parsing and reporting only."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import click
+
+from eaglequant.cli.options import (
+    PATH,
+    draft_kv_cache_option,
+    engine_choice,
+    engine_options,
+    engine_settings,
+)
+from eaglequant.cli.options import capture_engine as capture_engine_for
+from eaglequant.errors import InputError
+
+
+@click.command()
+@click.argument("baseline", type=PATH)
+@click.option("--target", type=PATH, required=True, help="Target model folder.")
+@click.option(
+    "--prompts", type=PATH, required=True, help="Prompts: .jsonl (text) or .txt (one per line)."
+)
+@click.option(
+    "--recipes",
+    required=True,
+    help="Comma-separated candidate recipes, e.g. fp8-static,ptpc-fp8,mxfp8,mxfp4.",
+)
+@click.option("--calib-data", type=PATH, help="Calibration text, captured once from --target.")
+@click.option("--calib-hidden-states", type=PATH, help="A folder written by `eaglequant capture`.")
+@click.option("--out", type=PATH, required=True, help="Output folder (candidates and reports).")
+@click.option(
+    "--k", type=click.IntRange(1, 16), default=3, show_default=True, help="num_speculative_tokens."
+)
+@click.option("--max-tokens", type=click.IntRange(min=1), default=48, show_default=True)
+@click.option("--engine-timeout", type=float, default=600.0, show_default=True)
+@click.option("--max-model-len", type=click.IntRange(min=16))
+@engine_options
+@draft_kv_cache_option
+@engine_choice("--capture-engine", "the calibration capture")
+@click.option("--overwrite", is_flag=True)
+def compare(
+    baseline: Path,
+    target: Path,
+    prompts: Path,
+    recipes: str,
+    calib_data: Path | None,
+    calib_hidden_states: Path | None,
+    out: Path,
+    k: int,
+    max_tokens: int,
+    engine_timeout: float,
+    max_model_len: int | None,
+    tensor_parallel_size: int,
+    engine_args: tuple[str, ...],
+    draft_kv_cache_dtype: str | None,
+    capture_engine: str | None,
+    overwrite: bool,
+) -> None:
+    """Export BASELINE with every recipe from one capture, validate each in vLLM, recommend one.
+
+    Exit 0 when a candidate passes (the smallest passing one is recommended), 1 when none
+    does, 2 for bad input.
+    """
+    from eaglequant.recipe import load_recipe
+    from eaglequant.render.reports import COMPARE_MD
+    from eaglequant.validate.compare import CompareRequest
+    from eaglequant.validate.compare import compare as run
+    from eaglequant.validate.validate import read_prompts
+
+    names = [name.strip() for name in recipes.split(",") if name.strip()]
+    if not names:
+        raise InputError("--recipes: name at least one recipe, e.g. fp8-static,mxfp4")
+    request = CompareRequest(
+        baseline=baseline,
+        target=target,
+        prompts=read_prompts(prompts),
+        recipes=tuple(load_recipe(name) for name in names),
+        out=out,
+        calib_data=calib_data,
+        hidden_states=calib_hidden_states,
+        k=k,
+        max_tokens=max_tokens,
+        draft_kv_cache_dtype=draft_kv_cache_dtype,
+        engine=engine_settings(tensor_parallel_size, engine_args, max_model_len),
+        capture=capture_engine_for(
+            capture_engine, "--capture-engine", engine_settings(tensor_parallel_size, engine_args)
+        ),
+        engine_timeout_s=engine_timeout,
+        overwrite=overwrite,
+    )
+    report = run(request, progress=lambda m: click.echo(f"[eaglequant] {m}", err=True))
+    click.echo((out / COMPARE_MD).read_text())
+    sys.exit(0 if report.recommended else 1)

@@ -1,0 +1,61 @@
+"""``eaglequant compare`` end to end on the committed toy pair: one capture, every candidate
+exported with real Quark and validated in real vLLM (CPU) against the BF16 draft."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from click.testing import CliRunner
+
+from eaglequant.checks import inspect_checkpoint
+from eaglequant.cli import main
+from eaglequant.validate.compare import CANDIDATES_DIR, CandidateRow, recommend
+from tests.conftest import TOY, toy_prompts_file
+
+RECIPES = ("fp8-static", "ptpc-fp8", "mxfp4", "mxfp4-fp8")
+SCHEMES = {
+    "fp8-static": "QuarkW8A8Fp8",
+    "ptpc-fp8": "QuarkW8A8Fp8",
+    "mxfp4": "QuarkOCP_MX",
+    "mxfp4-fp8": "QuarkW4A8_MXFP4_FP8",
+}
+
+
+def test_compare_toy_pair(tmp_path: Path) -> None:
+    out = tmp_path / "compare"
+    prompts = toy_prompts_file(tmp_path / "prompts.jsonl", 8)
+    args = [str(TOY / "draft"), "--target", str(TOY / "target"), "--prompts", str(prompts)]
+    args += ["--calib-data", str(TOY / "calibration.jsonl"), "--out", str(out)]
+    args += [
+        "--recipes",
+        ",".join(RECIPES),
+        "--max-tokens",
+        "24",
+        "--capture-engine",
+        "transformers",
+    ]
+    result = CliRunner().invoke(main, ["compare", *args], catch_exceptions=False)
+    assert (out / "compare.json").is_file(), result.output
+    report = json.loads((out / "compare.json").read_text())
+    rows = [CandidateRow(**row) for row in report["rows"]]
+    assert [row.recipe for row in rows] == list(RECIPES)
+    for row in rows:
+        assert row.mean_acceptance is not None and len(row.per_position) == 3, row
+        assert "3 layers" not in row.failed_checks, row  # built as inspect predicts
+        fates = inspect_checkpoint(out / CANDIDATES_DIR / row.recipe).fates
+        assert {f.vllm_scheme for f in fates if f.quantized} == {SCHEMES[row.recipe]}
+        assert 0 < row.bytes_ratio < 1 and 0 < row.quantized_fraction < 1
+    chosen = recommend(rows)
+    assert report["recommended"] == (chosen.recipe if chosen else None)
+    assert result.exit_code == (0 if chosen else 1), result.output
+    assert "| `mxfp4` |" in result.output
+    mxfp4 = next(r for r in rows if r.recipe == "mxfp4")
+    fp8 = next(r for r in rows if r.recipe == "fp8-static")
+    assert mxfp4.bytes_on_disk < fp8.bytes_on_disk
+    if chosen:
+        folder = out / CANDIDATES_DIR / chosen.recipe
+        card = ["card", str(folder), "--base-model", "toy/target", "--compare", str(out)]
+        assert CliRunner().invoke(main, card, catch_exceptions=False).exit_code == 0
+        assert f"**Recommended: `{chosen.recipe}`**" in (folder / "README.md").read_text()
+    print(result.output, json.dumps(report["timings_s"]))

@@ -1,0 +1,142 @@
+"""OCP MX, W4A8 and per-channel static exports with real Quark on the tiny pair: inspect's
+prediction against vLLM's own scheme dispatch, check 6 on MX scales (and a corrupted one)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+from typing import get_args
+
+import pytest
+import torch
+from click.testing import CliRunner
+from safetensors.torch import load_file, save_file
+
+from eaglequant.checks import inspect_checkpoint
+from eaglequant.cli import main
+from eaglequant.draft import MIDLAYER_LINEARS
+from eaglequant.serving import DRAFT_KV_CACHE_DTYPES
+from tests.conftest import PYTHON, run_child
+
+VLLM_SCHEME = """
+import json, sys
+from vllm.model_executor.layers.quantization.quark.quark import QuarkConfig
+qcfg = json.load(open(sys.argv[1] + "/config.json"))["quantization_config"]
+_, _, scheme = QuarkConfig.from_config(qcfg)._get_scheme_cls_from_config(
+    qcfg["global_quant_config"]
+)
+print(scheme.__name__)
+"""
+MXFP4_ON_CPU = """
+from vllm.model_executor.kernels.linear import init_mxfp4_linear_kernel
+from vllm.model_executor.layers.quantization.utils.quant_utils import kMxfp4Dynamic
+try:
+    init_mxfp4_linear_kernel(kMxfp4Dynamic)
+except ValueError as exc:
+    print("without:", str(exc).splitlines()[0])
+from eaglequant.validate.cpu_fp8_plugin import list_mxfp4_emulation_on_cpu
+list_mxfp4_emulation_on_cpu()
+print("with:", type(init_mxfp4_linear_kernel(kMxfp4Dynamic)).__name__)
+"""
+RECIPES = {  # recipe -> the Quark scheme vLLM builds its layers with
+    "mxfp4": "QuarkOCP_MX",
+    "mxfp4-fp8": "QuarkW4A8_MXFP4_FP8",
+    "fp8-static-channel": "QuarkW8A8Fp8",
+}
+
+
+@pytest.fixture(scope="module")
+def exports(pair: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """The tiny draft exported with each recipe (fixed input range: no calibration run)."""
+    root = tmp_path_factory.mktemp("formats")
+    out = {}
+    for recipe in RECIPES:
+        out[recipe] = root / recipe
+        args = ["export", str(pair["draft"]), str(out[recipe]), "--recipe", recipe]
+        result = CliRunner().invoke(main, [*args, "--calib", "none"], catch_exceptions=False)
+        assert result.exit_code == 0, result.output
+    return out
+
+
+@pytest.mark.parametrize("recipe", list(RECIPES))
+def test_inspect_predicts_vllms_scheme(recipe: str, exports: dict[str, Path]) -> None:
+    report = inspect_checkpoint(exports[recipe])
+    assert report.problems == []
+    quantized = [f for f in report.fates if f.quantized]
+    assert quantized and {f.vllm_scheme for f in quantized} == {RECIPES[recipe]}
+    assert (
+        run_child([PYTHON, "-c", VLLM_SCHEME, str(exports[recipe])]).split()[-1]
+        == (RECIPES[recipe])
+    )
+    assert report.size is not None and 0 < report.size.quantized_fraction < 1
+
+
+def test_mx_scales_pass_check6_and_a_corrupted_one_fails(
+    pair: dict[str, Path], exports: dict[str, Path], tmp_path: Path
+) -> None:
+    from eaglequant.capture.run import CaptureEngine
+    from eaglequant.validate.plausibility import PlausibilityInputs, plausibility_problems
+
+    def problems(draft: Path) -> list[str]:
+        inputs = PlausibilityInputs(
+            target=pair["target"],
+            draft=draft,
+            baseline=pair["draft"],
+            prompts=["def function_3(x):\n    return x * 3 + 3\n"],
+            generated=None,
+            k=3,
+            tolerance=4.0,
+            capture=CaptureEngine(name="transformers"),
+        )
+        return plausibility_problems(inputs)[0]
+
+    good = exports["mxfp4"]
+    assert problems(good) == []
+    last = MIDLAYER_LINEARS[-1]
+    for name, corrupt, expected in [
+        ("scaled", lambda e: e.add_(6), f"{last}.weight_scale[0, 0] x 6 = "),
+        ("nan", lambda e: e.fill_(255), f"{last}.weight_scale holds the E8M0 NaN exponent 255"),
+    ]:
+        bad = shutil.copytree(good, tmp_path / name)
+        tensors = load_file(str(bad / "model.safetensors"))
+        exponents = tensors[f"{last}.weight_scale"]
+        assert exponents.dtype == torch.uint8
+        corrupt(exponents[:1, :1])
+        save_file(tensors, str(bad / "model.safetensors"), metadata={"format": "pt"})
+        found = problems(bad)
+        assert len(found) == 1 and found[0].startswith(expected), found
+
+
+def test_draft_kv_cache_dtypes_are_vllms() -> None:
+    from vllm.config.cache import CacheDType
+    from vllm.config.speculative import SpeculativeConfig
+
+    assert set(DRAFT_KV_CACHE_DTYPES) <= set(get_args(CacheDType))
+    assert "kv_cache_dtype" in SpeculativeConfig.__dataclass_fields__
+
+
+def test_fix_config_repairs_a_bare_exclude_on_an_mx_export(
+    exports: dict[str, Path], tmp_path: Path
+) -> None:
+    from eaglequant.fix_config import fix_config
+
+    broken = shutil.copytree(exports["mxfp4"], tmp_path / "bare")
+    config = json.loads((broken / "config.json").read_text())
+    config["quantization_config"]["exclude"] = ["fc", "lm_head"]
+    (broken / "config.json").write_text(json.dumps(config))
+    problems = [str(p) for p in inspect_checkpoint(broken).problems]
+    assert any(
+        p.startswith("model.fc: vLLM would build it as mxfp4 a:mxfp4 dynamic but 'fc.weight' is")
+        for p in problems
+    ), problems
+    assert fix_config(broken).changed
+    assert inspect_checkpoint(broken).problems == []
+
+
+def test_the_cpu_plugin_lists_vllms_mxfp4_emulation() -> None:
+    lines = run_child([PYTHON, "-c", MXFP4_ON_CPU]).splitlines()
+    assert lines[-2:] == [
+        "without: Failed to find a kernel that can implement the MXFP4 linear layer. Reasons: ",
+        "with: EmulationMxfp4LinearKernel",
+    ]

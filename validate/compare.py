@@ -1,0 +1,343 @@
+"""``eaglequant compare``: which format to ship — every candidate recipe exported from one
+calibration capture and validated in vLLM against the BF16 draft, the smallest passing one
+recommended.
+
+check (recipes, inputs, output; nothing heavy) -> capture the target's hidden states once
+(or take a capture folder) -> export each candidate from that capture in this process (the
+module-flow recipes share one Quark import) -> run the target alone and the BF16 draft once
+-> one FP8 engine per candidate (its KV cache in ``draft_kv_cache_dtype``), the six checks
+under that candidate's recipe thresholds (check 6 on the same capture) -> one row per
+candidate -> ``compare.json`` and ``compare.md``.
+
+The engine runs go through :class:`EngineRunner`, so the per-candidate engine can be swapped
+for one that serves every candidate against a single loaded target.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+from eaglequant.capture.run import CaptureEngine, CaptureRequest, capture_hidden_states
+from eaglequant.checks import size_summary
+from eaglequant.draft import require_bf16_draft
+from eaglequant.engine.config import EngineOptions
+from eaglequant.errors import InputError
+from eaglequant.io.checkpoint import read_checkpoint
+from eaglequant.io.output import check_output_path
+from eaglequant.io.writer import write_text
+from eaglequant.quantize.export import check_exportable
+from eaglequant.quantize.sources import CalibrationSource
+from eaglequant.recipe import Recipe
+from eaglequant.render.reports import COMPARE_JSON, COMPARE_MD
+from eaglequant.validate.acceptance import ACCEPTANCE, PER_POSITION
+from eaglequant.validate.validate import ValidateRequest, run_engine, validate
+
+COMPARE_SCHEMA_VERSION = 1
+CAPTURE_DIR, CANDIDATES_DIR = "capture", "candidates"
+FAILURE_CHARS = 600
+Progress = Callable[[str], None]
+
+
+@dataclass(frozen=True, kw_only=True)
+class CompareRequest:
+    baseline: Path
+    target: Path
+    prompts: list[str]
+    recipes: tuple[Recipe, ...]
+    out: Path
+    calib_data: Path | None = None  # with the target: capture once from this text
+    hidden_states: Path | None = None  # or a capture folder from `eaglequant capture`
+    k: int = 3
+    max_tokens: int = 48
+    draft_kv_cache_dtype: str | None = None
+    engine: EngineOptions = field(default_factory=EngineOptions)
+    capture: CaptureEngine = field(default_factory=CaptureEngine)
+    engine_timeout_s: float = 600.0
+    max_shard_size: int = 5 * 10**9
+    overwrite: bool = False
+
+
+@dataclass(frozen=True)
+class CandidateRow:
+    """One candidate's measured outcome (``passed``: all six checks under its recipe)."""
+
+    recipe: str
+    scheme: str
+    kv_cache_dtype: str
+    bytes_on_disk: int
+    bytes_ratio: float
+    quantized_fraction: float
+    lossless: bool
+    mean_acceptance: float | None
+    per_position: list[float]
+    acceptance_ratio: float | None
+    min_acceptance_ratio: float
+    passed: bool
+    failed_checks: list[str]
+    failure: str | None = None  # the first failed check's detail (an engine's: its log's cause)
+
+
+@dataclass(frozen=True)
+class CompareReport:
+    schema_version: int
+    baseline: str
+    target: str
+    prompts: int
+    k: int
+    max_tokens: int
+    baseline_bytes: int
+    baseline_mean_acceptance: float | None
+    baseline_per_position: list[float]
+    rows: list[CandidateRow]
+    recommended: str | None
+    timings_s: dict[str, float]
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def recommend(rows: Sequence[CandidateRow]) -> CandidateRow | None:
+    """The smallest passing candidate on disk; on equal size, the better mean acceptance."""
+    passing = [row for row in rows if row.passed]
+    if not passing:
+        return None
+    return min(passing, key=lambda r: (r.bytes_on_disk, -(r.mean_acceptance or 0.0)))
+
+
+class EngineRunner(Protocol):
+    """Runs the engines validate needs: the shared ones once, then each candidate's."""
+
+    def shared(self, request: ValidateRequest) -> dict[str, dict[str, Any]]:
+        """The ``target`` (alone) and ``bf16`` (baseline draft) runs, as validate reuses them."""
+        ...
+
+    def candidate(self, request: ValidateRequest) -> dict[str, Any]:
+        """The ``fp8`` run of ``request.draft`` (its KV cache in the request's dtype)."""
+        ...
+
+
+class OneEnginePerDraft:
+    """A fresh vLLM engine (own process) for the target, the BF16 draft and each candidate."""
+
+    def shared(self, request: ValidateRequest) -> dict[str, dict[str, Any]]:
+        return {
+            "target": run_engine(request, None),
+            "bf16": run_engine(request, request.baseline),
+        }
+
+    def candidate(self, request: ValidateRequest) -> dict[str, Any]:
+        return run_engine(request, request.draft, kv_cache_dtype=request.draft_kv_cache_dtype)
+
+
+def check_request(request: CompareRequest) -> None:
+    """Everything checked before any heavy work."""
+    if not request.recipes:
+        raise InputError("no recipes to compare; pass --recipes NAME[,NAME...]")
+    for recipe in request.recipes:
+        check_exportable(recipe)
+    names = [r.name for r in request.recipes]
+    if len(set(names)) != len(names):
+        raise InputError(f"recipes {names}: each recipe may be compared once")
+    require_bf16_draft(read_checkpoint(request.baseline))
+    if not request.target.is_dir():
+        raise InputError(f"{request.target}: no such target folder")
+    check_output_path(request.out, [request.baseline, request.target], request.overwrite)
+    if (request.calib_data is None) == (request.hidden_states is None):
+        raise InputError(
+            "compare calibrates every candidate from one capture: pass --calib-data FILE "
+            "(captured from --target) or --calib-hidden-states DIR"
+        )
+    if request.calib_data is not None and not request.calib_data.is_file():
+        raise InputError(f"{request.calib_data}: no such calibration data file")
+
+
+def compare(
+    request: CompareRequest,
+    progress: Progress = lambda _m: None,
+    runner: EngineRunner | None = None,
+) -> CompareReport:
+    """Capture once, export every candidate, validate each against the BF16 draft once."""
+    import time
+
+    check_request(request)
+    timings: dict[str, float] = {}
+    (request.out / CANDIDATES_DIR).mkdir(parents=True, exist_ok=True)
+    started = time.perf_counter()
+    capture = _capture_once(request, progress)
+    timings["capture"] = round(time.perf_counter() - started, 3)
+    drafts: dict[str, Path] = {}
+    for recipe in request.recipes:
+        started = time.perf_counter()
+        progress(f"candidate {recipe.name}: export ...")
+        drafts[recipe.name] = _export(request, recipe, capture, progress)
+        timings[f"export.{recipe.name}"] = round(time.perf_counter() - started, 3)
+    base = _validate_request(request, request.recipes[0], drafts[request.recipes[0].name], capture)
+    started = time.perf_counter()
+    progress("target alone and BF16 draft: vLLM engines ...")
+    runner = runner or OneEnginePerDraft()
+    shared = runner.shared(base)
+    timings["engines.shared"] = round(time.perf_counter() - started, 3)
+    rows = []
+    for recipe in request.recipes:
+        started = time.perf_counter()
+        candidate = _validate_request(request, recipe, drafts[recipe.name], capture)
+        progress(f"candidate {recipe.name}: vLLM engine ...")
+        engine = runner.candidate(candidate)
+        progress(f"candidate {recipe.name}: checks ...")
+        report = validate(
+            candidate,
+            progress=lambda m, name=recipe.name: progress(f"candidate {name}: {m}"),
+            reuse={**shared, "fp8": engine},
+        )
+        rows.append(_row(request, recipe, drafts[recipe.name], report.to_json()))
+        timings[f"validate.{recipe.name}"] = round(time.perf_counter() - started, 3)
+    result = _report(request, rows, shared, timings)
+    _write(request.out, result)
+    return result
+
+
+def _capture_once(request: CompareRequest, progress: Progress) -> Path:
+    if request.hidden_states is not None:
+        return request.hidden_states
+    assert request.calib_data is not None
+    progress("capture the target's hidden states (once, for every candidate) ...")
+    needed = max(r.calibration.samples + r.calibration.held_out for r in request.recipes)
+    folder = request.out / CAPTURE_DIR
+    capture_hidden_states(
+        CaptureRequest(
+            target=request.target,
+            data=request.calib_data,
+            out=folder,
+            engine=request.capture,
+            draft=request.baseline,
+            samples=needed,
+            seq_len=max(r.calibration.seq_len for r in request.recipes),
+            embeddings=True,
+            overwrite=request.overwrite,
+        ),
+        progress,
+    )
+    return folder
+
+
+def _export(request: CompareRequest, recipe: Recipe, capture: Path, progress: Progress) -> Path:
+    from eaglequant.quantize.export import ExportRequest, export_draft
+
+    out = request.out / CANDIDATES_DIR / recipe.name
+    export_draft(
+        ExportRequest(
+            src=request.baseline,
+            out=out,
+            recipe=recipe,
+            calibration=CalibrationSource(kind="capture", capture=capture),
+            max_shard_size=request.max_shard_size,
+            overwrite=request.overwrite,
+        ),
+        lambda m: progress(f"candidate {recipe.name}: export: {m}"),
+    )
+    return out
+
+
+def _validate_request(
+    request: CompareRequest, recipe: Recipe, draft: Path, capture: Path
+) -> ValidateRequest:
+    return ValidateRequest(
+        target=request.target,
+        draft=draft,
+        baseline=request.baseline,
+        prompts=request.prompts,
+        k=request.k,
+        max_tokens=request.max_tokens,
+        min_acceptance_ratio=recipe.validation.min_acceptance_ratio,
+        min_position_ratio=recipe.validation.min_position_ratio,
+        scale_tolerance=recipe.validation.scale_tolerance,
+        engine_timeout_s=request.engine_timeout_s,
+        engine=request.engine,
+        capture=request.capture,
+        hidden_states=capture,
+        draft_kv_cache_dtype=request.draft_kv_cache_dtype,
+    )
+
+
+def _row(
+    request: CompareRequest, recipe: Recipe, draft: Path, report: dict[str, Any]
+) -> CandidateRow:
+    checks = {c["name"]: c for c in report["checks"]}  # only "engines" when one failed
+    acceptance = checks.get(ACCEPTANCE, {}).get("numbers", {})
+    size = size_summary(read_checkpoint(draft))
+    baseline_bytes = read_checkpoint(request.baseline).total_bytes
+    return CandidateRow(
+        recipe=recipe.name,
+        scheme=recipe.scheme(),
+        kv_cache_dtype=request.draft_kv_cache_dtype or "auto (the target's)",
+        bytes_on_disk=size.bytes_on_disk,
+        bytes_ratio=round(size.bytes_on_disk / baseline_bytes, 4),
+        quantized_fraction=round(size.quantized_fraction, 4),
+        lossless=bool(checks.get("1 lossless", {}).get("passed")),
+        mean_acceptance=acceptance.get("fp8"),
+        per_position=list(checks.get(PER_POSITION, {}).get("numbers", {}).get("fp8") or []),
+        acceptance_ratio=acceptance.get("ratio"),
+        min_acceptance_ratio=recipe.validation.min_acceptance_ratio,
+        passed=bool(report["passed"]),
+        failed_checks=[c["name"] for c in report["checks"] if not c["passed"]],
+        failure=_failure(report["checks"]),
+    )
+
+
+def _failure(checks: list[dict[str, Any]]) -> str | None:
+    """The first failed check's detail; a failed engine's with its log's last error line."""
+    failed = next((c for c in checks if not c["passed"]), None)
+    if failed is None:
+        return None
+    detail = str(failed["detail"])
+    for tail in (failed.get("numbers") or {}).get("log_tail", {}).values():
+        errors = [line.strip() for line in tail.splitlines() if "Error" in line]
+        if errors:
+            detail += f": {errors[-1]}"
+    return detail[:FAILURE_CHARS]
+
+
+def _report(
+    request: CompareRequest,
+    rows: list[CandidateRow],
+    shared: dict[str, dict[str, Any]],
+    timings: dict[str, float],
+) -> CompareReport:
+    from eaglequant.validate.validate import acceptance
+
+    bf16 = acceptance(shared["bf16"].get("result", {}).get("metrics", {}))
+    choice = recommend(rows)
+    return CompareReport(
+        schema_version=COMPARE_SCHEMA_VERSION,
+        baseline=str(request.baseline),
+        target=str(request.target),
+        prompts=len(request.prompts),
+        k=request.k,
+        max_tokens=request.max_tokens,
+        baseline_bytes=read_checkpoint(request.baseline).total_bytes,
+        baseline_mean_acceptance=bf16.get("mean_length"),
+        baseline_per_position=list(bf16.get("per_position") or []),
+        rows=rows,
+        recommended=choice.recipe if choice else None,
+        timings_s=timings,
+    )
+
+
+def _write(out: Path, report: CompareReport) -> None:
+    """compare.json and compare.md, each written beside its name and renamed into place."""
+    import json
+    import os
+
+    from eaglequant.render.reports import compare_markdown
+
+    data = report.to_json()
+    for name, text in (
+        (COMPARE_JSON, json.dumps(data, indent=2) + "\n"),
+        (COMPARE_MD, compare_markdown(data)),
+    ):
+        partial = out / f".{name}.partial"
+        write_text(partial, text)
+        os.replace(partial, out / name)
