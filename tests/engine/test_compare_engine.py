@@ -22,6 +22,13 @@ SCHEMES = {
 }
 
 
+# What vLLM-CPU's MX emulation stops at: Quark's activation QDQ and weight dequantization.
+MX_ON_CPU = {
+    "mxfp4": "qdq_mxfp4 is only implemented in CUDA devices",
+    "mxfp4-fp8": "dq_uint8_mxfp4_to_half is only implemented in CUDA devices",
+}
+
+
 def test_compare_toy_pair(tmp_path: Path) -> None:
     out = tmp_path / "compare"
     prompts = toy_prompts_file(tmp_path / "prompts.jsonl", 8)
@@ -41,11 +48,17 @@ def test_compare_toy_pair(tmp_path: Path) -> None:
     rows = [CandidateRow(**row) for row in report["rows"]]
     assert [row.recipe for row in rows] == list(RECIPES)
     for row in rows:
-        assert row.mean_acceptance is not None and len(row.per_position) == 3, row
-        assert "3 layers" not in row.failed_checks, row  # built as inspect predicts
         fates = inspect_checkpoint(out / CANDIDATES_DIR / row.recipe).fates
         assert {f.vllm_scheme for f in fates if f.quantized} == {SCHEMES[row.recipe]}
         assert 0 < row.bytes_ratio < 1 and 0 < row.quantized_fraction < 1
+        if row.recipe in MX_ON_CPU:
+            # vLLM-CPU builds the MX layers, then its emulation calls Quark's MX kernels,
+            # which exist only for CUDA/ROCm: the row fails with that engine error, named.
+            assert not row.passed and row.mean_acceptance is None, row
+            assert MX_ON_CPU[row.recipe] in (row.failure or ""), row
+            continue
+        assert row.mean_acceptance is not None and len(row.per_position) == 3, row
+        assert "3 layers" not in row.failed_checks, row  # built as inspect predicts
     chosen = recommend(rows)
     assert report["recommended"] == (chosen.recipe if chosen else None)
     assert result.exit_code == (0 if chosen else 1), result.output

@@ -148,3 +148,9 @@ def test_export_and_capture_requests_are_keyword_only() -> None:
         assert all(f.kw_only for f in dataclasses.fields(request)), request
         with pytest.raises(TypeError):
             request(Path("a"))
+
+
+def test_test_files_have_unique_names_across_tiers() -> None:
+    """pytest imports test modules by basename: a name in two tier folders breaks collection."""
+    names = [p.name for p in (REPO / "tests").glob("*/test_*.py")]
+    assert sorted(n for n in set(names) if names.count(n) > 1) == []
