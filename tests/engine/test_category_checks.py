@@ -86,8 +86,8 @@ def test_a_category_collapse_fails_its_category_while_the_mean_passes(
     assert "FAIL: tables" in checks["2 acceptance by category"].detail
     assert report.categories is not None
     tables, code = report.categories["tables"], report.categories["code"]
-    assert tables["judged"] and tables["verdicts"]["2"] == "FAIL"
-    assert code["judged"] and code["verdicts"]["2"] != "FAIL"
+    assert tables["judged"] and tables["checks"]["2"]["verdict"] == "FAIL"
+    assert code["judged"] and code["checks"]["2"]["verdict"] != "FAIL"
     assert tables["fp8"]["mean_length"] < 0.6 * tables["bf16"]["mean_length"]
     assert checks["5 per-position by category"].verdict == "FAIL"
     overlap = {"calibration": str(TOY / "calibration.jsonl"), "shared": 0, "prompts": 34}
