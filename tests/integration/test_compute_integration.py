@@ -1,21 +1,7 @@
-"""The BF16 and float32 GEMM paths give the draft the same calibration statistics.
-
-Both paths are forced on this machine (``EAGLEQUANT_GEMM``) over a tiny BF16
-draft unrolled 3 steps on 1024 tokens, its midlayer held in float32 (as Quark
-holds it while it observes the weights, and as validate loads it) and in BF16
-(as Quark holds it during its forward passes where BF16 is native, and as the
-export's reference for measuring). Tolerance: every midlayer input range (what
-a static input scale is: amax / 448) within 2e-4 relative, a tenth of BF16's
-half-spacing, and each step's top-1 agreement at least 0.998 (measured here:
-equal ranges, agreement 1.0). Without the float32 path's rounding of its
-outputs to BF16 the ranges move by ~1e-3 and agreement drops to ~0.99; the
-test runs that mutant too and requires it to fail. The float32 path never
-hands a BF16 tensor to ``F.linear`` (a mutant that calls BF16 GEMMs there
-fails); the BF16 path makes exactly the expected number of BF16 calls, the
-BF16 midlayer's included (a mutant computing it in float32 fails). Slow tests
-run Quark's calibration on each path (BF16 passes only where native, float32
-weights at ``freeze``, equal input scales) and export the tiny pair's draft on
-each path, comparing the written input scales and the manifest's top-1 agreement.
+"""Quark's calibration on both GEMM paths (BF16 where native, float32 elsewhere): BF16 passes
+only where native, float32 weights at ``freeze``, equal input scales; and the tiny pair's
+draft exported on each path, with equal written input scales and top-1 agreement. The
+paths' arithmetic without Quark is tests/unit/test_compute.py's.
 """
 
 from __future__ import annotations
