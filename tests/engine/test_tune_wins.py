@@ -114,7 +114,11 @@ def test_the_card_carries_the_release_table(comparison_out: Path, fp8_toy_draft:
     cells += [f"| {p['per_device']:.1f} ({p['speedup']:.2f}x; " for p in (baseline, draft)]
     assert all(cell in text for cell in cells), cells
     assert "Controlled: one vLLM build" in text and "- Software: eaglequant" in text
-    assert summary["serve_lines"][2]["line"] in text
+    # The draft's serve line, with the target named as on the Hub (the card names no path).
+    label = summary["serve_lines"][2]["label"]
+    shown = [line for line in text.splitlines() if line.startswith(f"- {label}: `vllm serve ")]
+    assert len(shown) == 1 and "vllm serve toy/target " in shown[0], shown
+    assert '"num_speculative_tokens": 2' in shown[0] and str(TOY) not in shown[0]
     assert (fp8_toy_draft / "speedup.png").is_file() and "](speedup.png)" in text
     # An older results.json (no schema_version) is refused in one line, the card untouched.
     older = comparison_out.parent / "older"
