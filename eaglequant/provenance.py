@@ -34,7 +34,11 @@ COMMON = {
 PLACEHOLDER = re.compile(r"<[A-Z0-9_]+>")
 # An absolute path: a slash not preceded by a word character, a colon or another slash
 # (so URLs and ratios like "tok/s" are left alone), then at least one named segment.
-ABSOLUTE_PATH = re.compile(r"(?<![\w:/.~-])(?:~/|/)[\w.+@-]+(?:/[\w.+@-]+)*/?")
+# A home-relative path, or an absolute one of two or more parts (``/metrics``, an HTTP
+# endpoint named in reports, is not a machine path).
+ABSOLUTE_PATH = re.compile(
+    r"(?<![\w:/.~-])(?:~/[\w.+@-]+(?:/[\w.+@-]+)*|/[\w.+@-]+(?:/[\w.+@-]+)+)/?"
+)
 
 
 def placeholder(command: str, parameter: str) -> str:

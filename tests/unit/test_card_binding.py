@@ -211,3 +211,9 @@ def test_a_comparison_that_chose_the_baseline_says_so_in_the_usage_note() -> Non
     assert config["num_speculative_tokens"] == 3
     assert "this draft was not chosen at any concurrency (ship the BF16 draft)" in note
     assert "no k was faster" not in note
+
+
+def test_an_http_endpoint_is_not_a_machine_path() -> None:
+    from eaglequant.provenance import machine_paths
+
+    assert machine_paths("acceptance from the server's /metrics, data in /tmp/x") == ["/tmp/x"]
