@@ -17,7 +17,7 @@ export VLLM_CPU_KVCACHE_SPACE ?= 1
 export VLLM_TARGET_DEVICE ?= cpu
 export TOKENIZERS_PARALLELISM ?= false
 
-.PHONY: install install-unit demo test test-unit test-integration test-engine test-rest lint \
+.PHONY: install install-unit demo test test-unit test-integration test-engine test-rest test-as-avx2 lint \
 	typecheck-tree bench bench-small bench-capture bench-tune bench-tune-baseline toy clean
 
 install: $(STAMP)
@@ -61,6 +61,11 @@ test-engine: install
 
 test-rest: install
 	$(BIN)/python -m pytest -m "integration or engine" $(PYTEST_FLAGS) tests
+
+# The whole of `make test` as on an AVX2-only CPU with no native BF16 (torch's, oneDNN's and
+# vLLM's kernel choice forced; see tests/as_avx2/sitecustomize.py), for CI-time checks.
+test-as-avx2:
+	PYTHONPATH=$(CURDIR)/tests/as_avx2 ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2 $(MAKE) test
 
 typecheck-tree:
 	rm -rf $(TYPECHECK) && mkdir -p $(TYPECHECK)/eaglequant

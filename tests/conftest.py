@@ -71,6 +71,20 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker(getattr(pytest.mark, tier))
 
 
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    """The machine the run timed: a CI log then says which kind of CPU its durations are from."""
+    from eaglequant.environment import cpu_info
+
+    cpu = cpu_info()
+    probe = "AVX-512" if torch.cpu._is_avx512_supported() else "no AVX-512"
+    probe += ", native BF16" if torch.cpu._is_avx512_bf16_supported() else ", BF16 emulated"
+    terminalreporter.write_line(
+        f"machine: {cpu['model']}, {cpu['logical_cpus']} CPUs, flags "
+        f"{','.join(cpu['isa_flags']) or 'baseline'}; torch "
+        f"{torch.backends.cpu.get_cpu_capability()} ({probe})"
+    )
+
+
 @pytest.fixture
 def tiny_draft(tmp_path: Path) -> Path:
     return write_random_draft(tmp_path / "draft", draft_config(), seed=0)

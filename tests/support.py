@@ -41,6 +41,22 @@ def run_cli_checked(args: list[str]) -> tuple[int, str]:
     return result.exit_code, result.output
 
 
+def run_export(args: list[str]) -> None:
+    """``eaglequant export ARGS``, which must succeed."""
+    result = CliRunner().invoke(main, ["export", *args], catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+
+
+def run_capture(pair: dict[str, Path], out: Path, *args: str) -> None:
+    """``eaglequant capture`` from the session's tiny target on its data into ``out``."""
+    command = ["capture", "--target", str(pair["target"]), "--data", str(pair["data"]), str(out)]
+    command += ["--engine", "transformers"]
+    if "--draft" not in args:
+        command += ["--aux-layers", "1,2,3"]
+    result = CliRunner().invoke(main, [*command, *args], catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+
+
 def assert_clean_failure(code: int, output: str, pattern: str) -> None:
     assert code == 2, output
     error_lines = [line for line in output.splitlines() if line.startswith("error:")]

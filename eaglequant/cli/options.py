@@ -32,11 +32,19 @@ def invocation() -> str:
     argv = ctx.meta.get(ARGV_KEY, sys.argv[1:])
     name = ctx.info_name or ctx.command.name or ""
     paths = {
-        Path(ctx.params[p.name]): placeholder(name, p.name)
+        path: placeholder(name, p.name)
         for p in ctx.command.params
-        if p.name and isinstance(p.type, click.Path) and ctx.params.get(p.name) is not None
+        if p.name and (path := _path_of(ctx.params.get(p.name))) is not None
     }
     return command_string(argv, paths)
+
+
+def _path_of(value: object) -> Path | None:
+    """The path a parameter's value names: a path, or a prompt source read from a file."""
+    if isinstance(value, Path):
+        return value
+    path = getattr(value, "path", None)
+    return path if isinstance(path, Path) else None
 
 
 SETS_HELP = "a prompt set mt-bench, humaneval or sharegpt (NAME:N: its first N)"

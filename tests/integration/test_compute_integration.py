@@ -21,25 +21,21 @@ from eaglequant.model.eagle3 import Eagle3Draft
 from eaglequant.model.load import load_draft_module
 from eaglequant.quantize.quark_backend import quantize_static
 from eaglequant.recipe import load_recipe
-from tests.support import RANGE_RTOL, STEPS, compute_batches
+from tests.support import RANGE_RTOL, STEPS, compute_batches, run_capture, run_export
 
 
 def test_exports_forced_to_either_path_agree(
     pair: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Input scales within RANGE_RTOL, top-1 agreement (384 held-out tokens) within 1/200."""
-    from tests import test_export as export
-
     capture = tmp_path / "capture"
-    export._capture(
-        pair, capture, "--draft", str(pair["draft"]), "--samples", "14", "--seq-len", "48"
-    )
+    run_capture(pair, capture, "--draft", str(pair["draft"]), "--samples", "14", "--seq-len", "48")
     written = {}
     for path in compute.GEMM_PATHS:
         monkeypatch.setenv(compute.GEMM_ENV, path)
         out = tmp_path / path
         calibration = ["--calib-hidden-states", str(capture), "--calib-samples", "6"]
-        export._export([str(pair["draft"]), str(out), *calibration])
+        run_export([str(pair["draft"]), str(out), *calibration])
         manifest = json.loads((out / "eaglequant.json").read_text())
         assert path in manifest["device"]["gemm"]
         with safe_open(str(out / "model.safetensors"), framework="pt") as handle:

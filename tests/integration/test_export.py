@@ -17,6 +17,7 @@ from eaglequant.exclusions import predict_fates
 from eaglequant.io.checkpoint import read_checkpoint
 from eaglequant.recipe import load_recipe
 from tests.conftest import VOCAB, tree_digest
+from tests.support import run_capture, run_export
 
 PASS_THROUGH = [
     "fc.weight",
@@ -29,21 +30,6 @@ PASS_THROUGH = [
     "d2t",
     "t2d",
 ]
-
-
-def _export(args: list[str]) -> None:
-    result = CliRunner().invoke(main, ["export", *args], catch_exceptions=False)
-    assert result.exit_code == 0, result.output
-
-
-def _capture(pair: dict[str, Path], out: Path, *args: str) -> None:
-    """``eaglequant capture`` from the session's tiny target on its data into ``out``."""
-    command = ["capture", "--target", str(pair["target"]), "--data", str(pair["data"]), str(out)]
-    command += ["--engine", "transformers"]
-    if "--draft" not in args:
-        command += ["--aux-layers", "1,2,3"]
-    result = CliRunner().invoke(main, [*command, *args], catch_exceptions=False)
-    assert result.exit_code == 0, result.output
 
 
 def _draft(pair: dict[str, Path], layers: int, tmp_path: Path) -> Path:
@@ -72,7 +58,7 @@ def _calib_args(pair: dict[str, Path]) -> list[str]:
 def test_static_export_round_trip(pair: dict[str, Path], tmp_path: Path) -> None:
     out = tmp_path / "fp8"
     before = tree_digest(pair["draft"])
-    _export([str(pair["draft"]), str(out), *_calib_args(pair)])
+    run_export([str(pair["draft"]), str(out), *_calib_args(pair)])
     assert tree_digest(pair["draft"]) == before
     src, written = read_checkpoint(pair["draft"]), read_checkpoint(out)
     for name in PASS_THROUGH:
@@ -113,10 +99,12 @@ def test_capture_then_export_scales_equal_independent_float32_amax(
 
     draft = _draft(pair, layers, tmp_path)
     capture = tmp_path / "capture"
-    _capture(pair, capture, "--draft", str(draft), "--samples", "8", "--seq-len", "48")
+    run_capture(pair, capture, "--draft", str(draft), "--samples", "8", "--seq-len", "48")
     assert json.loads((capture / "capture.json").read_text())["aux_layer_ids"] == [1, 2, 3]
     out = tmp_path / "fp8"
-    _export([str(draft), str(out), "--calib-hidden-states", str(capture), "--calib-samples", "6"])
+    run_export(
+        [str(draft), str(out), "--calib-hidden-states", str(capture), "--calib-samples", "6"]
+    )
 
     ckpt = read_checkpoint(draft)
     linears = dims_from_config(ckpt.config).linears
@@ -181,7 +169,7 @@ def _check_six_sees_every_layer(
 
 def test_calib_none_uses_recipe_range(pair: dict[str, Path], tmp_path: Path) -> None:
     out = tmp_path / "fp8"
-    _export([str(pair["draft"]), str(out), "--calib", "none", "--max-shard-size", "60KB"])
+    run_export([str(pair["draft"]), str(out), "--calib", "none", "--max-shard-size", "60KB"])
     written = read_checkpoint(out)
     assert written.sharded and len(written.shard_files) > 1
     index = json.loads((out / "model.safetensors.index.json").read_text())
@@ -203,7 +191,7 @@ def test_ptpc_equals_quarks_own_file_to_file_flow(
 
     draft = _draft(pair, layers, tmp_path)
     out = tmp_path / "ptpc"
-    _export([str(draft), str(out), "--recipe", "ptpc-fp8"])
+    run_export([str(draft), str(out), "--recipe", "ptpc-fp8"])
     reference = tmp_path / "quark-f2f"
     ModelQuantizer(quark_config(load_recipe("ptpc-fp8"))).direct_quantize_checkpoint(
         str(draft), str(reference), device="cpu"
@@ -232,13 +220,13 @@ def test_wrong_layout_prediction_is_replanned(
     """If Quark writes other tensors than predicted, the output is re-planned, not wrong."""
     from eaglequant.quantize import artifact
 
-    _export([str(pair["draft"]), str(tmp_path / "planned"), "--recipe", "ptpc-fp8"])
+    run_export([str(pair["draft"]), str(tmp_path / "planned"), "--recipe", "ptpc-fp8"])
     static = load_recipe("fp8-static")  # predicts per-tensor scales and input scales
     original = artifact.predicted_quantized
     monkeypatch.setattr(
         artifact, "predicted_quantized", lambda ckpt, _recipe: original(ckpt, static)
     )
-    _export([str(pair["draft"]), str(tmp_path / "replanned"), "--recipe", "ptpc-fp8"])
+    run_export([str(pair["draft"]), str(tmp_path / "replanned"), "--recipe", "ptpc-fp8"])
     planned, replanned = tree_digest(tmp_path / "planned"), tree_digest(tmp_path / "replanned")
     del planned["eaglequant.json"], replanned["eaglequant.json"]
     assert planned == replanned
@@ -259,9 +247,11 @@ def test_draft_without_embeddings_calibrates_with_captured_target_embeddings(
 ) -> None:
     draft = no_embed_draft
     capture = tmp_path / "capture"
-    _capture(pair, capture, "--samples", "6", "--seq-len", "32", "--embeddings")
+    run_capture(pair, capture, "--samples", "6", "--seq-len", "32", "--embeddings")
     out = tmp_path / "fp8"
-    _export([str(draft), str(out), "--calib-hidden-states", str(capture), "--calib-samples", "4"])
+    run_export(
+        [str(draft), str(out), "--calib-hidden-states", str(capture), "--calib-samples", "4"]
+    )
     written = read_checkpoint(out)
     assert "embed_tokens.weight" not in written.tensors
     assert written.tensors["midlayer.mlp.down_proj.input_scale"].dtype == "F32"
@@ -272,7 +262,7 @@ def test_calib_none_exports_a_draft_without_embeddings(
 ) -> None:
     """``--calib none`` calibrates nothing, so it needs no target embeddings either."""
     out = tmp_path / "fp8"
-    _export([str(no_embed_draft), str(out), "--calib", "none"])
+    run_export([str(no_embed_draft), str(out), "--calib", "none"])
     written = read_checkpoint(out)
     assert "embed_tokens.weight" not in written.tensors
     for name in MIDLAYER_LINEARS:

@@ -217,3 +217,27 @@ def test_an_http_endpoint_is_not_a_machine_path() -> None:
     from eaglequant.provenance import machine_paths
 
     assert machine_paths("acceptance from the server's /metrics, data in /tmp/x") == ["/tmp/x"]
+
+
+def test_a_prompts_file_given_to_a_command_is_a_placeholder(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A prompt-source option naming a file is a path like any other; a set name is kept."""
+    import click
+
+    from eaglequant.cli.options import PROMPTS, invocation
+
+    @click.command("export")
+    @click.option("--calib-data", type=PROMPTS)
+    @click.option("--prompts", type=PROMPTS)
+    def command(calib_data: object, prompts: object) -> None:
+        click.echo(invocation())
+
+    data = tmp_path / "calib.jsonl"
+    data.write_text('{"prompt": "a"}\n')
+    args = ["--calib-data", str(data), "--prompts", "mt-bench:8"]
+    monkeypatch.setattr("sys.argv", ["eaglequant", "export", *args])
+    result = CliRunner().invoke(command, args)
+    assert result.output.strip() == (
+        "eaglequant export --calib-data <CALIB_DATA> --prompts mt-bench:8"
+    )
