@@ -42,7 +42,7 @@ def export_fp8(out: Path) -> Path:
 
 def measure(target: Path, fp8: Path, prompts: list[str], max_tokens: int) -> dict[str, Any]:
     from eaglequant.validate.single_engine import run_per_draft, run_single
-    from eaglequant.validate.validate import ValidateRequest, run_engine
+    from eaglequant.validate.validation import ValidateRequest, run_engine
 
     request = ValidateRequest(
         target=target,
@@ -87,7 +87,7 @@ def measure(target: Path, fp8: Path, prompts: list[str], max_tokens: int) -> dic
 
 def main() -> None:
     from eaglequant.devtools.toy import deepen_target
-    from eaglequant.validate.validate import read_prompts
+    from eaglequant.validate.validation import read_prompts
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--prompts", type=int, default=8)

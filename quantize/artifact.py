@@ -17,10 +17,10 @@ import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from eaglequant.checks import quantization_problems, read_scales
 from eaglequant.draft import dims_from_config, structure_problems
 from eaglequant.errors import CheckFailed
 from eaglequant.exclusions import DEFAULT_TARGET_LAYERS, predict_fates
+from eaglequant.inspection import quantization_problems, read_scales
 from eaglequant.io.checkpoint import CONFIG_FILE, Checkpoint, read_checkpoint
 from eaglequant.io.layout import Layout, TensorBlob, blob_from_file, blob_from_tensor, plan_layout
 from eaglequant.io.readback import ReadBack, sha256_file

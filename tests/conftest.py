@@ -227,7 +227,7 @@ def run_child(args: list[str], timeout: float = 600, **kwargs: object) -> str:
 def no_vllm_kernels_in_the_test_process() -> Iterator[None]:
     """vLLM kernel libraries load only in children: one ISA's crash must not kill the suite."""
     yield
-    from eaglequant.engine.record import loaded_kernel_libraries
+    from eaglequant.engine.introspection import loaded_kernel_libraries
 
     loaded = loaded_kernel_libraries()
     assert not loaded, f"the pytest process loaded vLLM kernel libraries {loaded}; use run_child"

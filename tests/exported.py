@@ -22,7 +22,7 @@ from eaglequant.manifest import MANIFEST_FILE, build_manifest, write_manifest
 from eaglequant.provenance import command_string
 from eaglequant.recipe import load_recipe
 from eaglequant.validate.check import Check
-from eaglequant.validate.validate import ValidationReport
+from eaglequant.validate.validation import ValidationReport
 from eaglequant.validation_report import prompts_digest
 
 # Names that exist only on this machine: none may reach the card or the Hub.

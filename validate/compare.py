@@ -21,10 +21,10 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from eaglequant.capture.run import CaptureEngine, CaptureRequest, capture_hidden_states
-from eaglequant.checks import size_summary
 from eaglequant.draft import require_bf16_draft
 from eaglequant.engine.config import EngineOptions
 from eaglequant.errors import InputError
+from eaglequant.inspection import size_summary
 from eaglequant.io.checkpoint import read_checkpoint
 from eaglequant.io.output import check_output_path
 from eaglequant.io.writer import write_text
@@ -33,7 +33,7 @@ from eaglequant.quantize.sources import CalibrationSource
 from eaglequant.recipe import Recipe
 from eaglequant.render.reports import COMPARE_JSON, COMPARE_MD
 from eaglequant.validate.acceptance import ACCEPTANCE, PER_POSITION
-from eaglequant.validate.validate import ValidateRequest, run_engine, validate
+from eaglequant.validate.validation import ValidateRequest, run_engine, validate_draft
 
 COMPARE_SCHEMA_VERSION = 1
 CAPTURE_DIR, CANDIDATES_DIR = "capture", "candidates"
@@ -187,7 +187,7 @@ def compare(
         progress(f"candidate {recipe.name}: vLLM engine ...")
         engine = runner.candidate(candidate)
         progress(f"candidate {recipe.name}: checks ...")
-        report = validate(
+        report = validate_draft(
             candidate,
             progress=lambda m, name=recipe.name: progress(f"candidate {name}: {m}"),
             reuse={**shared, "fp8": engine},
@@ -306,7 +306,7 @@ def _report(
     shared: dict[str, dict[str, Any]],
     timings: dict[str, float],
 ) -> CompareReport:
-    from eaglequant.validate.validate import acceptance
+    from eaglequant.validate.validation import acceptance
 
     bf16 = acceptance(shared["bf16"].get("result", {}).get("metrics", {}))
     choice = recommend(rows)

@@ -97,7 +97,7 @@ class DraftInspector:
         return swap_draft(self, speculative)
 
     def eaglequant_plugin_active(self) -> bool:
-        from eaglequant.validate.cpu_fp8_plugin import ACTIVE_ENV
+        from eaglequant.engine.cpu_fp8_plugin import ACTIVE_ENV
 
         return os.environ.get(ACTIVE_ENV) == "1"
 
@@ -143,7 +143,7 @@ def generate(llm: Any, spec: dict[str, Any], kwargs: dict[str, Any]) -> dict[str
     from vllm import SamplingParams
     from vllm.platforms import current_platform
 
-    from eaglequant.engine.record import engine_record, loaded_kernel_libraries
+    from eaglequant.engine.introspection import engine_record, loaded_kernel_libraries
 
     params = SamplingParams(
         temperature=0.0,

@@ -35,7 +35,7 @@ from eaglequant.draft import dims_from_config
 from eaglequant.engine.config import llm_kwargs
 from eaglequant.engine.process import run_child
 from eaglequant.io.checkpoint import read_checkpoint
-from eaglequant.serving import speculative_config
+from eaglequant.speculative import speculative_config
 
 if TYPE_CHECKING:
     from eaglequant.prompts.chat import RenderedPrompts
@@ -204,7 +204,7 @@ def metrics_delta(after: dict[str, Any], before: dict[str, Any]) -> dict[str, An
 
 def run(spec: dict[str, Any]) -> dict[str, Any]:
     """In the engine child: each of ``spec["drafts"]`` in turn, swapped into one engine."""
-    from eaglequant.engine.record import engine_record
+    from eaglequant.engine.introspection import engine_record
     from eaglequant.validate.engine_run import generate, open_llm
 
     started = time.perf_counter()

@@ -18,7 +18,7 @@ import torch
 from tqdm.auto import tqdm
 
 from eaglequant.capture.store import CaptureFile
-from eaglequant.engine.record import tree_peak_rss_mib
+from eaglequant.engine.introspection import tree_peak_rss_mib
 
 BATCH = 4
 

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from eaglequant.errors import InputError
-from eaglequant.io.records import jsonl_records, read_utf8
+from eaglequant.io.textfiles import jsonl_records, read_utf8
 from eaglequant.prompts.source import PromptSource, load_prompts, text_hashes
 
 

@@ -55,7 +55,11 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
 
     from eaglequant.capture.store import CaptureFile
     from eaglequant.engine.config import platform_defaults
-    from eaglequant.engine.record import engine_record, loaded_kernel_libraries, tree_peak_rss_mib
+    from eaglequant.engine.introspection import (
+        engine_record,
+        loaded_kernel_libraries,
+        tree_peak_rss_mib,
+    )
 
     on_cpu = current_platform.is_cpu()
     kwargs = platform_defaults(spec["llm"], on_cpu)

@@ -69,7 +69,7 @@ def compare(
     from eaglequant.render.reports import COMPARE_MD
     from eaglequant.validate.compare import CompareRequest
     from eaglequant.validate.compare import compare as run
-    from eaglequant.validate.validate import read_prompts
+    from eaglequant.validate.validation import read_prompts
 
     names = [name.strip() for name in recipes.split(",") if name.strip()]
     if not names:

@@ -27,7 +27,7 @@ def inspect(path: Path, as_json: bool, target_layers: int) -> None:
 
     Exit 0 when clean, 1 when problems were found, 2 when the input is unreadable.
     """
-    from eaglequant.checks import inspect_checkpoint
+    from eaglequant.inspection import inspect_checkpoint
 
     report = inspect_checkpoint(path, target_layers)
     if as_json:

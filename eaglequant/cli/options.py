@@ -135,7 +135,7 @@ def engine_options(func: Any) -> Any:
 
 def draft_kv_cache_option(func: Any) -> Any:
     """``--draft-kv-cache-dtype`` (validate, tune, compare): the speculative ``kv_cache_dtype``."""
-    from eaglequant.serving import DRAFT_KV_CACHE_DTYPES
+    from eaglequant.speculative import DRAFT_KV_CACHE_DTYPES
 
     return click.option(
         "--draft-kv-cache-dtype",

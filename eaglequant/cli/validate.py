@@ -148,8 +148,8 @@ def validate(
     from eaglequant.render.reports import validation_markdown
     from eaglequant.render.terminal import print_validation
     from eaglequant.validate.regression import read_previous
-    from eaglequant.validate.validate import ValidateRequest, validation_spec
-    from eaglequant.validate.validate import validate as run
+    from eaglequant.validate.validation import ValidateRequest, validation_spec
+    from eaglequant.validate.validation import validate_draft as run
 
     for path in filter(None, (json_path, markdown_path, junit_path)):
         check_file_output(path)

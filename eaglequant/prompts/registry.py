@@ -12,7 +12,7 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from eaglequant.prompts.records import Prompt, prompt_record
+from eaglequant.prompts.format import Prompt, prompt_record
 
 
 @dataclass(frozen=True, kw_only=True)

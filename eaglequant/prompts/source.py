@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from eaglequant.errors import InputError
-from eaglequant.prompts.records import Prompt, read_prompt_file, text_hash
+from eaglequant.prompts.format import Prompt, read_prompt_file, text_hash
 from eaglequant.prompts.registry import SETS
 
 _SET_NAME = re.compile(r"^(?P<name>[A-Za-z0-9_-]+)(?::(?P<limit>[^:]*))?$")

@@ -41,7 +41,7 @@ from eaglequant.render.reports import (
     tune_markdown,
     validation_markdown,
 )
-from eaglequant.serving import schedule_config, speculative_config
+from eaglequant.speculative import schedule_config, speculative_config
 from eaglequant.validation_report import read_report
 
 CARD_FILE = "README.md"

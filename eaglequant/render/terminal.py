@@ -8,7 +8,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from eaglequant.checks import InspectReport
+from eaglequant.inspection import InspectReport
 from eaglequant.render.reports import (
     CATEGORY_COLUMNS,
     acceptance_rows,

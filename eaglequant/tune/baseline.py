@@ -30,7 +30,7 @@ from eaglequant.engine.config import probe_vllm
 from eaglequant.engine.server import Server
 from eaglequant.environment import environment
 from eaglequant.errors import CheckFailed
-from eaglequant.serving import speculative_config
+from eaglequant.speculative import speculative_config
 from eaglequant.tune.bench import bench_command, run_bench, warm_up
 from eaglequant.tune.compare import (
     best_by_concurrency,

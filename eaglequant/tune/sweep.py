@@ -24,7 +24,7 @@ from eaglequant.engine.config import probe_vllm
 from eaglequant.engine.server import Server, serving
 from eaglequant.environment import environment
 from eaglequant.render.reports import mean_positions
-from eaglequant.serving import schedule_config, speculative_config
+from eaglequant.speculative import schedule_config, speculative_config
 from eaglequant.tune.bench import bench_command, run_bench
 from eaglequant.tune.choice import (
     Runs,

@@ -19,8 +19,8 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from eaglequant.capture.run import CaptureEngine
-from eaglequant.prompts.records import read_prompts
-from eaglequant.validate.validate import ValidateRequest, run_engine, validate
+from eaglequant.prompts.format import read_prompts
+from eaglequant.validate.validation import ValidateRequest, run_engine, validate_draft
 from tests.conftest import TOY
 from tests.exported import rerecord
 
@@ -77,7 +77,7 @@ def test_a_category_collapse_fails_its_category_while_the_mean_passes(
     shutil.copytree(toy_fp8, broken)
     assert _rotate_lm_head_rows(broken, _only_in_tables(target)) >= 2
     rerecord(broken)  # validate refuses bytes its manifest does not list
-    report = validate(_request(broken), reuse={"target": target})
+    report = validate_draft(_request(broken), reuse={"target": target})
     checks = {c.name: c for c in report.checks}
     summary = json.dumps(report.categories, indent=1)[:3000]
     assert checks["1 lossless"].passed, checks["1 lossless"].detail

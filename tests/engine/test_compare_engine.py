@@ -8,8 +8,8 @@ from pathlib import Path
 
 from click.testing import CliRunner
 
-from eaglequant.checks import inspect_checkpoint
 from eaglequant.cli import main
+from eaglequant.inspection import inspect_checkpoint
 from eaglequant.validate.compare import CANDIDATES_DIR, CandidateRow, recommend
 from tests.conftest import TOY, toy_prompts_file
 

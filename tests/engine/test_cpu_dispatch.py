@@ -20,8 +20,8 @@ import pytest
 import torch
 
 from eaglequant.engine.config import EngineOptions, llm_kwargs
-from eaglequant.serving import speculative_config
-from eaglequant.validate.validate import acceptance, read_prompts
+from eaglequant.speculative import speculative_config
+from eaglequant.validate.validation import acceptance, read_prompts
 from tests.conftest import PYTHON, TOY, run_child
 
 # path -> (AVX-512 reported, AVX-512 BF16 reported, the library vLLM must load)
@@ -86,7 +86,7 @@ def test_engine_runs_the_fp8_draft_on_each_cpu_kernel_build(
 def test_plugin_detects_the_stub_ops_of_the_library_vllm_loaded() -> None:
     code = (
         "from vllm.platforms import current_platform as p\n"
-        "from eaglequant.validate.cpu_fp8_plugin import fp8_ops_are_stubs\n"
+        "from eaglequant.engine.cpu_fp8_plugin import fp8_ops_are_stubs\n"
         "print(p.device_type, fp8_ops_are_stubs())\n"
     )
     lines = run_child([PYTHON, "-c", code], env=_engine_env()).strip().splitlines()

@@ -232,7 +232,7 @@ def test_exported_draft_loads_as_inspect_predicts(
     from click.testing import CliRunner
 
     from eaglequant.cli import main
-    from eaglequant.validate.validate import (
+    from eaglequant.validate.validation import (
         ValidateRequest,
         expected_schemes,
         layers_check,

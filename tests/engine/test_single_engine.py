@@ -27,7 +27,7 @@ from safetensors.torch import load_file, save_file
 from eaglequant.cli import main
 from eaglequant.engine.config import EngineOptions
 from eaglequant.validate.single_engine import run_shared, run_single, shared_spec
-from eaglequant.validate.validate import (
+from eaglequant.validate.validation import (
     ValidateRequest,
     engine_prompts,
     read_prompts,

@@ -17,7 +17,7 @@ from tests.support import invoke
 def test_trained_speculators_draft_with_norm_before_residual_validates(tmp_path: Path) -> None:
     """The committed toy draft trained with norm_before_residual, in the speculators format:
     exported (format kept), then every validate check in real vLLM against its BF16 self."""
-    from eaglequant.validate.validate import ValidateRequest, read_prompts, validate
+    from eaglequant.validate.validation import ValidateRequest, read_prompts, validate_draft
 
     bf16 = TOY / "draft-speculators"
     assert read_checkpoint(bf16).config["norm_before_residual"]
@@ -35,7 +35,7 @@ def test_trained_speculators_draft_with_norm_before_residual_validates(tmp_path:
         engine_timeout_s=300,
         lossless="strict",
     )
-    report = validate(request)
+    report = validate_draft(request)
     verdicts = {c.name: c.verdict for c in report.checks}
     # The form is served right: every check but the acceptance gates passes, and those do
     # not fail. At a point ratio of 0.986 on 32 prompts the bootstrap interval straddles

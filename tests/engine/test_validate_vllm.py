@@ -23,14 +23,14 @@ from eaglequant.validate.acceptance import prompt_counts
 from eaglequant.validate.lossless import DEFAULT_TIE_MARGIN, lossless_check
 from eaglequant.validate.regression import RunCounts, read_previous, regression_check
 from eaglequant.validate.stats import PromptCounts, counts_mismatch
-from eaglequant.validate.validate import (
+from eaglequant.validate.validation import (
     ValidateRequest,
     ValidationReport,
     acceptance,
     outputs_digest,
     read_prompts,
     run_engine,
-    validate,
+    validate_draft,
 )
 from eaglequant.validation_report import prompts_digest, read_report
 from tests.conftest import TOY, toy_prompts_file
@@ -104,7 +104,7 @@ def good_report(
     good_fp8: Path, shared_engines: dict, tmp_path_factory: pytest.TempPathFactory
 ) -> tuple[ValidationReport, Path]:
     """The good export validated once (its FP8 engine, check 6's capture), written as JSON."""
-    report = validate(_request(good_fp8), reuse=shared_engines)
+    report = validate_draft(_request(good_fp8), reuse=shared_engines)
     path = tmp_path_factory.mktemp("good-report") / "validation.json"
     path.write_text(json.dumps(report.to_json()))
     return report, path
@@ -163,7 +163,7 @@ def test_bare_exclude_fails_acceptance_layers_and_log(
     config["quantization_config"]["exclude"] = ["fc", "lm_head"]
     (bare / "config.json").write_text(json.dumps(config))
     rerecord(bare)
-    report = validate(_request(bare, hidden_states=validation_states), reuse=shared_engines)
+    report = validate_draft(_request(bare, hidden_states=validation_states), reuse=shared_engines)
     assert {"2", "3", "4"} <= _failed(report), [(c.name, c.detail) for c in report.checks]
     layers = next(c for c in report.checks if c.name.startswith("3"))
     assert "model.fc built as QuarkW8A8Fp8" in layers.detail
@@ -203,7 +203,9 @@ def test_corrupted_scales_fail_plausibility(
 ) -> None:
     """Check 6 fed by the vLLM capture of the validation sequences."""
     variant = _variant(good_fp8, tmp_path, edit)
-    report = validate(_request(variant, hidden_states=validation_states), reuse=shared_engines)
+    report = validate_draft(
+        _request(variant, hidden_states=validation_states), reuse=shared_engines
+    )
     assert "6" in _failed(report), (label, [(c.name, c.detail) for c in report.checks])
 
 
@@ -223,7 +225,7 @@ def test_engine_timeout_is_a_failed_check_with_log(
     good_fp8: Path, shared_engines: dict, validation_states: Path
 ) -> None:
     request = _request(good_fp8, engine_timeout_s=3, hidden_states=validation_states)
-    report = validate(request, reuse=shared_engines)
+    report = validate_draft(request, reuse=shared_engines)
     engines = next(c for c in report.checks if c.name == "engines")
     assert not engines.passed and "timed out" in engines.detail
     assert report.engines["fp8"]["timed_out"]
@@ -233,7 +235,7 @@ def test_engine_crash_is_a_failed_check_with_log_tail(
     good_fp8: Path, shared_engines: dict, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "100000")  # more KV cache than the machine has
-    report = validate(_request(good_fp8), reuse=shared_engines)
+    report = validate_draft(_request(good_fp8), reuse=shared_engines)
     engines = next(c for c in report.checks if c.name == "engines")
     assert not engines.passed and "['fp8'] failed or timed out (fp8: exit code" in engines.detail
     six = next(c for c in report.checks if c.name.startswith("6"))  # its capture failed too

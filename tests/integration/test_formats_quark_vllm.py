@@ -13,10 +13,10 @@ import torch
 from click.testing import CliRunner
 from safetensors.torch import load_file, save_file
 
-from eaglequant.checks import inspect_checkpoint
 from eaglequant.cli import main
 from eaglequant.draft import MIDLAYER_LINEARS
-from eaglequant.serving import DRAFT_KV_CACHE_DTYPES
+from eaglequant.inspection import inspect_checkpoint
+from eaglequant.speculative import DRAFT_KV_CACHE_DTYPES
 from tests.conftest import PYTHON, run_child
 
 VLLM_SCHEME = """
@@ -35,7 +35,7 @@ try:
     init_mxfp4_linear_kernel(kMxfp4Dynamic)
 except ValueError as exc:
     print("without:", str(exc).splitlines()[0])
-from eaglequant.validate.cpu_fp8_plugin import list_mxfp4_emulation_on_cpu
+from eaglequant.engine.cpu_fp8_plugin import list_mxfp4_emulation_on_cpu
 list_mxfp4_emulation_on_cpu()
 print("with:", type(init_mxfp4_linear_kernel(kMxfp4Dynamic)).__name__)
 """

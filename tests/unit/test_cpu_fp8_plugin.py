@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from eaglequant.validate.cpu_fp8_plugin import MIN_SCALE, torch_scaled_fp8_quant
+from eaglequant.engine.cpu_fp8_plugin import MIN_SCALE, torch_scaled_fp8_quant
 
 FP8 = torch.float8_e4m3fn
 

@@ -127,7 +127,7 @@ def test_predicted_vllm_scheme(
 def test_size_summary_counts_packed_fp4_twice(tmp_path: Path) -> None:
     from safetensors.torch import save_file
 
-    from eaglequant.checks import size_summary
+    from eaglequant.inspection import size_summary
     from eaglequant.io.checkpoint import read_checkpoint
 
     folder = tmp_path / "d"

@@ -25,7 +25,7 @@ CORE = [
     "eaglequant.fix_config",
     "eaglequant.draft",
     "eaglequant.forms",
-    "eaglequant.checks",
+    "eaglequant.inspection",
     "eaglequant.manifest",
     "eaglequant.validation_report",
     "eaglequant.environment",

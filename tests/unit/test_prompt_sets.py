@@ -14,7 +14,7 @@ from eaglequant.cli import main
 from eaglequant.errors import InputError
 from eaglequant.prompts import cache
 from eaglequant.prompts.chat import render, render_for_target
-from eaglequant.prompts.records import Prompt, read_prompt_file, text_hash
+from eaglequant.prompts.format import Prompt, read_prompt_file, text_hash
 from eaglequant.prompts.registry import SETS, PromptSetSpec
 from eaglequant.prompts.source import PromptSource, load_prompts, parse_source
 from tests.conftest import TOY

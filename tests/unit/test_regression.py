@@ -16,7 +16,7 @@ from eaglequant.validate.regression import (
     read_previous,
     regression_check,
 )
-from eaglequant.validate.validate import ValidationReport
+from eaglequant.validate.validation import ValidationReport
 from eaglequant.validation_report import SCHEMA_VERSION, prompts_digest, read_report
 from tests.unit import recorded_counts as recorded
 

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from eaglequant.errors import InputError
-from eaglequant.io.records import jsonl_records, read_utf8
+from eaglequant.io.textfiles import jsonl_records, read_utf8
 
 TEXT_HASH_CHARS = 16
 

@@ -64,10 +64,10 @@ from eaglequant.exclusions import predict_fates
 from eaglequant.io.checkpoint import read_checkpoint
 from eaglequant.manifest import MANIFEST_FILE, read_json_object, read_manifest
 from eaglequant.prompts.chat import RenderedPrompts, render_for_target
-from eaglequant.prompts.records import read_prompts as read_prompts
+from eaglequant.prompts.format import read_prompts as read_prompts
 from eaglequant.prompts.source import text_hashes
 from eaglequant.recipe import E8M0_NAN, ValidationSpec, load_recipe
-from eaglequant.serving import speculative_config
+from eaglequant.speculative import speculative_config
 from eaglequant.validate.acceptance import (
     AcceptanceThresholds,
     engine_acceptance_checks,
@@ -220,7 +220,7 @@ def check_inputs(request: ValidateRequest) -> dict[str, Any]:
     return files
 
 
-def validate(
+def validate_draft(
     request: ValidateRequest,
     progress: Any = lambda _m: None,
     reuse: dict[str, dict[str, Any]] | None = None,
