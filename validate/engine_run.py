@@ -28,6 +28,10 @@ SPEC_METRICS = {
     "vllm:spec_decode_num_draft_tokens": "num_draft_tokens",
     "vllm:spec_decode_num_accepted_tokens": "num_accepted_tokens",
     "vllm:spec_decode_num_accepted_tokens_per_pos": "accepted_per_pos",
+    # Prompt tokens looked up in / served from the prefix cache: a run after a draft swap
+    # must serve none from blocks the previous draft wrote.
+    "vllm:prefix_cache_queries": "prefix_cache_queries",
+    "vllm:prefix_cache_hits": "prefix_cache_hits",
 }
 
 

@@ -3,11 +3,10 @@
 On the CPU toy pair, one engine serves BF16 -> static FP8 -> PTPC FP8 -> BF16
 with other weights -> BF16; each run must equal a fresh engine with that draft
 in its token ids, its accepted-token counts per position and the layers vLLM
-built (read through the worker extension). Two faulty swaps (the prefix cache
-kept, the old draft's model kept) should fail the same comparison; the kept
-model does. The kept prefix cache (``tests.swap_mutants no-reset``) is not caught
-yet: run once, it gave the fresh engine's results on these prompts (whether its
-run hit the prefix cache at all was not measured).
+built (read through the worker extension). Two faulty swaps must fail the same
+comparison: the prefix cache kept (``tests.swap_mutants no-reset``: the next draft is
+served prompt blocks whose draft KV the previous draft wrote, which the engine's
+prefix-cache counters show) and the old draft's model kept (``old-weights``).
 """
 
 from __future__ import annotations
@@ -121,7 +120,7 @@ def _build(layers: list[dict[str, Any]]) -> tuple[tuple[Any, ...], ...]:
     )
 
 
-@pytest.mark.parametrize("mutant", ["old-weights"])
+@pytest.mark.parametrize("mutant", ["no-reset", "old-weights"])
 def test_a_faulty_swap_is_caught(
     mutant: str, toy_fp8: Path, other_bf16: Path, fresh: dict[Path, dict[str, Any]], tmp_path: Path
 ) -> None:
@@ -136,6 +135,11 @@ def test_a_faulty_swap_is_caught(
     runs = json.loads(out.read_text())["runs"]
     assert runs[1]["token_ids"] == fresh[TOY / "draft"]["token_ids"]  # lossless all the same
     assert _seen(runs[1]) != fresh[TOY / "draft"]
+    hits = runs[1]["metrics"]["prefix_cache_hits"]
+    if mutant == "no-reset":
+        assert hits > fresh[TOY / "draft"]["metrics"]["prefix_cache_hits"]
+    else:
+        assert hits == fresh[TOY / "draft"]["metrics"]["prefix_cache_hits"]
 
 
 def test_a_swap_the_workers_refuse_falls_back_to_its_own_engine(
