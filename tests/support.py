@@ -11,6 +11,13 @@ import torch
 from click.testing import CliRunner
 
 from eaglequant.cli import main
+from eaglequant.engine.result import (
+    ENGINE_RESULT_SCHEMA,
+    EngineResult,
+    EngineRun,
+    RequestCounts,
+    SpecMetrics,
+)
 from eaglequant.io.output import TEMP_MARK
 from eaglequant.model.eagle3 import Eagle3Draft
 from tests.conftest import TOY, tree_digest
@@ -116,3 +123,36 @@ def servers_running() -> list[str]:
             if "vllm.entrypoints.openai.api_server" in cmdline and parent == os.getpid():
                 found.append(cmdline)
     return found
+
+
+def engine_result(
+    metrics: SpecMetrics, per_request: list[RequestCounts | None] | None
+) -> EngineResult:
+    """An engine child's result holding ``metrics`` and ``per_request``, nothing generated."""
+    return {
+        "schema_version": ENGINE_RESULT_SCHEMA,
+        "token_ids": [],
+        "top_logprobs": [],
+        "texts": [],
+        "metrics": metrics,
+        "per_request": per_request,
+        "draft_layers": [],
+        "platform": "cpu",
+        "kernels": [],
+        "plugin_active": False,
+        "engine_config": {"llm": {}, "env": {}, "vllm": "0.32.0", "serve_line": "vllm serve t"},
+        "load_s": 0.0,
+        "generate_s": 0.0,
+    }
+
+
+def finished_engine(result: EngineResult) -> EngineRun:
+    """An engine entry as ``run_engine`` returns it for a child that finished with ``result``."""
+    return {
+        "ok": True,
+        "returncode": 0,
+        "timed_out": False,
+        "wall_s": 1.0,
+        "log": "",
+        "result": result,
+    }

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
 
+from eaglequant.engine.result import EngineResult, EngineRun
 from eaglequant.validate.check import Check
 from eaglequant.validate.stats import (
     DEFAULT_RESAMPLES,
@@ -41,13 +41,13 @@ class AcceptanceThresholds:
     seed: int = DEFAULT_SEED
 
 
-def prompt_counts(result: Mapping[str, Any]) -> list[PromptCounts]:
+def prompt_counts(result: EngineResult) -> list[PromptCounts]:
     """A speculative engine run's per-prompt counts (``engine_run``'s ``per_request``), held to
     the engine's own global counters; ValueError says what is wrong."""
-    per_request = result.get("per_request")
-    if not per_request or any(p is None for p in per_request):
+    per_request = result["per_request"] or []
+    counts = [PromptCounts.from_json(p) for p in per_request if p is not None]
+    if not counts or len(counts) != len(per_request):
         raise ValueError("vLLM reported no per-prompt spec-decode counts")
-    counts = [PromptCounts.from_json(p) for p in per_request]
     mismatch = counts_mismatch(counts, result["metrics"])
     if mismatch:
         raise ValueError(f"per-prompt counts disagree with vLLM's counters: {mismatch}")
@@ -55,7 +55,7 @@ def prompt_counts(result: Mapping[str, Any]) -> list[PromptCounts]:
 
 
 def engine_acceptance_checks(
-    engines: Mapping[str, Mapping[str, Any]], thresholds: AcceptanceThresholds
+    engines: Mapping[str, EngineRun], thresholds: AcceptanceThresholds
 ) -> tuple[Check, Check]:
     """Checks 2 and 5 on the ``fp8`` and ``bf16`` engine runs (both failed when counts are bad)."""
     try:

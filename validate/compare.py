@@ -23,6 +23,7 @@ from typing import Any, Protocol
 from eaglequant.capture.run import CaptureEngine, CaptureRequest, capture_hidden_states
 from eaglequant.draft import require_bf16_draft
 from eaglequant.engine.config import EngineOptions
+from eaglequant.engine.result import EngineRun
 from eaglequant.errors import InputError
 from eaglequant.inspection import size_summary
 from eaglequant.io.checkpoint import read_checkpoint
@@ -110,11 +111,11 @@ def recommend(rows: Sequence[CandidateRow]) -> CandidateRow | None:
 class EngineRunner(Protocol):
     """Runs the engines validate needs: the shared ones once, then each candidate's."""
 
-    def shared(self, request: ValidateRequest) -> dict[str, dict[str, Any]]:
+    def shared(self, request: ValidateRequest) -> dict[str, EngineRun]:
         """The ``target`` (alone) and ``bf16`` (baseline draft) runs, as validate reuses them."""
         ...
 
-    def candidate(self, request: ValidateRequest) -> dict[str, Any]:
+    def candidate(self, request: ValidateRequest) -> EngineRun:
         """The ``fp8`` run of ``request.draft`` (its KV cache in the request's dtype)."""
         ...
 
@@ -122,13 +123,13 @@ class EngineRunner(Protocol):
 class OneEnginePerDraft:
     """A fresh vLLM engine (own process) for the target, the BF16 draft and each candidate."""
 
-    def shared(self, request: ValidateRequest) -> dict[str, dict[str, Any]]:
+    def shared(self, request: ValidateRequest) -> dict[str, EngineRun]:
         return {
             "target": run_engine(request, None),
             "bf16": run_engine(request, request.baseline),
         }
 
-    def candidate(self, request: ValidateRequest) -> dict[str, Any]:
+    def candidate(self, request: ValidateRequest) -> EngineRun:
         return run_engine(request, request.draft, kv_cache_dtype=request.draft_kv_cache_dtype)
 
 
@@ -303,12 +304,13 @@ def _failure(checks: list[dict[str, Any]]) -> str | None:
 def _report(
     request: CompareRequest,
     rows: list[CandidateRow],
-    shared: dict[str, dict[str, Any]],
+    shared: dict[str, EngineRun],
     timings: dict[str, float],
 ) -> CompareReport:
     from eaglequant.validate.validation import acceptance
 
-    bf16 = acceptance(shared["bf16"].get("result", {}).get("metrics", {}))
+    bf16_result = shared["bf16"].get("result")
+    bf16 = acceptance(bf16_result["metrics"] if bf16_result else {})
     choice = recommend(rows)
     return CompareReport(
         schema_version=COMPARE_SCHEMA_VERSION,

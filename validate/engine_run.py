@@ -7,7 +7,8 @@ SPEC is a JSON file: ``llm`` (the ``vllm.LLM`` keyword arguments from
 adds special tokens (not for chat-templated prompts), max_tokens and the
 number of top logprobs to record (None for none). The process applies the platform's
 defaults (CPU only: eager mode, KV cache space, thread binding), starts an
-offline ``vllm.LLM`` (greedy), generates, and writes OUT with the token ids
+offline ``vllm.LLM`` (greedy), generates, and writes OUT (an
+:class:`~eaglequant.engine.result.EngineResult`, with its schema version) with the token ids
 (and top logprobs), the spec-decode counters from ``LLM.get_metrics()`` and,
 for a speculative run, each prompt's own (``per_request``: vLLM's
 per-request histogram of accepted draft tokens per verify step), how
@@ -21,7 +22,18 @@ from __future__ import annotations
 
 import os
 import time
-from typing import Any
+from typing import Any, cast
+
+from eaglequant.engine.result import (
+    ENGINE_RESULT_SCHEMA,
+    SCALE_NAMES,
+    DraftLayer,
+    EngineResult,
+    Generated,
+    RequestCounts,
+    SpecMetrics,
+    TopLogprobs,
+)
 
 SPEC_METRICS = {
     "vllm:spec_decode_num_drafts": "num_drafts",
@@ -35,7 +47,7 @@ SPEC_METRICS = {
 }
 
 
-def draft_layers(worker: Any) -> list[dict[str, Any]]:
+def draft_layers(worker: Any) -> list[DraftLayer]:
     """On the worker: every linear of the drafter, with its quant method, scheme and scales."""
     import torch
 
@@ -50,14 +62,14 @@ def draft_layers(worker: Any) -> list[dict[str, Any]]:
         if method is None or not isinstance(weight, torch.Tensor):
             continue
         scheme = getattr(module, "scheme", None)
-        entry: dict[str, Any] = {
+        entry: DraftLayer = {
             "name": name,
             "module": type(module).__name__,
             "quant_method": type(method).__name__,
             "scheme": type(scheme).__name__ if scheme is not None else None,
             "weight_dtype": str(weight.dtype).removeprefix("torch."),
         }
-        for scale_name in ("weight_scale", "input_scale"):
+        for scale_name in SCALE_NAMES:
             scale = getattr(module, scale_name, None)
             if isinstance(scale, torch.Tensor):
                 values = scale.detach().float().flatten()
@@ -72,8 +84,8 @@ def draft_layers(worker: Any) -> list[dict[str, Any]]:
     return layers
 
 
-def _metrics(llm: Any) -> dict[str, Any]:
-    found: dict[str, Any] = {}
+def _metrics(llm: Any) -> SpecMetrics:
+    found: dict[str, Any] = {}  # keyed by SPEC_METRICS' values, the fields of SpecMetrics
     for metric in llm.get_metrics():
         key = SPEC_METRICS.get(metric.name)
         if key is None:
@@ -82,7 +94,7 @@ def _metrics(llm: Any) -> dict[str, Any]:
             found[key] = [int(v) for v in metric.values]
         else:
             found[key] = int(metric.value)
-    return found
+    return cast(SpecMetrics, found)
 
 
 class DraftInspector:
@@ -92,7 +104,7 @@ class DraftInspector:
     pickled to worker processes (tensor parallelism, a separate engine core).
     """
 
-    def eaglequant_draft_layers(self) -> list[dict[str, Any]]:
+    def eaglequant_draft_layers(self) -> list[DraftLayer]:
         return draft_layers(self)
 
     def eaglequant_swap_draft(self, speculative: dict[str, Any]) -> dict[str, Any]:
@@ -106,12 +118,13 @@ class DraftInspector:
         return os.environ.get(ACTIVE_ENV) == "1"
 
 
-def run(spec: dict[str, Any]) -> dict[str, Any]:
+def run(spec: dict[str, Any]) -> EngineResult:
     started = time.perf_counter()
     llm, kwargs = open_llm(spec)
     loaded = time.perf_counter()
     result = generate(llm, spec, kwargs)
-    return result | {
+    return {
+        **result,
         "load_s": round(loaded - started, 2),
         "generate_s": round(time.perf_counter() - loaded, 2),
     }
@@ -142,7 +155,7 @@ def open_llm(spec: dict[str, Any]) -> tuple[Any, dict[str, Any]]:
     return llm, kwargs
 
 
-def generate(llm: Any, spec: dict[str, Any], kwargs: dict[str, Any]) -> dict[str, Any]:
+def generate(llm: Any, spec: dict[str, Any], kwargs: dict[str, Any]) -> Generated:
     """Greedy outputs of ``spec``'s prompts and what the engine reports (metrics are cumulative)."""
     from vllm import SamplingParams
     from vllm.platforms import current_platform
@@ -163,6 +176,7 @@ def generate(llm: Any, spec: dict[str, Any], kwargs: dict[str, Any]) -> dict[str
     )
     speculative = kwargs.get("speculative_config") is not None
     return {
+        "schema_version": ENGINE_RESULT_SCHEMA,
         "token_ids": [list(o.outputs[0].token_ids) for o in outputs],
         "top_logprobs": [_top_logprobs(o.outputs[0].logprobs) for o in outputs],
         "texts": [o.outputs[0].text for o in outputs],
@@ -176,7 +190,7 @@ def generate(llm: Any, spec: dict[str, Any], kwargs: dict[str, Any]) -> dict[str
     }
 
 
-def _request_counts(completion: Any) -> dict[str, Any] | None:
+def _request_counts(completion: Any) -> RequestCounts | None:
     """One prompt's verify steps: ``histogram[j]`` steps accepted ``j`` drafts, tokens drafted."""
     metrics = completion.spec_decode_metrics
     if metrics is None:
@@ -187,7 +201,7 @@ def _request_counts(completion: Any) -> dict[str, Any] | None:
     }
 
 
-def _top_logprobs(per_position: Any) -> list[list[list[float]]] | None:
+def _top_logprobs(per_position: Any) -> TopLogprobs:
     """Per generated position: ``[[token, logprob], …]`` by rank (None when not requested)."""
     if per_position is None:
         return None

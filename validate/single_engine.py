@@ -4,9 +4,9 @@
 SPEC OUT``) with the first draft, generates, then for each next draft swaps it in
 through the worker extension (``eaglequant.engine.swap``), resets the prefix
 cache so no block the previous draft computed is read again, and generates
-again. Each draft's result has the shape ``engine_run.run`` gives a fresh
-engine's, with the spec-decode counters taken as the difference over its own
-run and its engine configuration naming its own draft.
+again. Each draft's result is an ``EngineResult`` (:mod:`eaglequant.engine.result`) as
+``engine_run.run`` gives a fresh engine's, with the spec-decode counters taken as the
+difference over its own run and its engine configuration naming its own draft.
 
 The target-alone reference still gets its own engine: vLLM has no per-request or
 runtime switch that turns speculation off in an engine built with it (its only
@@ -26,14 +26,22 @@ import os
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from eaglequant.draft import dims_from_config
 from eaglequant.engine.config import llm_kwargs
 from eaglequant.engine.process import run_child
+from eaglequant.engine.result import (
+    ENGINE_RESULT_SCHEMA,
+    EngineResult,
+    EngineRun,
+    SharedRuns,
+    SpecMetrics,
+    read_shared_runs,
+)
 from eaglequant.io.checkpoint import read_checkpoint
 from eaglequant.speculative import speculative_config
 
@@ -47,7 +55,7 @@ SINGLE, PER_DRAFT = "single", "per-draft"
 # Config keys that must agree, besides the dimensions, for two drafts to share an engine.
 SHARED_KEYS = ("architectures", "num_hidden_layers")
 
-EngineRun = Callable[[Path | None], dict[str, Any]]
+RunOne = Callable[[Path | None], EngineRun]
 Progress = Callable[[str], None]
 
 
@@ -55,14 +63,14 @@ Progress = Callable[[str], None]
 class EngineRuns:
     """The engines' results by role, the mode that ran, and how many times the target loaded."""
 
-    engines: dict[str, dict[str, Any]] = field(default_factory=dict)
+    engines: dict[str, EngineRun] = field(default_factory=dict)
     mode: str = PER_DRAFT
     target_loads: int = 0
     fallback: str | None = None
 
 
 def run_per_draft(
-    roles: Sequence[tuple[str, Path | None]], run_one: EngineRun, progress: Progress
+    roles: Sequence[tuple[str, Path | None]], run_one: RunOne, progress: Progress
 ) -> EngineRuns:
     """One engine per role, each loading the target."""
     runs = EngineRuns(mode=PER_DRAFT)
@@ -78,7 +86,7 @@ def run_single(
     request: ValidateRequest,
     rendered: RenderedPrompts,
     roles: Sequence[tuple[str, Path | None]],
-    run_one: EngineRun,
+    run_one: RunOne,
     progress: Progress,
 ) -> EngineRuns:
     """The target-alone role in its own engine, every draft role in one shared engine."""
@@ -130,7 +138,7 @@ def _shape(draft: Path) -> dict[str, Any]:
 
 def run_shared(
     request: ValidateRequest, rendered: RenderedPrompts, drafts: Sequence[tuple[str, Path]]
-) -> dict[str, dict[str, Any]]:
+) -> dict[str, EngineRun]:
     """All ``drafts`` in one engine child, bounded by the engine timeout per draft."""
     spec = shared_spec(request, rendered, [d for _, d in drafts])
     with tempfile.TemporaryDirectory(prefix="eaglequant-engine-") as scratch:
@@ -144,10 +152,11 @@ def run_shared(
         ended = run_child([*argv, str(out_path)], log_path, env, timeout)
         log = log_path.read_text(encoding="utf-8", errors="replace")
         ok = ended.ok and out_path.is_file()
-        done = json.loads(out_path.read_text()) if ok else {"runs": [], "refused": None}
-    engines: dict[str, dict[str, Any]] = {}
+        done = read_shared_runs(out_path) if ok else None
+    runs = done["runs"] if done is not None else []
+    engines: dict[str, EngineRun] = {}
     for index, (role, _) in enumerate(drafts):
-        engine: dict[str, Any] = {
+        engine: EngineRun = {
             "ok": ok,
             "returncode": ended.returncode,
             "timed_out": ended.timed_out,
@@ -155,13 +164,13 @@ def run_shared(
             "log": log,
             "shared_engine": True,
         }
-        if index < len(done["runs"]):
-            result = done["runs"][index]
+        if index < len(runs):
+            result = runs[index]
             engine |= {
                 "result": result,
                 "wall_s": round(result["load_s"] + result["generate_s"], 1),
             }
-        elif ok:
+        elif done is not None:
             engine |= {"ok": False, "refused": done["refused"]}
         engines[role] = engine
     return engines
@@ -182,14 +191,14 @@ def shared_spec(
     }
 
 
-def _done(progress: Progress, role: str, engine: dict[str, Any]) -> None:
+def _done(progress: Progress, role: str, engine: EngineRun) -> None:
     if engine.get("refused"):
         return
     state = "ok" if engine["ok"] else "FAILED"
     progress(f"vLLM engine: {role} {state} ({engine['wall_s']:.0f}s)")
 
 
-def metrics_delta(after: dict[str, Any], before: dict[str, Any]) -> dict[str, Any]:
+def metrics_delta(after: Mapping[str, Any], before: Mapping[str, Any]) -> dict[str, Any]:
     """Spec-decode counters over one run: ``after`` less ``before`` (lists by position)."""
     delta: dict[str, Any] = {}
     for key, value in after.items():
@@ -202,7 +211,7 @@ def metrics_delta(after: dict[str, Any], before: dict[str, Any]) -> dict[str, An
     return delta
 
 
-def run(spec: dict[str, Any]) -> dict[str, Any]:
+def run(spec: dict[str, Any]) -> SharedRuns:
     """In the engine child: each of ``spec["drafts"]`` in turn, swapped into one engine."""
     from eaglequant.engine.introspection import engine_record
     from eaglequant.validate.engine_run import generate, open_llm
@@ -210,21 +219,22 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
     started = time.perf_counter()
     llm, kwargs = open_llm(spec)
     ready = time.perf_counter()
-    runs: list[dict[str, Any]] = []
-    before: dict[str, Any] = {}
+    runs: list[EngineResult] = []
+    before: SpecMetrics = {}
     for index, speculative in enumerate(spec["drafts"]):
         load_s = ready - started
         if index:
             refused = _swap(llm, speculative)
             if refused is not None:
-                return {"runs": runs, "refused": refused}
+                return {"schema_version": ENGINE_RESULT_SCHEMA, "runs": runs, "refused": refused}
             load_s = time.perf_counter() - ready
         began = time.perf_counter()
         drafted = kwargs | {"speculative_config": speculative}
-        result = generate(llm, spec, drafted)
-        cumulative = result["metrics"]
-        result |= {
-            "metrics": metrics_delta(cumulative, before),
+        generated = generate(llm, spec, drafted)
+        cumulative = generated["metrics"]
+        result: EngineResult = {
+            **generated,
+            "metrics": cast(SpecMetrics, metrics_delta(cumulative, before)),
             "engine_config": engine_record(drafted),
             "load_s": round(load_s, 2),
             "generate_s": round(time.perf_counter() - began, 2),
@@ -233,7 +243,7 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
         before = cumulative
         runs.append(result)
         ready = time.perf_counter()
-    return {"runs": runs, "refused": None}
+    return {"schema_version": ENGINE_RESULT_SCHEMA, "runs": runs, "refused": None}
 
 
 def _swap(llm: Any, speculative: dict[str, Any]) -> str | None:

@@ -42,10 +42,11 @@ import json
 import os
 import sys
 import tempfile
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, replace
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from eaglequant.binding import binding
 from eaglequant.capture.run import CaptureEngine, check_engine
@@ -58,6 +59,13 @@ from eaglequant.engine.config import (
     probe_vllm,
 )
 from eaglequant.engine.process import ChildRun, log_tail, run_child
+from eaglequant.engine.result import (
+    SCALE_NAMES,
+    DraftLayer,
+    EngineRun,
+    ScaleStats,
+    read_engine_result,
+)
 from eaglequant.environment import environment
 from eaglequant.errors import EngineFailed, InputError
 from eaglequant.exclusions import predict_fates
@@ -223,14 +231,14 @@ def check_inputs(request: ValidateRequest) -> dict[str, Any]:
 def validate_draft(
     request: ValidateRequest,
     progress: Any = lambda _m: None,
-    reuse: dict[str, dict[str, Any]] | None = None,
+    reuse: dict[str, EngineRun] | None = None,
 ) -> ValidationReport:
     """Run the three engines (or reuse finished ``target``/``bf16`` runs) and the six checks."""
     files = check_inputs(request)
     rendered = engine_prompts(request)
-    engines: dict[str, dict[str, Any]] = dict(reuse or {})
+    engines: dict[str, EngineRun] = dict(reuse or {})
 
-    def run_one(draft: Path | None) -> dict[str, Any]:
+    def run_one(draft: Path | None) -> EngineRun:
         kv = request.draft_kv_cache_dtype if draft == request.draft else None
         return run_engine(request, draft, rendered, kv)
 
@@ -249,8 +257,7 @@ def validate_draft(
     checks.append(scale_plausibility(request, engines["target"], rendered))
     if request.against is not None:
         checks += _regression(request, engines["fp8"])
-    fp8 = engines["fp8"]
-    fp8_config = fp8.get("result", {}).get("engine_config", {})
+    fp8 = engines["fp8"].get("result")
     return ValidationReport(
         target=str(request.target),
         draft=str(request.draft),
@@ -258,12 +265,12 @@ def validate_draft(
         k=request.k,
         prompts=len(request.prompts),
         max_tokens=request.max_tokens,
-        backend=fp8.get("result", {}).get("platform", "unknown"),
-        plugin_active=bool(fp8.get("result", {}).get("plugin_active")),
+        backend=fp8["platform"] if fp8 else "unknown",
+        plugin_active=bool(fp8 and fp8["plugin_active"]),
         engines={role: _engine_summary(e) for role, e in engines.items()},
         checks=checks,
         prompts_sha256=prompts_digest(request.prompts),
-        serve_command=fp8_config.get("serve_line"),
+        serve_command=fp8["engine_config"]["serve_line"] if fp8 else None,
         files=files,
         command=request.command,
         environment=environment(),
@@ -281,7 +288,7 @@ def validate_draft(
 
 
 def _categories(
-    request: ValidateRequest, engines: dict[str, dict[str, Any]]
+    request: ValidateRequest, engines: dict[str, EngineRun]
 ) -> dict[str, dict[str, Any]] | None:
     """Acceptance by category for both drafts (None without categories or per-prompt counts)."""
     if request.categories is None or not all(engines[role]["ok"] for role in ROLES):
@@ -328,9 +335,9 @@ def calibration_overlap(draft: Path, prompts: list[str]) -> dict[str, Any] | Non
     return {"calibration": data.get("source"), "shared": shared, "prompts": len(prompts)}
 
 
-def _total(engines: dict[str, dict[str, Any]], key: str) -> float:
+def _total(engines: dict[str, EngineRun], key: Literal["load_s", "generate_s"]) -> float:
     """Seconds over this run's engines (a shared engine's load counted once, its swaps each)."""
-    return round(sum(e.get("result", {}).get(key, 0.0) for e in engines.values()), 2)
+    return round(sum(e["result"][key] for e in engines.values() if "result" in e), 2)
 
 
 def run_engine(
@@ -338,7 +345,7 @@ def run_engine(
     draft: Path | None,
     rendered: RenderedPrompts | None = None,
     kv_cache_dtype: str | None = None,
-) -> dict[str, Any]:
+) -> EngineRun:
     """One engine in a child process (own process group), bounded by the timeout; the draft's
     KV cache in ``kv_cache_dtype`` (None: the target's)."""
     rendered = rendered or engine_prompts(request)
@@ -359,7 +366,7 @@ def run_engine(
         argv = [sys.executable, "-m", "eaglequant.validate.engine_run", str(spec_path)]
         ended = run_child([*argv, str(out_path)], log_path, env, request.engine_timeout_s)
         log_text = log_path.read_text(encoding="utf-8", errors="replace")
-        engine: dict[str, Any] = {
+        engine: EngineRun = {
             "ok": ended.ok and out_path.is_file(),
             "returncode": ended.returncode,
             "timed_out": ended.timed_out,
@@ -367,20 +374,22 @@ def run_engine(
             "log": log_text,
         }
         if engine["ok"]:
-            engine["result"] = json.loads(out_path.read_text())
+            engine["result"] = read_engine_result(out_path)
         return engine
 
 
-def _engine_summary(engine: dict[str, Any]) -> dict[str, Any]:
-    result = engine.get("result", {})
-    summary = {k: engine[k] for k in ("ok", "returncode", "timed_out", "wall_s")}
-    keys = ("load_s", "generate_s", "swapped", "metrics", "kernels", "engine_config")
-    summary |= {k: result[k] for k in keys if k in result}
-    if "metrics" in result:
+def _engine_summary(engine: EngineRun) -> dict[str, Any]:
+    summary: dict[str, Any] = {k: engine[k] for k in ("ok", "returncode", "timed_out", "wall_s")}
+    result = engine.get("result")
+    if result is not None:
+        summary |= {
+            k: result[k]
+            for k in ("load_s", "generate_s", "swapped", "metrics", "kernels", "engine_config")
+            if k in result
+        }
         summary["acceptance"] = acceptance(result["metrics"])
-    if result.get("per_request") is not None:
-        summary["per_prompt"] = result["per_request"]
-    if "token_ids" in result:
+        if result["per_request"] is not None:
+            summary["per_prompt"] = result["per_request"]
         summary["outputs_sha256"] = outputs_digest(result["token_ids"])
         summary["token_ids"] = result["token_ids"]
     if not engine["ok"]:
@@ -395,7 +404,7 @@ def outputs_digest(token_ids: list[list[int]]) -> str:
     return hashlib.sha256(json.dumps(token_ids).encode()).hexdigest()
 
 
-def acceptance(metrics: dict[str, Any]) -> dict[str, Any]:
+def acceptance(metrics: Mapping[str, Any]) -> dict[str, Any]:
     """Mean acceptance length (1 + accepted / drafts, as vLLM's example) and per position."""
     drafts = metrics.get("num_drafts", 0)
     accepted = metrics.get("num_accepted_tokens", 0)
@@ -408,7 +417,7 @@ def acceptance(metrics: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def _engine_checks(request: ValidateRequest, engines: dict[str, dict[str, Any]]) -> list[Check]:
+def _engine_checks(request: ValidateRequest, engines: dict[str, EngineRun]) -> list[Check]:
     failed = [role for role, e in engines.items() if not e["ok"]]
     if failed:
         tails = {role: log_tail(engines[role]["log"]) for role in failed}
@@ -427,7 +436,7 @@ def _engine_checks(request: ValidateRequest, engines: dict[str, dict[str, Any]])
     return [
         lossless_check(
             target["token_ids"],
-            target.get("top_logprobs"),
+            target["top_logprobs"],
             {role: engines[role]["result"]["token_ids"] for role in ("bf16", "fp8")},
             request.lossless,
             request.tie_margin,
@@ -439,7 +448,7 @@ def _engine_checks(request: ValidateRequest, engines: dict[str, dict[str, Any]])
     ]
 
 
-def _exit_cause(engine: dict[str, Any]) -> str:
+def _exit_cause(engine: EngineRun) -> str:
     return ChildRun(engine["returncode"], engine["timed_out"], engine["wall_s"]).cause()
 
 
@@ -455,7 +464,7 @@ def expected_schemes(draft: Path) -> dict[str, str | None]:
     }
 
 
-def layers_check(layers: list[dict[str, Any]], expected: dict[str, str | None]) -> Check:
+def layers_check(layers: list[DraftLayer], expected: dict[str, str | None]) -> Check:
     """vLLM's drafter as built: fc, lm_head unquantized, every draft-layer linear with the
     scheme ``expected`` names for it (None: unquantized) and finite positive scales (E8M0
     exponent bytes: none NaN)."""
@@ -479,7 +488,7 @@ def layers_check(layers: list[dict[str, Any]], expected: dict[str, str | None]) 
                 f"{name} built as {layer['scheme'] or method} ({layer['weight_dtype']}), "
                 f"expected {scheme}"
             )
-        for scale in ("weight_scale", "input_scale"):
+        for scale in SCALE_NAMES:
             if scale in layer and not _scale_ok(layer[scale]):
                 problems.append(f"{name}.{scale} not finite positive ({layer[scale]})")
     schemes = sorted({s for s in expected.values() if s is not None})
@@ -496,7 +505,7 @@ def layers_check(layers: list[dict[str, Any]], expected: dict[str, str | None]) 
 QUANTIZED_WEIGHT_DTYPES = ("float8_e4m3fn", "uint8")  # FP8 and MXFP8; MXFP4's packed bytes
 
 
-def _scale_ok(scale: dict[str, Any]) -> bool:
+def _scale_ok(scale: ScaleStats) -> bool:
     if scale.get("dtype") == "uint8":  # E8M0 exponent bytes: 255 is NaN
         return bool(scale["max"] < E8M0_NAN)
     return bool(scale["finite_positive"])
@@ -512,7 +521,7 @@ def _log_check(log: str) -> Check:
     return Check("4 engine log", not hits, detail, {"warnings": hits[:10]})
 
 
-def _regression(request: ValidateRequest, fp8: dict[str, Any]) -> list[Check]:
+def _regression(request: ValidateRequest, fp8: EngineRun) -> list[Check]:
     """Check 7 on this run's FP8 engine against the earlier report's, and per category when
     both runs have categories."""
     assert request.against is not None
@@ -552,19 +561,20 @@ def _regression(request: ValidateRequest, fp8: dict[str, Any]) -> list[Check]:
 
 
 def scale_plausibility(
-    request: ValidateRequest, target_engine: dict[str, Any], rendered: RenderedPrompts
+    request: ValidateRequest, target_engine: EngineRun, rendered: RenderedPrompts
 ) -> Check:
     """Check 6 on the validation sequences: each prompt and the target's own continuation."""
     from eaglequant.validate.plausibility import PlausibilityInputs
     from eaglequant.validate.plausibility import scale_plausibility as check
 
+    target_result = target_engine.get("result")
     inputs = PlausibilityInputs(
         target=request.target,
         draft=request.draft,
         baseline=request.baseline,
         prompts=rendered.texts,
         add_special_tokens=rendered.add_special_tokens,
-        generated=target_engine.get("result", {}).get("token_ids"),
+        generated=target_result["token_ids"] if target_result else None,
         k=request.k,
         tolerance=request.scale_tolerance,
         capture=request.capture

@@ -11,11 +11,11 @@ from __future__ import annotations
 import json
 import os
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 
-def serve_json_child(run: Callable[[dict[str, Any]], dict[str, Any]]) -> None:
+def serve_json_child(run: Callable[[dict[str, Any]], Mapping[str, Any]]) -> None:
     """``run`` the spec named by ``argv[1]`` and write its result to ``argv[2]``."""
     spec_path, out_path = sys.argv[1], sys.argv[2]
     with open(spec_path, encoding="utf-8") as handle:

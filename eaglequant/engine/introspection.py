@@ -11,11 +11,12 @@ from pathlib import Path
 from typing import Any
 
 from eaglequant.engine.config import serve_line
+from eaglequant.engine.result import EngineRecord
 
 ENV_PREFIXES = ("VLLM_", "CUDA_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES")
 
 
-def engine_record(kwargs: Mapping[str, Any]) -> dict[str, Any]:
+def engine_record(kwargs: Mapping[str, Any]) -> EngineRecord:
     """The ``vllm.LLM`` arguments, the vLLM environment, vLLM's version and the serve line."""
     import vllm
 

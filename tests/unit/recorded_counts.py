@@ -12,7 +12,7 @@ tokens), with the run's global ``LLM.get_metrics()`` counters beside it.
 
 from __future__ import annotations
 
-from typing import Any
+from eaglequant.engine.result import SpecMetrics
 
 BF16: list[tuple[tuple[int, ...], int]] = [
     ((3, 7, 1, 7), 54),
@@ -48,7 +48,7 @@ BF16: list[tuple[tuple[int, ...], int]] = [
     ((1, 5, 0, 9), 45),
     ((1, 5, 0, 9), 45),
 ]
-BF16_METRICS: dict[str, Any] = {
+BF16_METRICS: SpecMetrics = {
     "num_drafts": 476,
     "num_draft_tokens": 1428,
     "num_accepted_tokens": 1054,
@@ -89,7 +89,7 @@ FP8: list[tuple[tuple[int, ...], int]] = [
     ((1, 5, 0, 9), 45),
     ((1, 5, 0, 9), 45),
 ]
-FP8_METRICS: dict[str, Any] = {
+FP8_METRICS: SpecMetrics = {
     "num_drafts": 479,
     "num_draft_tokens": 1437,
     "num_accepted_tokens": 1049,
@@ -130,7 +130,7 @@ COARSE: list[tuple[tuple[int, ...], int]] = [
     ((1, 5, 0, 9), 45),
     ((1, 5, 0, 9), 45),
 ]
-COARSE_METRICS: dict[str, Any] = {
+COARSE_METRICS: SpecMetrics = {
     "num_drafts": 481,
     "num_draft_tokens": 1443,
     "num_accepted_tokens": 1051,
@@ -171,7 +171,7 @@ RANDOM: list[tuple[tuple[int, ...], int]] = [
     ((47, 0, 0, 0), 141),
     ((47, 0, 0, 0), 141),
 ]
-RANDOM_METRICS: dict[str, Any] = {
+RANDOM_METRICS: SpecMetrics = {
     "num_drafts": 1504,
     "num_draft_tokens": 4512,
     "num_accepted_tokens": 0,

@@ -3,22 +3,25 @@
 from __future__ import annotations
 
 import re
-from typing import Any
 
 import pytest
 
+from eaglequant.engine.result import EngineRun, RequestCounts, SpecMetrics
 from eaglequant.recipe import ValidationSpec
 from eaglequant.render.junit import junit_xml
 from eaglequant.render.reports import validation_markdown
 from eaglequant.validate.acceptance import AcceptanceThresholds, engine_acceptance_checks
 from eaglequant.validate.check import Check
+from tests.support import engine_result, finished_engine
 from tests.unit import recorded_counts as recorded
 
 
-def engine(rows: list[tuple[tuple[int, ...], int]], metrics: dict[str, Any]) -> dict[str, Any]:
+def engine(rows: list[tuple[tuple[int, ...], int]], metrics: SpecMetrics) -> EngineRun:
     """An engine entry as ``run_engine`` returns it, holding the recorded counts."""
-    per_request = [{"histogram": list(h), "num_draft_tokens": n} for h, n in rows]
-    return {"ok": True, "result": {"metrics": metrics, "per_request": per_request}}
+    per_request: list[RequestCounts | None] = [
+        {"histogram": list(h), "num_draft_tokens": n} for h, n in rows
+    ]
+    return finished_engine(engine_result(metrics, per_request))
 
 
 BF16 = engine(recorded.BF16, recorded.BF16_METRICS)
@@ -27,7 +30,7 @@ COARSE = engine(recorded.COARSE, recorded.COARSE_METRICS)
 RANDOM = engine(recorded.RANDOM, recorded.RANDOM_METRICS)
 
 
-def checks(fp8: dict[str, Any], **changes: float) -> tuple[Check, Check]:
+def checks(fp8: EngineRun, **changes: float) -> tuple[Check, Check]:
     spec = ValidationSpec()
     thresholds = AcceptanceThresholds(
         min_acceptance_ratio=changes.get("min_acceptance_ratio", spec.min_acceptance_ratio),
@@ -73,7 +76,7 @@ def test_a_random_draft_fails_both() -> None:
 
 
 def test_counts_that_disagree_with_the_engine_fail_both() -> None:
-    bad = engine(recorded.FP8, dict(recorded.FP8_METRICS, num_drafts=480))
+    bad = engine(recorded.FP8, recorded.FP8_METRICS | {"num_drafts": 480})
     two, five = checks(bad)
     message = (
         "per-prompt counts disagree with vLLM's counters: num_drafts 479 summed over prompts "
@@ -84,9 +87,19 @@ def test_counts_that_disagree_with_the_engine_fail_both() -> None:
 
 
 def test_missing_per_prompt_counts_fail() -> None:
-    missing = {"ok": True, "result": {"metrics": recorded.FP8_METRICS, "per_request": None}}
+    missing = finished_engine(engine_result(recorded.FP8_METRICS, None))
     two, _ = checks(missing)
     assert two.detail == "vLLM reported no per-prompt spec-decode counts"
+
+
+def test_one_prompt_without_counts_fails() -> None:
+    fp8 = engine(recorded.FP8, recorded.FP8_METRICS)
+    per_request = fp8["result"]["per_request"]
+    assert per_request is not None
+    gap = finished_engine(engine_result(recorded.FP8_METRICS, [*per_request[:-1], None]))
+    two, five = checks(gap)
+    assert (two.verdict, two.detail) == ("FAIL", "vLLM reported no per-prompt spec-decode counts")
+    assert five.verdict == "FAIL"
 
 
 def test_a_check_verdict_agrees_with_passed() -> None:

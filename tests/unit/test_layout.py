@@ -37,6 +37,7 @@ CORE = [
     "eaglequant.io.output",
     "eaglequant.engine.config",
     "eaglequant.engine.process",
+    "eaglequant.engine.result",
     "eaglequant.engine.server",
     "eaglequant.tune.request",
     "eaglequant.tune.choice",

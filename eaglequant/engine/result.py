@@ -1,0 +1,154 @@
+"""The engine result: what a validate engine child writes, and what the parent reads back.
+
+An engine child (``eaglequant.validate.engine_run``, or ``single_engine`` for
+several drafts in one engine) writes one :class:`EngineResult` per run, with
+:data:`ENGINE_RESULT_SCHEMA` in it; the parent reads it with
+:func:`read_engine_result` (or :func:`read_shared_runs`) and wraps it in an
+:class:`EngineRun` saying how the child ended. Torch-free: the parent never
+imports vLLM to read it.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal, TypedDict, cast
+
+from eaglequant.errors import InputError
+from eaglequant.manifest import read_json_object
+
+if TYPE_CHECKING:  # Python 3.11's; annotations stay strings at run time (3.10 too)
+    from typing import NotRequired
+
+# Bumped whenever a field changes meaning or goes away; the reader refuses other versions.
+ENGINE_RESULT_SCHEMA = 1
+
+ScaleName = Literal["weight_scale", "input_scale"]
+SCALE_NAMES: tuple[ScaleName, ...] = ("weight_scale", "input_scale")
+
+
+class ScaleStats(TypedDict):
+    """One scale tensor of a drafter linear, as vLLM holds it."""
+
+    dtype: str
+    count: int
+    min: float
+    max: float
+    finite_positive: bool
+
+
+class DraftLayer(TypedDict):
+    """One linear of the drafter as vLLM built it: its quant method, scheme and scales."""
+
+    name: str
+    module: str
+    quant_method: str
+    scheme: str | None
+    weight_dtype: str
+    weight_scale: NotRequired[ScaleStats]
+    input_scale: NotRequired[ScaleStats]
+
+
+class RequestCounts(TypedDict):
+    """One prompt's verify steps: ``histogram[j]`` steps accepted ``j`` drafts; tokens drafted."""
+
+    histogram: list[int]
+    num_draft_tokens: int
+
+
+class SpecMetrics(TypedDict, total=False):
+    """vLLM's spec-decode counters (``LLM.get_metrics()``); none without speculation."""
+
+    num_drafts: int
+    num_draft_tokens: int
+    num_accepted_tokens: int
+    accepted_per_pos: list[int]
+
+
+class EngineRecord(TypedDict):
+    """The exact engine: ``vllm.LLM`` arguments, vLLM environment and version, serve line."""
+
+    llm: dict[str, Any]
+    env: dict[str, str]
+    vllm: str
+    serve_line: str
+
+
+# Per prompt, per generated position: ``[[token, logprob], …]`` by rank (None: not asked).
+TopLogprobs = list[list[list[float]]] | None
+
+
+class Generated(TypedDict):
+    """One engine run's outputs and what the engine reports, before its timings."""
+
+    schema_version: int
+    token_ids: list[list[int]]
+    top_logprobs: list[TopLogprobs]
+    texts: list[str]
+    metrics: SpecMetrics
+    per_request: list[RequestCounts | None] | None  # None: no speculation
+    draft_layers: list[DraftLayer]
+    platform: str
+    kernels: list[str]
+    plugin_active: bool
+    engine_config: EngineRecord
+
+
+class EngineResult(Generated):
+    """One engine run as the child writes it; ``swapped``: a draft swapped into a running engine."""
+
+    load_s: float
+    generate_s: float
+    swapped: NotRequired[bool]
+
+
+class SharedRuns(TypedDict):
+    """Every draft's run in one engine (``single_engine``), and why a swap was refused."""
+
+    schema_version: int
+    runs: list[EngineResult]
+    refused: str | None
+
+
+class EngineRun(TypedDict):
+    """One engine child as the parent saw it end, with its result when it finished."""
+
+    ok: bool
+    returncode: int | None
+    timed_out: bool
+    wall_s: float
+    log: str
+    result: NotRequired[EngineResult]
+    shared_engine: NotRequired[bool]
+    refused: NotRequired[str | None]
+
+
+def read_engine_result(path: Path) -> EngineResult:
+    """An engine child's result; InputError when it is unreadable or of another schema version."""
+    data = read_json_object(path, "engine result")
+    check_engine_schema(path, data)
+    return cast(EngineResult, data)
+
+
+def read_shared_runs(path: Path) -> SharedRuns:
+    """A shared engine child's runs; InputError as :func:`read_engine_result`."""
+    data = read_json_object(path, "engine result")
+    check_engine_schema(path, data)
+    for run in data.get("runs", []):
+        check_engine_schema(path, run)
+    return cast(SharedRuns, data)
+
+
+def check_engine_schema(path: Path, data: dict[str, Any]) -> None:
+    """InputError, one line naming ``path``, unless ``data`` is at :data:`ENGINE_RESULT_SCHEMA`."""
+    found = data.get("schema_version")
+    fix = "reinstall eaglequant so that its engine child is this version"
+    if found is None:
+        raise InputError(
+            f"{path}: an engine result without schema_version (an older eaglequant's engine "
+            f"child); {fix}"
+        )
+    if found != ENGINE_RESULT_SCHEMA:
+        raise InputError(
+            f"{path}: engine result schema_version {found!r}, this eaglequant reads "
+            f"{ENGINE_RESULT_SCHEMA}; {fix}"
+        )
