@@ -56,12 +56,15 @@ class RequestCounts(TypedDict):
 
 
 class SpecMetrics(TypedDict, total=False):
-    """vLLM's spec-decode counters (``LLM.get_metrics()``); none without speculation."""
+    """vLLM's counters (``LLM.get_metrics()``): spec decode (none without speculation) and
+    the prefix cache's prompt tokens looked up and served from cached blocks."""
 
     num_drafts: int
     num_draft_tokens: int
     num_accepted_tokens: int
     accepted_per_pos: list[int]
+    prefix_cache_queries: int
+    prefix_cache_hits: int
 
 
 class EngineRecord(TypedDict):
