@@ -4,19 +4,18 @@ recommended.
 
 check (recipes, inputs, output; nothing heavy) -> capture the target's hidden states once
 (or take a capture folder) -> export each candidate from that capture in this process (the
-module-flow recipes share one Quark import) -> run the target alone and the BF16 draft once
--> one FP8 engine per candidate (its KV cache in ``draft_kv_cache_dtype``), the six checks
-under that candidate's recipe thresholds (check 6 on the same capture) -> one row per
-candidate -> ``compare.json`` and ``compare.md``.
-
-The engine runs go through :class:`EngineRunner`, so the per-candidate engine can be swapped
-for one that serves every candidate against a single loaded target.
+module-flow recipes share one Quark import) -> the engines: the target alone in one, the
+BF16 draft and every candidate swapped into one more (``validate.single_engine``; a
+candidate with its own draft KV-cache dtype, or ``engine_per_draft``, gets an engine of
+its own) -> the six checks under each candidate's recipe thresholds (check 6 on the same
+capture) -> one row per candidate -> ``compare.json`` and ``compare.md``.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -32,11 +31,17 @@ from eaglequant.io.writer import write_text
 from eaglequant.quantize.export import check_exportable
 from eaglequant.quantize.sources import CalibrationSource
 from eaglequant.recipe import Recipe
-from eaglequant.render.reports import COMPARE_JSON, COMPARE_MD
+from eaglequant.render.reports import COMPARE_JSON, COMPARE_MD, COMPARE_SCHEMA_VERSION
 from eaglequant.validate.acceptance import ACCEPTANCE, PER_POSITION
-from eaglequant.validate.validation import ValidateRequest, run_engine, validate_draft
+from eaglequant.validate.single_engine import EngineRuns, run_per_draft, run_single
+from eaglequant.validate.validation import (
+    ValidateRequest,
+    engine_prompts,
+    run_engine,
+    validate_draft,
+)
 
-COMPARE_SCHEMA_VERSION = 1
+BF16_ROLE, TARGET_ROLE = "bf16", "target"
 CAPTURE_DIR, CANDIDATES_DIR = "capture", "candidates"
 FAILURE_CHARS = 600
 Progress = Callable[[str], None]
@@ -58,6 +63,7 @@ class CompareRequest:
     capture: CaptureEngine = field(default_factory=CaptureEngine)
     engine_timeout_s: float = 600.0
     max_shard_size: int = 5 * 10**9
+    engine_per_draft: bool = False
     overwrite: bool = False
 
 
@@ -95,9 +101,12 @@ class CompareReport:
     rows: list[CandidateRow]
     recommended: str | None
     timings_s: dict[str, float]
+    engine_mode: str  # single (drafts swapped in one engine) or per-draft
+    target_loads: int
+    engine_fallback: str | None  # why some drafts had engines of their own
 
     def to_json(self) -> dict[str, Any]:
-        return asdict(self)
+        return {"tool": "eaglequant", **asdict(self)}
 
 
 def recommend(rows: Sequence[CandidateRow]) -> CandidateRow | None:
@@ -109,28 +118,48 @@ def recommend(rows: Sequence[CandidateRow]) -> CandidateRow | None:
 
 
 class EngineRunner(Protocol):
-    """Runs the engines validate needs: the shared ones once, then each candidate's."""
+    """Runs every engine compare needs: the target alone, the BF16 draft, each candidate."""
 
-    def shared(self, request: ValidateRequest) -> dict[str, EngineRun]:
-        """The ``target`` (alone) and ``bf16`` (baseline draft) runs, as validate reuses them."""
+    def __call__(
+        self,
+        base: ValidateRequest,
+        candidates: Mapping[str, ValidateRequest],
+        progress: Progress,
+    ) -> EngineRuns:
+        """Runs by role: ``target``, ``bf16`` and each candidate's recipe name."""
         ...
 
-    def candidate(self, request: ValidateRequest) -> EngineRun:
-        """The ``fp8`` run of ``request.draft`` (its KV cache in the request's dtype)."""
-        ...
 
+def run_engines(
+    base: ValidateRequest,
+    candidates: Mapping[str, ValidateRequest],
+    progress: Progress,
+    *,
+    per_draft: bool = False,
+) -> EngineRuns:
+    """The target alone in its own engine; the BF16 draft and the candidates in one shared
+    engine, but a candidate with its own draft KV-cache dtype (a swap keeps the engine's KV
+    cache) or all of them with ``per_draft`` in engines of their own."""
+    rendered = engine_prompts(base)
+    by_draft = {base.baseline: base} | {c.draft: c for c in candidates.values()}
 
-class OneEnginePerDraft:
-    """A fresh vLLM engine (own process) for the target, the BF16 draft and each candidate."""
+    def run_one(draft: Path | None) -> EngineRun:
+        request = by_draft.get(draft, base) if draft is not None else base
+        kv = request.draft_kv_cache_dtype if draft == request.draft else None
+        return run_engine(request, draft, rendered, kv)
 
-    def shared(self, request: ValidateRequest) -> dict[str, EngineRun]:
-        return {
-            "target": run_engine(request, None),
-            "bf16": run_engine(request, request.baseline),
-        }
-
-    def candidate(self, request: ValidateRequest) -> EngineRun:
-        return run_engine(request, request.draft, kv_cache_dtype=request.draft_kv_cache_dtype)
+    roles: list[tuple[str, Path | None]] = [(TARGET_ROLE, None), (BF16_ROLE, base.baseline)]
+    own_kv = [(n, c.draft) for n, c in candidates.items() if c.draft_kv_cache_dtype is not None]
+    swapped = [(n, c.draft) for n, c in candidates.items() if c.draft_kv_cache_dtype is None]
+    if per_draft:
+        return run_per_draft([*roles, *swapped, *own_kv], run_one, progress)
+    runs = run_single(base, rendered, [*roles, *swapped], run_one, progress)
+    if own_kv:
+        progress("a draft KV-cache dtype is set: its own engine (a swap keeps the KV cache)")
+        others = run_per_draft(own_kv, run_one, progress)
+        runs.engines |= others.engines
+        runs.target_loads += others.target_loads
+    return runs
 
 
 def check_request(request: CompareRequest) -> None:
@@ -176,26 +205,26 @@ def compare(
         drafts[recipe.name] = _export(request, recipe, capture, progress)
         timings[f"export.{recipe.name}"] = round(time.perf_counter() - started, 3)
     base = _validate_request(request, request.recipes[0], drafts[request.recipes[0].name], capture)
+    candidates = {
+        r.name: _validate_request(request, r, drafts[r.name], capture) for r in request.recipes
+    }
     started = time.perf_counter()
-    progress("target alone and BF16 draft: vLLM engines ...")
-    runner = runner or OneEnginePerDraft()
-    shared = runner.shared(base)
-    timings["engines.shared"] = round(time.perf_counter() - started, 3)
+    runner = runner or partial(run_engines, per_draft=request.engine_per_draft)
+    runs = runner(base, candidates, progress)
+    timings["engines"] = round(time.perf_counter() - started, 3)
+    shared = {role: runs.engines[role] for role in (TARGET_ROLE, BF16_ROLE)}
     rows = []
     for recipe in request.recipes:
         started = time.perf_counter()
-        candidate = _validate_request(request, recipe, drafts[recipe.name], capture)
-        progress(f"candidate {recipe.name}: vLLM engine ...")
-        engine = runner.candidate(candidate)
         progress(f"candidate {recipe.name}: checks ...")
         report = validate_draft(
-            candidate,
+            candidates[recipe.name],
             progress=lambda m, name=recipe.name: progress(f"candidate {name}: {m}"),
-            reuse={**shared, "fp8": engine},
+            reuse={**shared, "fp8": runs.engines[recipe.name]},
         )
         rows.append(_row(request, recipe, drafts[recipe.name], report.to_json()))
         timings[f"validate.{recipe.name}"] = round(time.perf_counter() - started, 3)
-    result = _report(request, rows, shared, timings)
+    result = _report(request, rows, runs, timings)
     _write(request.out, result)
     return result
 
@@ -304,12 +333,12 @@ def _failure(checks: list[dict[str, Any]]) -> str | None:
 def _report(
     request: CompareRequest,
     rows: list[CandidateRow],
-    shared: dict[str, EngineRun],
+    runs: EngineRuns,
     timings: dict[str, float],
 ) -> CompareReport:
     from eaglequant.validate.validation import acceptance
 
-    bf16_result = shared["bf16"].get("result")
+    bf16_result = runs.engines[BF16_ROLE].get("result")
     bf16 = acceptance(bf16_result["metrics"] if bf16_result else {})
     choice = recommend(rows)
     return CompareReport(
@@ -325,6 +354,9 @@ def _report(
         rows=rows,
         recommended=choice.recipe if choice else None,
         timings_s=timings,
+        engine_mode=runs.mode,
+        target_loads=runs.target_loads,
+        engine_fallback=runs.fallback,
     )
 
 
@@ -340,6 +372,6 @@ def _write(out: Path, report: CompareReport) -> None:
         (COMPARE_JSON, json.dumps(data, indent=2) + "\n"),
         (COMPARE_MD, compare_markdown(data)),
     ):
-        partial = out / f".{name}.partial"
-        write_text(partial, text)
-        os.replace(partial, out / name)
+        temporary = out / f".{name}.partial"
+        write_text(temporary, text)
+        os.replace(temporary, out / name)

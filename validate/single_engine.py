@@ -52,6 +52,7 @@ if TYPE_CHECKING:
 ValidateRequest = Any
 
 SINGLE, PER_DRAFT = "single", "per-draft"
+PARTIAL_KEY = "partial_path"  # the spec's file for the runs finished so far
 # Config keys that must agree, besides the dimensions, for two drafts to share an engine.
 SHARED_KEYS = ("architectures", "num_hidden_layers")
 
@@ -143,8 +144,8 @@ def run_shared(
     spec = shared_spec(request, rendered, [d for _, d in drafts])
     with tempfile.TemporaryDirectory(prefix="eaglequant-engine-") as scratch:
         spec_path, out_path = Path(scratch) / "spec.json", Path(scratch) / "out.json"
-        log_path = Path(scratch) / "engine.log"
-        spec_path.write_text(json.dumps(spec))
+        log_path, partial_path = Path(scratch) / "engine.log", Path(scratch) / "partial.json"
+        spec_path.write_text(json.dumps(spec | {PARTIAL_KEY: str(partial_path)}))
         env = dict(os.environ)
         env.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
         argv = [sys.executable, "-m", "eaglequant.validate.single_engine", str(spec_path)]
@@ -153,7 +154,9 @@ def run_shared(
         log = log_path.read_text(encoding="utf-8", errors="replace")
         ok = ended.ok and out_path.is_file()
         done = read_shared_runs(out_path) if ok else None
-    runs = done["runs"] if done is not None else []
+        # The engine ended (a crash, a timeout) during a draft: the runs before it stand.
+        kept = read_shared_runs(partial_path) if not ok and partial_path.is_file() else None
+    runs = (done or kept or {"runs": []})["runs"]
     engines: dict[str, EngineRun] = {}
     for index, (role, _) in enumerate(drafts):
         engine: EngineRun = {
@@ -167,11 +170,15 @@ def run_shared(
         if index < len(runs):
             result = runs[index]
             engine |= {
+                "ok": True,
                 "result": result,
                 "wall_s": round(result["load_s"] + result["generate_s"], 1),
             }
         elif done is not None:
             engine |= {"ok": False, "refused": done["refused"]}
+        elif index > len(runs):
+            # Not a fault of this draft's: it runs again in an engine of its own.
+            engine |= {"refused": f"the shared engine ended during {drafts[len(runs)][0]}"}
         engines[role] = engine
     return engines
 
@@ -242,8 +249,17 @@ def run(spec: dict[str, Any]) -> SharedRuns:
         }
         before = cumulative
         runs.append(result)
+        _keep(spec, {"schema_version": ENGINE_RESULT_SCHEMA, "runs": runs, "refused": None})
         ready = time.perf_counter()
     return {"schema_version": ENGINE_RESULT_SCHEMA, "runs": runs, "refused": None}
+
+
+def _keep(spec: dict[str, Any], done: SharedRuns) -> None:
+    """The runs so far, where the parent reads them should the engine end before the last."""
+    path = spec.get(PARTIAL_KEY)
+    if path:
+        Path(f"{path}.tmp").write_text(json.dumps(done, allow_nan=True))
+        os.replace(f"{path}.tmp", path)
 
 
 def _swap(llm: Any, speculative: dict[str, Any]) -> str | None:

@@ -243,11 +243,12 @@ def validate_draft(
         return run_engine(request, draft, rendered, kv)
 
     roles = [("target", None), ("bf16", request.baseline), ("fp8", request.draft)]
+    missing = [(r, d) for r, d in roles if r not in engines]
     per_draft = request.engine_per_draft or request.draft_kv_cache_dtype is not None
-    if request.draft_kv_cache_dtype is not None and not request.engine_per_draft:
+    if missing and request.draft_kv_cache_dtype is not None and not request.engine_per_draft:
         progress("a draft KV-cache dtype is set: one engine per draft (a swap keeps the KV cache)")
     runner = run_per_draft if per_draft else partial(run_single, request, rendered)
-    runs = runner([(r, d) for r, d in roles if r not in engines], run_one, progress)
+    runs = runner(missing, run_one, progress)
     engines |= runs.engines
     checks = _engine_checks(request, engines)
     categories = _categories(request, engines)

@@ -12,6 +12,7 @@ from eaglequant.cli.options import (
     draft_kv_cache_option,
     engine_choice,
     engine_options,
+    engine_per_draft_option,
     engine_settings,
 )
 from eaglequant.cli.options import capture_engine as capture_engine_for
@@ -40,6 +41,7 @@ from eaglequant.errors import InputError
 @click.option("--max-model-len", type=click.IntRange(min=16))
 @engine_options
 @draft_kv_cache_option
+@engine_per_draft_option
 @engine_choice("--capture-engine", "the calibration capture")
 @click.option("--overwrite", is_flag=True)
 def compare(
@@ -57,6 +59,7 @@ def compare(
     tensor_parallel_size: int,
     engine_args: tuple[str, ...],
     draft_kv_cache_dtype: str | None,
+    engine_per_draft: bool,
     capture_engine: str | None,
     overwrite: bool,
 ) -> None:
@@ -90,6 +93,7 @@ def compare(
             capture_engine, "--capture-engine", engine_settings(tensor_parallel_size, engine_args)
         ),
         engine_timeout_s=engine_timeout,
+        engine_per_draft=engine_per_draft,
         overwrite=overwrite,
     )
     report = run(request, progress=lambda m: click.echo(f"[eaglequant] {m}", err=True))

@@ -47,6 +47,13 @@ def _path_of(value: object) -> Path | None:
     return path if isinstance(path, Path) else None
 
 
+engine_per_draft_option = click.option(
+    "--engine-per-draft",
+    is_flag=True,
+    help="Start one engine per draft (each loads the target) instead of swapping the drafts "
+    "in one engine.",
+)
+
 SETS_HELP = "a prompt set mt-bench, humaneval or sharegpt (NAME:N: its first N)"
 
 

@@ -16,6 +16,7 @@ from eaglequant.cli.options import (
     draft_kv_cache_option,
     engine_choice,
     engine_options,
+    engine_per_draft_option,
     engine_settings,
     invocation,
 )
@@ -95,12 +96,7 @@ if TYPE_CHECKING:
     show_default=True,
     help="Logprob gap (nats) under which a token counts as tied with the target's best.",
 )
-@click.option(
-    "--engine-per-draft",
-    is_flag=True,
-    help="Start one engine per draft (each loads the target) instead of swapping the drafts "
-    "in one engine.",
-)
+@engine_per_draft_option
 @click.option(
     "--against",
     type=PATH,

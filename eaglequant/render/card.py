@@ -32,10 +32,11 @@ from eaglequant.errors import InputError
 from eaglequant.exclusions import predict_fates
 from eaglequant.io.checkpoint import read_checkpoint
 from eaglequant.io.readback import sha256_file
-from eaglequant.manifest import Manifest, read_json_object, read_manifest
+from eaglequant.manifest import Manifest, check_schema, read_json_object, read_manifest
 from eaglequant.provenance import ABSOLUTE_PATH, machine_paths
 from eaglequant.render.reports import (
     COMPARE_JSON,
+    COMPARE_SCHEMA_VERSION,
     PLOTS,
     compare_markdown,
     tune_markdown,
@@ -50,6 +51,7 @@ RECORD_PREFIX = "<!-- eaglequant card: "
 RECORD = re.compile(r"^<!-- eaglequant card: (\{.*\}) -->$", re.MULTILINE)
 BASELINE_NAME = "<BF16_DRAFT>"
 NO_REPO_ID = "<REPO_ID>"
+RERUN_COMPARE = "re-run eaglequant compare"
 
 
 def write_card(
@@ -75,7 +77,9 @@ def write_card(
     license_id = license_id or source_license(Path(manifest.get("source", "")))
     comparison = None
     if compare_dir:
-        comparison = read_json_object(compare_dir / COMPARE_JSON, "comparison")
+        path = compare_dir / COMPARE_JSON
+        comparison = read_json_object(path, "comparison")
+        check_schema(path, comparison, "comparison", COMPARE_SCHEMA_VERSION, RERUN_COMPARE)
     names = PublicNames(base_model=base_model, repo_id=repo_id or NO_REPO_ID)
     text = render(
         folder, names, config, manifest, report, tuning, license_id, comparison=comparison

@@ -24,6 +24,7 @@ from eaglequant.tune.summary import (
 
 PLOTS = ("throughput.png", "speedup.png", "acceptance.png")
 COMPARE_JSON, COMPARE_MD = "compare.json", "compare.md"  # in ``eaglequant compare --out``
+COMPARE_SCHEMA_VERSION = 2  # compare.json
 
 
 def acceptance_rows(report: dict[str, Any]) -> list[tuple[str, str, str, str]]:
@@ -311,6 +312,10 @@ def compare_markdown(report: dict[str, Any], heading: str = "##") -> str:
     failures = [f"- `{r['recipe']}`: {r['failure']}" for r in report["rows"] if r.get("failure")]
     if failures:
         lines += ["", "Why the failing candidates failed:", "", *failures]
+    engines = f"Engines: {report['engine_mode']}, target loaded {report['target_loads']}x"
+    if report.get("engine_fallback"):
+        engines += f" (some drafts in engines of their own: {report['engine_fallback']})"
+    lines += ["", engines + "."]
     chosen = report["recommended"]
     closing = (
         f"**Recommended: `{chosen}`** (the smallest passing candidate; on equal size, the "

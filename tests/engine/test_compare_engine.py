@@ -59,6 +59,11 @@ def test_compare_toy_pair(tmp_path: Path) -> None:
             continue
         assert row.mean_acceptance is not None and len(row.per_position) == 3, row
         assert "3 layers" not in row.failed_checks, row  # built as inspect predicts
+    # The BF16 draft and the candidates share one engine until mxfp4's run ends it (the MX
+    # kernels above); mxfp4-fp8, after it, gets an engine of its own: 3 target loads, not 6.
+    assert report["engine_mode"] == "single", report["engine_fallback"]
+    assert report["engine_fallback"] == "the shared engine ended during mxfp4"
+    assert report["target_loads"] == 3
     chosen = recommend(rows)
     assert report["recommended"] == (chosen.recipe if chosen else None)
     assert result.exit_code == (0 if chosen else 1), result.output

@@ -241,3 +241,16 @@ def test_a_prompts_file_given_to_a_command_is_a_placeholder(
     assert result.output.strip() == (
         "eaglequant export --calib-data <CALIB_DATA> --prompts mt-bench:8"
     )
+
+
+def test_card_refuses_a_comparison_of_another_schema(exported: Exported, tmp_path: Path) -> None:
+    compare_dir = tmp_path / "compare"
+    compare_dir.mkdir()
+    (compare_dir / "compare.json").write_text(json.dumps({"schema_version": 1, "rows": []}))
+    args = ["card", str(exported.folder), "--base-model", "toy/target", "--compare"]
+    result = CliRunner().invoke(main, [*args, str(compare_dir)])
+    assert result.exit_code == 2
+    assert result.output.splitlines()[-1].startswith(
+        f"error: {compare_dir / 'compare.json'}: not an eaglequant comparison"
+    )
+    assert not (exported.folder / "README.md").exists()

@@ -80,9 +80,13 @@ def test_markdown_has_one_row_per_candidate_and_the_choice() -> None:
         rows=[ROW, MXFP4],
         recommended="fp8-static",
         timings_s={},
+        engine_mode="single",
+        target_loads=2,
+        engine_fallback=None,
     ).to_json()
     text = compare_markdown(report)
-    assert report["schema_version"] == 1
+    assert report["schema_version"] == 2 and report["tool"] == "eaglequant"
+    assert "Engines: single, target loaded 2x." in text
     assert "| `mxfp4` | W fp8_e4m3 per_tensor / A fp8_e4m3 per_tensor static |" in text
     assert "| 0.900 (>= 0.98) | FAIL (2 acceptance) |" in text
     assert "| 4000000 | 0.820 | 31.0% | yes | 3.190 | 0.800 / 0.600 / 0.400 |" in text

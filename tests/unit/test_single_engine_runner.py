@@ -3,10 +3,15 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
+
+import pytest
 
 from eaglequant.devtools.synthetic import draft_config, write_random_draft
+from eaglequant.engine.result import EngineRun
 from eaglequant.validate.single_engine import metrics_delta, swap_refusal
 from tests.conftest import edit_config
+from tests.support import engine_result, finished_engine
 
 
 def test_same_shape_drafts_share_an_engine(tmp_path: Path) -> None:
@@ -52,3 +57,49 @@ def test_the_report_line_names_mode_loads_and_seconds() -> None:
     assert engines_line(report) == (
         "engines: single, target loaded 3x (41.3s loading in engines, 9.0s generating)"
     )
+
+
+def test_an_engine_ending_during_a_draft_keeps_earlier_runs_and_reruns_later_drafts(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The shared child dies in its second draft: the first draft's run stands, the second
+    is that draft's failed engine (its log named), the third gets an engine of its own."""
+    import json
+
+    from eaglequant.engine.config import EngineOptions
+    from eaglequant.engine.process import ChildRun
+    from eaglequant.prompts.chat import RenderedPrompts
+    from eaglequant.validate import single_engine
+    from eaglequant.validate.validation import ValidateRequest
+
+    drafts = [write_random_draft(tmp_path / n, draft_config(), seed=0) for n in "abc"]
+    first = engine_result({"num_drafts": 4}, None)
+
+    def dies_in_the_second_draft(argv: list[str], log: Path, env: object, timeout: float) -> Any:
+        spec = json.loads(Path(argv[-2]).read_text())
+        partial = {"schema_version": first["schema_version"], "runs": [first], "refused": None}
+        Path(spec[single_engine.PARTIAL_KEY]).write_text(json.dumps(partial))
+        log.write_text("RuntimeError: qdq_mxfp4 is only implemented in CUDA devices\n")
+        return ChildRun(returncode=1, timed_out=False, wall_s=3.0)
+
+    monkeypatch.setattr(single_engine, "run_child", dies_in_the_second_draft)
+    request = ValidateRequest(
+        target=tmp_path, draft=drafts[2], baseline=drafts[0], prompts=["p"],
+        engine=EngineOptions(),
+    )  # fmt: skip
+    alone = finished_engine(engine_result({}, None))
+    own: list[Path | None] = []
+
+    def run_one(draft: Path | None) -> EngineRun:
+        own.append(draft)
+        return alone
+
+    roles = [("target", None), ("bf16", drafts[0]), ("mx", drafts[1]), ("fp8", drafts[2])]
+    rendered = RenderedPrompts(texts=["p"], chat_template=False)
+    runs = single_engine.run_single(request, rendered, roles, run_one, lambda _m: None)
+    assert runs.engines["bf16"]["ok"] and runs.engines["bf16"].get("result") == first
+    mx = runs.engines["mx"]
+    assert not mx["ok"] and "refused" not in mx and "qdq_mxfp4" in mx["log"]
+    assert runs.engines["fp8"] is alone and own == [None, drafts[2]]
+    assert runs.target_loads == 3
+    assert runs.fallback == "the shared engine ended during mx"
