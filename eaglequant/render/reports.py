@@ -10,7 +10,7 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
-from eaglequant.environment import environment_markdown
+from eaglequant.environment import environment_markdown, reproducing_env
 from eaglequant.tune.summary import (
     BASELINE,
     COMPARISON,
@@ -161,7 +161,8 @@ def validation_markdown(report: dict[str, Any], heading: str = "##") -> str:
         lines += [f"Equivalent serve line: `{report['serve_command']}`", ""]
     config = report["engines"].get("fp8", {}).get("engine_config")
     if config:
-        env = ", ".join(f"`{k}={v}`" for k, v in sorted(config["env"].items())) or "none"
+        kept = reproducing_env(config["env"])  # the JSON keeps all, per-run random ones too
+        env = ", ".join(f"`{k}={v}`" for k, v in sorted(kept.items())) or "none"
         lines += [f"vLLM {config['vllm']}; environment: {env}.", ""]
     lines += ["| draft | mean acceptance length | acceptance by position | engine |"]
     lines += ["|---|---|---|---|"]

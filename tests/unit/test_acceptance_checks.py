@@ -157,3 +157,16 @@ def test_the_terminal_shows_the_inconclusive_verdict() -> None:
     text = captured.get()
     assert re.search(r"│ 2 acceptance +│ INCONCLUSIVE │", text), text
     assert text.rstrip().endswith("validation INCONCLUSIVE: too few prompts to decide")
+
+
+def test_the_markdown_names_the_reproducing_engine_env_only() -> None:
+    """A per-run variable (a port, a random path) stays in the JSON, not in validation.md."""
+    env = {"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_RPC_BASE_PATH": "/tmp/x1", "VLLM_PORT": "5123"}
+    config = {"llm": {}, "env": env, "vllm": "0.32.0", "serve_line": "vllm serve t"}
+    report = {
+        "target": "t", "draft": "d", "baseline": "b", "k": 3, "prompts": 1, "max_tokens": 8,
+        "backend": "cpu", "plugin_active": False, "checks": [],
+        "engines": {"fp8": {"engine_config": config}},
+    }  # fmt: skip
+    text = validation_markdown(report)
+    assert "vLLM 0.32.0; environment: `VLLM_CPU_KVCACHE_SPACE=1`." in text
