@@ -1,17 +1,65 @@
-"""The torch-native MXFP4 kernels against real Quark on CPU."""
+"""The torch-native MXFP4 kernels against real Quark on CPU, and vLLM's MX ops running them."""
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import pytest
 import torch
 
 from eaglequant.engine.mx_cpu import dequant_mxfp4, quant_dequant_mxfp4
+from tests.conftest import PYTHON, run_child
 
 DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 SHAPES = ((4, 64), (2, 3, 96), (1, 32))
 TIES = [0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0]  # the E2M1 midpoints below 6
+NATIVE_OPS = """
+import json, sys
+import torch
+import torch.nn.functional as F
+from torch.nn import Module, Parameter
+from eaglequant.engine import cpu_fp8_plugin
+from eaglequant.engine.mx_cpu import dequant_mxfp4, quant_dequant_mxfp4
+
+cpu_fp8_plugin.register()
+cpu_fp8_plugin.register()
+from vllm.model_executor.kernels.linear import init_mxfp4_linear_kernel
+from vllm.model_executor.layers.quantization.quark.schemes import QuarkW4A8_MXFP4_FP8
+from vllm.model_executor.layers.quantization.utils.quant_utils import (
+    kFp8StaticTensorSym,
+    kMxfp4Dynamic,
+)
+
+g = torch.Generator().manual_seed(0)
+x = torch.randn(4, 64, generator=g).to(torch.bfloat16)
+packed = torch.randint(0, 256, (8, 32), dtype=torch.uint8, generator=g)
+scale = torch.randint(110, 140, (8, 2), dtype=torch.uint8, generator=g)
+w = dequant_mxfp4(packed, scale, torch.bfloat16)
+layer = Module()
+layer.weight = Parameter(packed, requires_grad=False)
+layer.weight_scale = Parameter(scale, requires_grad=False)
+layer.input_scale = s = Parameter(torch.tensor(0.01), requires_grad=False)
+mxfp4 = init_mxfp4_linear_kernel(kMxfp4Dynamic)
+mxfp4.process_weights_after_loading(layer)
+w4a8 = QuarkW4A8_MXFP4_FP8(kFp8StaticTensorSym)
+x_fp8 = ((x / s).clamp(-448, 448).to(torch.float8_e4m3fn).to(x.dtype) * s).to(x.dtype)
+try:
+    torch.ops.vllm.quant_dequant_mxfp4(x, "floor")
+    refused = ""
+except ValueError as exc:
+    refused = str(exc)
+print(json.dumps({
+    "dequant": torch.equal(torch.ops.vllm.dequant_mxfp4(packed, scale, torch.bfloat16), w),
+    "qdq": torch.equal(torch.ops.vllm.quant_dequant_mxfp4(x), quant_dequant_mxfp4(x)),
+    "mxfp4_linear": torch.equal(
+        mxfp4.apply_weights(layer, x), F.linear(quant_dequant_mxfp4(x), w)
+    ),
+    "w4a8_linear": torch.equal(w4a8.apply_weights(layer, x), F.linear(x_fp8, w)),
+    "refused": refused,
+    "quark_kernels_imported": "quark.torch.kernel" in sys.modules,
+}))
+"""
 
 
 def bits(t: torch.Tensor) -> torch.Tensor:
@@ -125,3 +173,18 @@ def test_dequant_equals_quarks_importer_on_every_byte_and_scale(
     importer.scale = scale
     reference = importer(packed).to(dtype)
     assert torch.equal(bits(dequant_mxfp4(packed, scale, dtype)), bits(reference))
+
+
+def test_vllm_mx_ops_and_emulation_kernels_run_the_torch_kernels_on_cpu(tmp_path: Any) -> None:
+    """After the plugin's register() (twice), vLLM's two ops, its MXFP4 emulation linear kernel
+    and its W4A8 MXFP4/FP8 scheme compute with mx_cpu, without importing Quark's kernels."""
+    out = json.loads(run_child([PYTHON, "-c", NATIVE_OPS], cwd=tmp_path).splitlines()[-1])
+    refusal = "MXFP4 fake quantization on CPU: scale_calculation_mode 'floor' is not supported"
+    assert out == {
+        "dequant": True,
+        "qdq": True,
+        "mxfp4_linear": True,
+        "w4a8_linear": True,
+        "refused": refusal + " (only 'even')",
+        "quark_kernels_imported": False,
+    }
