@@ -44,6 +44,8 @@ def fp8_draft(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return out
 
 
+# Two repeats: the fewest from which tune reports a spread (min/max) to decide beyond.
+REPEATS = 2
 # Batch size 1 without speculation, 2-4 with k=2: measured beside the sweep's own choices.
 SCHEDULE = [[1, 1, 0], [2, 4, 2]]
 
@@ -73,7 +75,7 @@ def tune_out(tmp_path_factory: pytest.TempPathFactory, fp8_draft: Path) -> Path:
             "--num-prompts",
             "8",
             "--repeats",
-            "3",
+            str(REPEATS),
             "--schedule",
             json.dumps(SCHEDULE),
             "--serve-arg",
@@ -96,7 +98,7 @@ def test_tune_runs_servers_and_writes_results(tune_out: Path) -> None:
     measured = {(r["k"], r["concurrency"]) for r in summary["results"]}
     assert measured == {(k, c) for k in (0, 2) for c in (1, 4)}
     for row in summary["results"]:
-        assert len(row["runs"]) == 3 and min(row["runs"]) > 0
+        assert len(row["runs"]) == REPEATS and min(row["runs"]) > 0
         assert row["throughput_min"] <= row["output_throughput"] <= row["throughput_max"]
         if row["k"]:
             assert row["acceptance_length"] > 1.0 and len(row["per_position"]) == row["k"]
@@ -130,7 +132,7 @@ def test_the_schedule_is_served_measured_and_reported(tune_out: Path) -> None:
     schedule = summary["schedule"]
     assert schedule["given"] and schedule["measured"] and schedule["ranges"] == SCHEDULE
     at = {r["concurrency"]: r for r in schedule["results"]}
-    assert set(at) == {1, 4} and all(len(r["runs"]) == 3 for r in at.values())
+    assert set(at) == {1, 4} and all(len(r["runs"]) == REPEATS for r in at.values())
     # vLLM applied it: no drafts at batch size 1, k=2 drafts once the batch grows.
     assert at[1]["acceptance_length"] is None and at[1]["per_position"] == []
     assert at[4]["acceptance_length"] > 1.0 and len(at[4]["per_position"]) == 2
