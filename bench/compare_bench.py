@@ -10,7 +10,8 @@ engines and check-6 capture) for each. The acceptance both sides measured is kep
 to show they agree.
 
     python bench/compare_bench.py [--recipes fp8-static,ptpc-fp8,mxfp4] [--prompts 8]
-        [--max-tokens 24] [--out bench/results-compare.json]
+        [--max-tokens 24] [--draft examples/toy/draft-speculators]
+        [--out bench/results-compare.json]
 """
 
 from __future__ import annotations
@@ -54,28 +55,34 @@ def prompts_file(folder: Path, count: int) -> Path:
     return path
 
 
-def run_compare(scratch: Path, recipes: list[str], prompts: Path, tokens: int) -> dict[str, Any]:
+def run_compare(
+    scratch: Path, draft: Path, recipes: list[str], prompts: Path, tokens: int
+) -> dict[str, Any]:
     out = scratch / "compare"
-    args = [str(EAGLEQUANT), "compare", str(TOY / "draft"), "--target", str(TOY / "target")]
+    args = [str(EAGLEQUANT), "compare", str(draft), "--target", str(TOY / "target")]
     args += ["--prompts", str(prompts), "--recipes", ",".join(recipes), "--out", str(out)]
     args += ["--calib-data", str(TOY / "calibration.jsonl"), "--max-tokens", str(tokens)]
     run = timed(args)
     report = json.loads((out / "compare.json").read_text())
     run["acceptance"] = {row["recipe"]: row["mean_acceptance"] for row in report["rows"]}
     run["timings_s"] = report["timings_s"]
+    run["target_loads"] = report["target_loads"]
+    run["recommended"] = report["recommended"]
     return run
 
 
-def run_each(scratch: Path, recipes: list[str], prompts: Path, tokens: int) -> dict[str, Any]:
+def run_each(
+    scratch: Path, draft: Path, recipes: list[str], prompts: Path, tokens: int
+) -> dict[str, Any]:
     total, runs = 0.0, {}
     for recipe in recipes:
         out = scratch / "each" / recipe
-        export = [str(EAGLEQUANT), "export", str(TOY / "draft"), str(out), "--recipe", recipe]
+        export = [str(EAGLEQUANT), "export", str(draft), str(out), "--recipe", recipe]
         export += ["--calib-target", str(TOY / "target")]
         export += ["--calib-data", str(TOY / "calibration.jsonl")]
         report = scratch / f"{recipe}.json"
         validate = [str(EAGLEQUANT), "validate", "--target", str(TOY / "target")]
-        validate += ["--draft", str(out), "--baseline", str(TOY / "draft"), "--prompts"]
+        validate += ["--draft", str(out), "--baseline", str(draft), "--prompts"]
         validate += [str(prompts), "--max-tokens", str(tokens), "--json", str(report)]
         runs[recipe] = {"export": timed(export), "validate": timed(validate)}
         checks = {c["name"]: c for c in json.loads(report.read_text())["checks"]}
@@ -89,6 +96,9 @@ def main() -> None:
     parser.add_argument("--recipes", default="fp8-static,ptpc-fp8,mxfp4")
     parser.add_argument("--prompts", type=int, default=8)
     parser.add_argument("--max-tokens", type=int, default=24)
+    parser.add_argument(
+        "--draft", type=Path, default=TOY / "draft", help="BF16 draft of the toy target"
+    )
     parser.add_argument("--out", type=Path, default=HERE / "results-compare.json")
     args = parser.parse_args()
     recipes = args.recipes.split(",")
@@ -99,8 +109,11 @@ def main() -> None:
             "recipes": recipes,
             "prompts": args.prompts,
             "max_tokens": args.max_tokens,
-            "compare": run_compare(folder, recipes, prompts, args.max_tokens),
-            "export_and_validate_each": run_each(folder, recipes, prompts, args.max_tokens),
+            "draft": args.draft.name,
+            "compare": run_compare(folder, args.draft, recipes, prompts, args.max_tokens),
+            "export_and_validate_each": run_each(
+                folder, args.draft, recipes, prompts, args.max_tokens
+            ),
         }
     args.out.write_text(json.dumps(results, indent=2) + "\n")
     each = results["export_and_validate_each"]
