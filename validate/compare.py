@@ -83,8 +83,9 @@ class CandidateRow:
     acceptance_ratio: float | None
     min_acceptance_ratio: float
     passed: bool
-    failed_checks: list[str]
+    failed_checks: list[str]  # every check not passed: failed or inconclusive
     failure: str | None = None  # the first failed check's detail (an engine's: its log's cause)
+    verdict: str = "FAIL"  # PASS, FAIL or INCONCLUSIVE (too few prompts decided a gate)
 
 
 @dataclass(frozen=True)
@@ -314,6 +315,7 @@ def _row(
         passed=bool(report["passed"]),
         failed_checks=[c["name"] for c in report["checks"] if not c["passed"]],
         failure=_failure(report["checks"]),
+        verdict=str(report["verdict"]),
     )
 
 

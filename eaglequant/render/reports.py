@@ -302,7 +302,8 @@ def compare_markdown(report: dict[str, Any], heading: str = "##") -> str:
     ]
     for row in report["rows"]:
         per_pos = " / ".join(f"{p:.3f}" for p in row["per_position"]) or "-"
-        verdict = "PASS" if row["passed"] else "FAIL (" + ", ".join(row["failed_checks"]) + ")"
+        verdict = "PASS" if row["passed"] else row.get("verdict", "FAIL")
+        verdict += "" if row["passed"] else " (" + ", ".join(row["failed_checks"]) + ")"
         lines.append(
             f"| `{row['recipe']}` | {row['scheme']} | {row['kv_cache_dtype']} | "
             f"{row['bytes_on_disk']} | {row['bytes_ratio']:.3f} | "
@@ -312,7 +313,7 @@ def compare_markdown(report: dict[str, Any], heading: str = "##") -> str:
         )
     failures = [f"- `{r['recipe']}`: {r['failure']}" for r in report["rows"] if r.get("failure")]
     if failures:
-        lines += ["", "Why the failing candidates failed:", "", *failures]
+        lines += ["", "Why the other candidates did not pass:", "", *failures]
     engines = f"Engines: {report['engine_mode']}, target loaded {report['target_loads']}x"
     if report.get("engine_fallback"):
         engines += f" (some drafts in engines of their own: {report['engine_fallback']})"

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import replace
+from dataclasses import asdict, replace
 from pathlib import Path
 
 import pytest
@@ -89,6 +89,9 @@ def test_markdown_has_one_row_per_candidate_and_the_choice() -> None:
     assert "Engines: single, target loaded 2x." in text
     assert "| `mxfp4` | W fp8_e4m3 per_tensor / A fp8_e4m3 per_tensor static |" in text
     assert "| 0.900 (>= 0.98) | FAIL (2 acceptance) |" in text
+    undecided = replace(MXFP4, verdict="INCONCLUSIVE")
+    rows = [asdict(r) for r in (ROW, undecided)]
+    assert "| INCONCLUSIVE (2 acceptance) |" in compare_markdown({**report, "rows": rows})
     assert "| 4000000 | 0.820 | 31.0% | yes | 3.190 | 0.800 / 0.600 / 0.400 |" in text
     assert text.count("\n| `") == 2
     assert "**Recommended: `fp8-static`**" in text
