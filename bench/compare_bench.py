@@ -77,6 +77,7 @@ def run_each(
     total, runs = 0.0, {}
     for recipe in recipes:
         out = scratch / "each" / recipe
+        out.parent.mkdir(parents=True, exist_ok=True)
         export = [str(EAGLEQUANT), "export", str(draft), str(out), "--recipe", recipe]
         export += ["--calib-target", str(TOY / "target")]
         export += ["--calib-data", str(TOY / "calibration.jsonl")]
