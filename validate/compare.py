@@ -26,8 +26,7 @@ from eaglequant.engine.result import EngineRun
 from eaglequant.errors import InputError
 from eaglequant.inspection import size_summary
 from eaglequant.io.checkpoint import read_checkpoint
-from eaglequant.io.output import check_output_path
-from eaglequant.io.writer import write_text
+from eaglequant.io.output import check_output_path, write_text_atomic
 from eaglequant.quantize.export import check_exportable
 from eaglequant.quantize.sources import CalibrationSource
 from eaglequant.recipe import Recipe
@@ -365,15 +364,9 @@ def _report(
 def _write(out: Path, report: CompareReport) -> None:
     """compare.json and compare.md, each written beside its name and renamed into place."""
     import json
-    import os
 
     from eaglequant.render.reports import compare_markdown
 
     data = report.to_json()
-    for name, text in (
-        (COMPARE_JSON, json.dumps(data, indent=2) + "\n"),
-        (COMPARE_MD, compare_markdown(data)),
-    ):
-        temporary = out / f".{name}.partial"
-        write_text(temporary, text)
-        os.replace(temporary, out / name)
+    write_text_atomic(out / COMPARE_JSON, json.dumps(data, indent=2) + "\n")
+    write_text_atomic(out / COMPARE_MD, compare_markdown(data))

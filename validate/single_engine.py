@@ -43,6 +43,7 @@ from eaglequant.engine.result import (
     read_shared_runs,
 )
 from eaglequant.io.checkpoint import read_checkpoint
+from eaglequant.io.output import write_text_atomic
 from eaglequant.speculative import speculative_config
 
 if TYPE_CHECKING:
@@ -233,7 +234,7 @@ def run(spec: dict[str, Any]) -> SharedRuns:
         if index:
             refused = _swap(llm, speculative)
             if refused is not None:
-                return {"schema_version": ENGINE_RESULT_SCHEMA, "runs": runs, "refused": refused}
+                return _shared_runs(runs, refused)
             load_s = time.perf_counter() - ready
         began = time.perf_counter()
         drafted = kwargs | {"speculative_config": speculative}
@@ -249,17 +250,14 @@ def run(spec: dict[str, Any]) -> SharedRuns:
         }
         before = cumulative
         runs.append(result)
-        _keep(spec, {"schema_version": ENGINE_RESULT_SCHEMA, "runs": runs, "refused": None})
+        if spec.get(PARTIAL_KEY):  # where the parent reads them should the engine end early
+            write_text_atomic(Path(spec[PARTIAL_KEY]), json.dumps(_shared_runs(runs, None)))
         ready = time.perf_counter()
-    return {"schema_version": ENGINE_RESULT_SCHEMA, "runs": runs, "refused": None}
+    return _shared_runs(runs, None)
 
 
-def _keep(spec: dict[str, Any], done: SharedRuns) -> None:
-    """The runs so far, where the parent reads them should the engine end before the last."""
-    path = spec.get(PARTIAL_KEY)
-    if path:
-        Path(f"{path}.tmp").write_text(json.dumps(done, allow_nan=True))
-        os.replace(f"{path}.tmp", path)
+def _shared_runs(runs: list[EngineResult], refused: str | None) -> SharedRuns:
+    return {"schema_version": ENGINE_RESULT_SCHEMA, "runs": runs, "refused": refused}
 
 
 def _swap(llm: Any, speculative: dict[str, Any]) -> str | None:
