@@ -12,6 +12,10 @@ DEMO_OUT ?= out/demo
 # mypy sees quantize/ and validate/ under their installed names (eaglequant.quantize, ...).
 TYPECHECK := build/typecheck
 PYTEST_FLAGS ?= --durations=25
+# The integration and engine tiers run on WORKERS pytest-xdist workers, each pinned to its share
+# of the cores (tests/conftest.py); tests that time engines (cores_alone) run alone afterwards.
+WORKERS ?= 2
+PARALLEL := -n $(WORKERS) --dist loadgroup
 
 export VLLM_CPU_KVCACHE_SPACE ?= 1
 export VLLM_TARGET_DEVICE ?= cpu
@@ -54,13 +58,16 @@ test-unit: install-unit
 	$(UNIT_BIN)/python -m pytest -m unit -x $(PYTEST_FLAGS) tests
 
 test-integration: install
-	$(BIN)/python -m pytest -m integration $(PYTEST_FLAGS) tests
+	$(BIN)/python -m pytest $(PARALLEL) -m integration $(PYTEST_FLAGS) tests
 
 test-engine: install
-	$(BIN)/python -m pytest -m engine $(PYTEST_FLAGS) tests
+	$(BIN)/python -m pytest $(PARALLEL) -m "engine and not cores_alone" $(PYTEST_FLAGS) tests
+	$(BIN)/python -m pytest -m "engine and cores_alone" $(PYTEST_FLAGS) tests
 
 test-rest: install
-	$(BIN)/python -m pytest -m "integration or engine" $(PYTEST_FLAGS) tests
+	$(BIN)/python -m pytest $(PARALLEL) -m "(integration or engine) and not cores_alone" \
+		$(PYTEST_FLAGS) tests
+	$(BIN)/python -m pytest -m "(integration or engine) and cores_alone" $(PYTEST_FLAGS) tests
 
 # The whole of `make test` as on an AVX2-only CPU with no native BF16 (torch's, oneDNN's and
 # vLLM's kernel choice forced; see tests/as_avx2/sitecustomize.py), for CI-time checks.

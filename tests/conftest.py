@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import signal
 import subprocess
 import sys
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -63,12 +65,75 @@ def tree_digest(folder: Path) -> dict[str, str]:
 TIERS = ("unit", "integration", "engine")
 
 
+CORES_ALONE = "cores_alone"  # the fixture, and the marker of the tests that use it
+# The cores this run was given, before an xdist worker pins itself to its share.
+GIVEN_CORES = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """An xdist worker (``pytest -n N``) runs on its own share of the cores, and so do the
+    engines it starts (vLLM binds a CPU worker's threads to the cores it may use): N workers
+    side by side, none stealing another's cores."""
+    worker, count = (
+        os.environ.get("PYTEST_XDIST_WORKER"),
+        os.environ.get("PYTEST_XDIST_WORKER_COUNT"),
+    )
+    if worker is None or count is None or not hasattr(os, "sched_setaffinity"):
+        return
+    per = len(GIVEN_CORES) // int(count)
+    if per >= 1:
+        index = int(worker.removeprefix("gw"))
+        mine = GIVEN_CORES[index * per : (index + 1) * per]
+        os.sched_setaffinity(0, mine)
+        torch.set_num_threads(len(mine))
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Each test's tier is its folder: tests/unit, tests/integration, tests/engine."""
     for item in items:
         tier = Path(str(item.fspath)).parent.name
         if tier in TIERS:
             item.add_marker(getattr(pytest.mark, tier))
+
+
+def pytest_itemcollected(item: pytest.Item) -> None:
+    """A test that uses ``cores_alone`` (itself or through a fixture) is marked so, for the
+    serial pass; one that uses a module-scoped fixture joins its module's xdist group, so that
+    fixture is built once (``--dist loadgroup``), while the other tests spread over the workers.
+    Marked as collected, before any plugin reorders or groups the items."""
+    if CORES_ALONE in getattr(item, "fixturenames", ()):
+        item.add_marker(getattr(pytest.mark, CORES_ALONE))
+    if _uses_module_fixture(item):
+        item.add_marker(pytest.mark.xdist_group(Path(str(item.fspath)).stem))
+
+
+def _uses_module_fixture(item: pytest.Item) -> bool:
+    info = getattr(item, "_fixtureinfo", None)
+    definitions = info.name2fixturedefs.values() if info is not None else ()
+    return any(d.scope == "module" for defs in definitions for d in defs)
+
+
+@pytest.fixture(scope="session")
+def cores_alone() -> None:
+    """For tests that time things (throughput, speedups): they need every core and nothing
+    else running. ``make test`` runs them in a serial pass after the parallel one."""
+    if "PYTEST_XDIST_WORKER" in os.environ:
+        pytest.fail("this test times its engines: run it without -n (make test-rest does)")
+
+
+@contextmanager
+def every_core() -> Iterator[None]:
+    """The process (and the engines it starts) may use every core for a while: tensor and
+    data parallel engines need a core per worker, even in an xdist worker pinned to one."""
+    if not GIVEN_CORES:
+        yield
+        return
+    mine = os.sched_getaffinity(0)
+    os.sched_setaffinity(0, GIVEN_CORES)
+    try:
+        yield
+    finally:
+        os.sched_setaffinity(0, mine)
 
 
 def pytest_terminal_summary(terminalreporter: Any) -> None:

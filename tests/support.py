@@ -110,6 +110,32 @@ def fates_by_name(report: dict[str, Any]) -> dict[str, tuple[list[str], bool, st
     }
 
 
+def _parent(pid: int) -> int | None:
+    try:
+        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def descendants(ancestor: int, marker: str) -> list[int]:
+    """Processes below ``ancestor`` whose command line holds ``marker`` (not others on the
+    machine: another test worker may run the same commands)."""
+    found = []
+    for pid in (int(p) for p in os.listdir("/proc") if p.isdigit()):
+        try:
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+        except OSError:
+            continue
+        if marker not in cmdline:
+            continue
+        above = _parent(pid)
+        while above is not None and above > 1 and above != ancestor:
+            above = _parent(above)
+        if above == ancestor:
+            found.append(pid)
+    return found
+
+
 def servers_running() -> list[str]:
     """vLLM servers this test process started and left running (not others on the machine)."""
     found = []
@@ -117,10 +143,9 @@ def servers_running() -> list[str]:
         if pid.isdigit():
             try:
                 cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
-                parent = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
-            except (OSError, IndexError, ValueError):
+            except OSError:
                 continue
-            if "vllm.entrypoints.openai.api_server" in cmdline and parent == os.getpid():
+            if "vllm.entrypoints.openai.api_server" in cmdline and _parent(int(pid)) == os.getpid():
                 found.append(cmdline)
     return found
 

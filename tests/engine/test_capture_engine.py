@@ -22,8 +22,8 @@ import torch
 from safetensors.torch import load_file
 
 from eaglequant.manifest import MANIFEST_FILE
-from tests.conftest import TOY
-from tests.support import SAMPLES, SEQ_LEN, capture_args, invoke
+from tests.conftest import TOY, every_core
+from tests.support import SAMPLES, SEQ_LEN, capture_args, descendants, invoke
 
 # BF16 keeps 8 significant bits: two roundings of nearly equal float32 values differ by at
 # most one step, 2**-7 of the value; the float32 engines themselves differ by ~1e-5 of the
@@ -56,7 +56,8 @@ def captures(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
         "vllm-bf16": ["--engine", "vllm"],
     }
     for name, extra in runs.items():
-        code, output = invoke(capture_args(root / name, "--embeddings", *extra))
+        with every_core():  # TP=2 and DP=2 need a core per worker
+            code, output = invoke(capture_args(root / name, "--embeddings", *extra))
         assert code == 0, output
     return {name: root / name for name in runs}
 
@@ -69,14 +70,10 @@ def _engine_child(process: subprocess.Popen[str], folder: Path, timeout: float =
     """The capture child's pid, once the capture file it fills exists in the temporary folder."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        started = list(folder.glob(".capture*/hidden_states.safetensors"))
-        for proc in Path("/proc").iterdir() if started else []:
-            try:
-                cmdline = (proc / "cmdline").read_bytes()
-            except OSError:
-                continue
-            if b"eaglequant.capture.vllm_child" in cmdline:
-                return int(proc.name)
+        if list(folder.glob(".capture*/hidden_states.safetensors")):
+            children = descendants(process.pid, "eaglequant.capture.vllm_child")
+            if children:
+                return children[0]
         assert process.poll() is None, process.communicate()[0]
         time.sleep(0.2)
     raise AssertionError("the capture engine never started")

@@ -35,7 +35,7 @@ from eaglequant.validate.validation import (
     validate_draft,
 )
 from eaglequant.validation_report import prompts_digest, read_report
-from tests.conftest import TOY, toy_prompts_file
+from tests.conftest import TOY, every_core, toy_prompts_file
 from tests.exported import rerecord
 
 PROMPTS = 8
@@ -271,7 +271,8 @@ def test_tensor_parallel_two_gives_the_same_outputs_and_acceptance(
     args += ["--max-tokens", str(MAX_TOKENS), "--tensor-parallel-size", "2", "--lossless", "strict"]
     args += ["--engine-arg", "max_num_seqs=8", "--json", str(report_path)]
     args += ["--against", str(good_report[1]), "--junit-xml", str(junit_path)]
-    result = CliRunner().invoke(main, args)
+    with every_core():  # a core per TP worker
+        result = CliRunner().invoke(main, args)
     report = json.loads(report_path.read_text())
     # FP8 against BF16 at TP=2 on 8 prompts: nothing fails, but an interval may not decide
     # (measured: check 5's position 3, 1.012 [0.941, 1.107] against 0.95, INCONCLUSIVE).

@@ -1,0 +1,110 @@
+"""The suite's parallel pass: xdist workers pinned to their own cores, timing tests kept out.
+
+Each case runs pytest in a child on a small test file, with tests/conftest.py as a plugin.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent.parent
+CORES = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
+
+PROBES = """
+import json, os
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import every_core
+
+
+def _record(tmp_path_factory, name):
+    out = Path(os.environ["PROBE_OUT"]) / f"{name}-{os.environ.get('PYTEST_XDIST_WORKER', 'main')}"
+    out.write_text(json.dumps({"cores": sorted(os.sched_getaffinity(0)),
+                               "worker": os.environ.get("PYTEST_XDIST_WORKER")}))
+
+
+@pytest.fixture(scope="module")
+def built_once(tmp_path_factory):
+    return 1
+
+
+@pytest.mark.parametrize("n", range(8))
+def test_spread(n, tmp_path_factory):
+    _record(tmp_path_factory, f"spread{n}")
+
+
+@pytest.mark.parametrize("n", range(4))
+def test_grouped(n, built_once, tmp_path_factory):
+    _record(tmp_path_factory, f"grouped{n}")
+
+
+def test_widened(tmp_path_factory):
+    with every_core():
+        _record(tmp_path_factory, "widened")
+    _record(tmp_path_factory, "after")
+
+
+def test_timed(cores_alone):
+    pass
+"""
+
+
+def _run(tmp_path: Path, *args: str) -> tuple[int, str, dict[str, dict]]:
+    (tmp_path / "test_probes.py").write_text(PROBES)
+    out = tmp_path / "out"
+    out.mkdir()
+    done = subprocess.run(
+        [
+            *(sys.executable, "-m", "pytest", "-p", "tests.conftest", "-p", "no:cacheprovider"),
+            *("-q", "--rootdir", str(tmp_path), "-W", "ignore::pytest.PytestUnknownMarkWarning"),
+            *(str(tmp_path / "test_probes.py"), *args),
+        ],
+        cwd=REPO,
+        env={**os.environ, "PROBE_OUT": str(out), "PYTHONPATH": str(REPO)},
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    records = {p.name: json.loads(p.read_text()) for p in out.iterdir()}
+    return done.returncode, done.stdout + done.stderr, records
+
+
+@pytest.mark.skipif(len(CORES) < 2, reason="needs two cores to give each worker its own")
+def test_workers_are_pinned_apart_and_module_fixtures_keep_their_tests_together(
+    tmp_path: Path,
+) -> None:
+    code, output, records = _run(
+        tmp_path, "-n", "2", "--dist", "loadgroup", "-m", "not cores_alone"
+    )
+    assert code == 0, output
+    per_worker = {
+        r["worker"]: r["cores"] for name, r in records.items() if not name.startswith("widened")
+    }
+    assert sorted(per_worker) == ["gw0", "gw1"]
+    assert all(len(cores) == len(CORES) // 2 for cores in per_worker.values())
+    assert not set(per_worker["gw0"]) & set(per_worker["gw1"])
+    grouped = {r["worker"] for name, r in records.items() if name.startswith("grouped")}
+    assert len(grouped) == 1  # one worker builds the module fixture and runs all four
+    widened = next(r for name, r in records.items() if name.startswith("widened"))
+    after = next(r for name, r in records.items() if name.startswith("after"))
+    assert {r["worker"] for r in records.values()} == {"gw0", "gw1"}
+    assert widened["cores"] == CORES and after["cores"] == per_worker[after["worker"]]
+
+
+def test_a_timing_test_is_marked_and_refused_in_a_worker(tmp_path: Path) -> None:
+    code, output, _ = _run(tmp_path, "-n", "1", "-m", "cores_alone")
+    assert code == 1 and "this test times its engines: run it without -n" in output, output
+
+
+def test_a_timing_test_runs_alone_without_workers(tmp_path: Path) -> None:
+    code, output, records = _run(tmp_path, "-m", "cores_alone")
+    assert code == 0 and "1 passed, 13 deselected" in output, output
+    assert not records
