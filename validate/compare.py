@@ -4,11 +4,12 @@ recommended.
 
 check (recipes, inputs, output; nothing heavy) -> capture the target's hidden states once
 (or take a capture folder) -> export each candidate from that capture in this process (the
-module-flow recipes share one Quark import) -> the engines: the target alone in one, the
-BF16 draft and every candidate swapped into one more (``validate.single_engine``; a
-candidate with its own draft KV-cache dtype, or ``engine_per_draft``, gets an engine of
-its own) -> the six checks under each candidate's recipe thresholds (check 6 on the same
-capture) -> one row per candidate -> ``compare.json`` and ``compare.md``.
+module-flow recipes share one Quark import) -> the engines, on every prompt set's prompts
+at once: the target alone in one, the BF16 draft and every candidate swapped into one more
+(``validate.single_engine``; a candidate with its own draft KV-cache dtype, or
+``engine_per_draft``, gets an engine of its own) -> per prompt set, each run's part of it
+and the six checks under each candidate's recipe thresholds (check 6 on the same capture)
+-> one row per candidate and prompt set -> ``compare.json`` and ``compare.md``.
 """
 
 from __future__ import annotations
@@ -17,22 +18,24 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from functools import partial
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
 from eaglequant.capture.run import CaptureEngine, CaptureRequest, capture_hidden_states
 from eaglequant.draft import require_bf16_draft
 from eaglequant.engine.config import EngineOptions
-from eaglequant.engine.result import EngineRun
+from eaglequant.engine.result import EngineResult, EngineRun, SpecMetrics
 from eaglequant.errors import InputError
 from eaglequant.inspection import size_summary
 from eaglequant.io.checkpoint import read_checkpoint
 from eaglequant.io.output import check_output_path, write_text_atomic
+from eaglequant.prompts.source import PromptSet
 from eaglequant.quantize.export import check_exportable
 from eaglequant.quantize.sources import CalibrationSource
 from eaglequant.recipe import Recipe
 from eaglequant.render.reports import COMPARE_JSON, COMPARE_MD, COMPARE_SCHEMA_VERSION
-from eaglequant.validate.acceptance import ACCEPTANCE, PER_POSITION
+from eaglequant.validate.acceptance import ACCEPTANCE, PER_POSITION, prompt_counts
 from eaglequant.validate.single_engine import EngineRuns, run_per_draft, run_single
+from eaglequant.validate.stats import PromptCounts, pooled_counts
 from eaglequant.validate.validation import (
     ValidateRequest,
     engine_prompts,
@@ -50,7 +53,7 @@ Progress = Callable[[str], None]
 class CompareRequest:
     baseline: Path
     target: Path
-    prompts: list[str]
+    prompt_sets: tuple[PromptSet, ...]  # each reported on its own
     recipes: tuple[Recipe, ...]
     out: Path
     calib_data: Path | None = None  # with the target: capture once from this text
@@ -63,12 +66,14 @@ class CompareRequest:
     engine_timeout_s: float = 600.0
     max_shard_size: int = 5 * 10**9
     engine_per_draft: bool = False
+    chat_template: bool = True  # render with the target's chat template when it has one
     overwrite: bool = False
 
 
 @dataclass(frozen=True)
 class CandidateRow:
-    """One candidate's measured outcome (``passed``: all six checks under its recipe)."""
+    """One candidate's measured outcome on one prompt set (``passed``: all six checks under
+    its recipe, by category too where the set has categories)."""
 
     recipe: str
     scheme: str
@@ -85,6 +90,20 @@ class CandidateRow:
     failed_checks: list[str]  # every check not passed: failed or inconclusive
     failure: str | None = None  # the first failed check's detail (an engine's: its log's cause)
     verdict: str = "FAIL"  # PASS, FAIL or INCONCLUSIVE (too few prompts decided a gate)
+    prompt_set: str = ""  # the set's source as given
+    categories: dict[str, Any] | None = None  # the validation report's, by category
+    min_category_drafts: int | None = None
+
+
+@dataclass(frozen=True)
+class PromptSetSummary:
+    """One prompt set as compare ran it, with the BF16 draft's acceptance on it."""
+
+    source: str
+    sha256: str
+    prompts: int
+    baseline_mean_acceptance: float | None
+    baseline_per_position: list[float]
 
 
 @dataclass(frozen=True)
@@ -92,13 +111,11 @@ class CompareReport:
     schema_version: int
     baseline: str
     target: str
-    prompts: int
     k: int
     max_tokens: int
     baseline_bytes: int
-    baseline_mean_acceptance: float | None
-    baseline_per_position: list[float]
-    rows: list[CandidateRow]
+    prompt_sets: list[PromptSetSummary]
+    rows: list[CandidateRow]  # one per candidate and prompt set, in the sets' order
     recommended: str | None
     timings_s: dict[str, float]
     engine_mode: str  # single (drafts swapped in one engine) or per-draft
@@ -110,11 +127,39 @@ class CompareReport:
 
 
 def recommend(rows: Sequence[CandidateRow]) -> CandidateRow | None:
-    """The smallest passing candidate on disk; on equal size, the better mean acceptance."""
-    passing = [row for row in rows if row.passed]
+    """The smallest candidate on disk that passes on every prompt set; on equal size, the
+    better mean acceptance (on the first set). Its row on the first set."""
+    failed = {row.recipe for row in rows if not row.passed}
+    first: dict[str, CandidateRow] = {}
+    for row in rows:
+        first.setdefault(row.recipe, row)
+    passing = [row for name, row in first.items() if name not in failed]
     if not passing:
         return None
     return min(passing, key=lambda r: (r.bytes_on_disk, -(r.mean_acceptance or 0.0)))
+
+
+def slice_run(run: EngineRun, start: int, stop: int) -> EngineRun:
+    """One prompt set's part of an engine run over several sets' prompts: its prompts'
+    outputs and per-prompt counts, and the spec-decode counters summed from those counts once
+    the whole run's counts are held to vLLM's counters (else the engine's counters stay, and
+    checks 2 and 5 fail with the reason). Prefix-cache counters belong to the whole run."""
+    result = run.get("result")
+    if result is None:
+        return run
+    part = cast(EngineResult, dict(result))
+    part["token_ids"] = result["token_ids"][start:stop]
+    part["top_logprobs"] = result["top_logprobs"][start:stop]
+    part["texts"] = result["texts"][start:stop]
+    if result["per_request"] is not None:
+        part["per_request"] = result["per_request"][start:stop]
+        try:
+            prompt_counts(result)
+        except ValueError:
+            return cast(EngineRun, {**run, "result": part})
+        counts = [PromptCounts.from_json(p) for p in part["per_request"] or [] if p is not None]
+        part["metrics"] = cast(SpecMetrics, pooled_counts(counts))
+    return cast(EngineRun, {**run, "result": part})
 
 
 class EngineRunner(Protocol):
@@ -166,6 +211,11 @@ def check_request(request: CompareRequest) -> None:
     """Everything checked before any heavy work."""
     if not request.recipes:
         raise InputError("no recipes to compare; pass --recipes NAME[,NAME...]")
+    sources = [p.source for p in request.prompt_sets]
+    if not sources:
+        raise InputError("no prompts to compare on; pass --prompts FILE|SET (repeatable)")
+    if len(set(sources)) != len(sources):
+        raise InputError(f"prompt sets {sources}: each set may be given once")
     for recipe in request.recipes:
         check_exportable(recipe)
     names = [r.name for r in request.recipes]
@@ -204,29 +254,66 @@ def compare(
         progress(f"candidate {recipe.name}: export ...")
         drafts[recipe.name] = _export(request, recipe, capture, progress)
         timings[f"export.{recipe.name}"] = round(time.perf_counter() - started, 3)
-    base = _validate_request(request, request.recipes[0], drafts[request.recipes[0].name], capture)
+    every = PromptSet(
+        source="+".join(p.source for p in request.prompt_sets),
+        sha256="",
+        prompts=[prompt for p in request.prompt_sets for prompt in p.prompts],
+    )
+    first = request.recipes[0]
+    base = _validate_request(request, first, drafts[first.name], capture, every)
     candidates = {
-        r.name: _validate_request(request, r, drafts[r.name], capture) for r in request.recipes
+        r.name: _validate_request(request, r, drafts[r.name], capture, every)
+        for r in request.recipes
     }
     started = time.perf_counter()
     runner = runner or partial(run_engines, per_draft=request.engine_per_draft)
     runs = runner(base, candidates, progress)
     timings["engines"] = round(time.perf_counter() - started, 3)
-    shared = {role: runs.engines[role] for role in (TARGET_ROLE, BF16_ROLE)}
-    rows = []
-    for recipe in request.recipes:
-        started = time.perf_counter()
-        progress(f"candidate {recipe.name}: checks ...")
-        report = validate_draft(
-            candidates[recipe.name],
-            progress=lambda m, name=recipe.name: progress(f"candidate {name}: {m}"),
-            reuse={**shared, "fp8": runs.engines[recipe.name]},
-        )
-        rows.append(_row(request, recipe, drafts[recipe.name], report.to_json()))
-        timings[f"validate.{recipe.name}"] = round(time.perf_counter() - started, 3)
-    result = _report(request, rows, runs, timings)
+    rows, sets, start = [], [], 0
+    for prompt_set in request.prompt_sets:
+        stop = start + len(prompt_set.prompts)
+        engines = {role: _part(run, start, stop, request) for role, run in runs.engines.items()}
+        sets.append(_set_summary(prompt_set, engines[BF16_ROLE]))
+        for recipe in request.recipes:
+            started = time.perf_counter()
+            label = f"candidate {recipe.name}" + (
+                f" on {prompt_set.source}" if len(request.prompt_sets) > 1 else ""
+            )
+            progress(f"{label}: checks ...")
+            report = validate_draft(
+                _validate_request(request, recipe, drafts[recipe.name], capture, prompt_set),
+                progress=lambda m, label=label: progress(f"{label}: {m}"),
+                reuse={role: engines[role] for role in (TARGET_ROLE, BF16_ROLE)}
+                | {"fp8": engines[recipe.name]},
+            )
+            rows.append(_row(request, recipe, drafts[recipe.name], report.to_json()))
+            key = f"validate.{recipe.name}" + (
+                f".{prompt_set.source}" if len(request.prompt_sets) > 1 else ""
+            )
+            timings[key] = round(time.perf_counter() - started, 3)
+        start = stop
+    result = _report(request, rows, sets, runs, timings)
     _write(request.out, result)
     return result
+
+
+def _part(run: EngineRun, start: int, stop: int, request: CompareRequest) -> EngineRun:
+    """A run as one prompt set's: the whole run when there is one set."""
+    return run if len(request.prompt_sets) == 1 else slice_run(run, start, stop)
+
+
+def _set_summary(prompt_set: PromptSet, bf16_run: EngineRun) -> PromptSetSummary:
+    from eaglequant.validate.validation import acceptance
+
+    result = bf16_run.get("result")
+    bf16 = acceptance(result["metrics"] if result else {})
+    return PromptSetSummary(
+        source=prompt_set.source,
+        sha256=prompt_set.sha256,
+        prompts=len(prompt_set.prompts),
+        baseline_mean_acceptance=bf16.get("mean_length"),
+        baseline_per_position=list(bf16.get("per_position") or []),
+    )
 
 
 def _capture_once(request: CompareRequest, progress: Progress) -> Path:
@@ -272,13 +359,17 @@ def _export(request: CompareRequest, recipe: Recipe, capture: Path, progress: Pr
 
 
 def _validate_request(
-    request: CompareRequest, recipe: Recipe, draft: Path, capture: Path
+    request: CompareRequest, recipe: Recipe, draft: Path, capture: Path, prompt_set: PromptSet
 ) -> ValidateRequest:
     return ValidateRequest(
         target=request.target,
         draft=draft,
         baseline=request.baseline,
-        prompts=request.prompts,
+        prompts=prompt_set.texts,
+        categories=prompt_set.categories,
+        prompt_set=prompt_set.describe(),
+        chat_template=request.chat_template,
+        min_category_drafts=recipe.validation.min_category_drafts,
         k=request.k,
         max_tokens=request.max_tokens,
         min_acceptance_ratio=recipe.validation.min_acceptance_ratio,
@@ -315,6 +406,9 @@ def _row(
         failed_checks=[c["name"] for c in report["checks"] if not c["passed"]],
         failure=_failure(report["checks"]),
         verdict=str(report["verdict"]),
+        prompt_set=str((report.get("prompt_set") or {}).get("source", "")),
+        categories=report.get("categories"),
+        min_category_drafts=report.get("min_category_drafts"),
     )
 
 
@@ -334,24 +428,19 @@ def _failure(checks: list[dict[str, Any]]) -> str | None:
 def _report(
     request: CompareRequest,
     rows: list[CandidateRow],
+    sets: list[PromptSetSummary],
     runs: EngineRuns,
     timings: dict[str, float],
 ) -> CompareReport:
-    from eaglequant.validate.validation import acceptance
-
-    bf16_result = runs.engines[BF16_ROLE].get("result")
-    bf16 = acceptance(bf16_result["metrics"] if bf16_result else {})
     choice = recommend(rows)
     return CompareReport(
         schema_version=COMPARE_SCHEMA_VERSION,
         baseline=str(request.baseline),
         target=str(request.target),
-        prompts=len(request.prompts),
         k=request.k,
         max_tokens=request.max_tokens,
         baseline_bytes=read_checkpoint(request.baseline).total_bytes,
-        baseline_mean_acceptance=bf16.get("mean_length"),
-        baseline_per_position=list(bf16.get("per_position") or []),
+        prompt_sets=sets,
         rows=rows,
         recommended=choice.recipe if choice else None,
         timings_s=timings,

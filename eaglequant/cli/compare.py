@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 
 from eaglequant.cli.options import (
     PATH,
+    PROMPTS,
+    SETS_HELP,
     draft_kv_cache_option,
     engine_choice,
     engine_options,
@@ -18,12 +21,25 @@ from eaglequant.cli.options import (
 from eaglequant.cli.options import capture_engine as capture_engine_for
 from eaglequant.errors import InputError
 
+if TYPE_CHECKING:
+    from eaglequant.prompts.source import PromptSource
+
 
 @click.command()
 @click.argument("baseline", type=PATH)
 @click.option("--target", type=PATH, required=True, help="Target model folder.")
 @click.option(
-    "--prompts", type=PATH, required=True, help="Prompts: .jsonl (text) or .txt (one per line)."
+    "--prompts",
+    type=PROMPTS,
+    required=True,
+    multiple=True,
+    help=f"Prompts: a .jsonl or .txt file, or {SETS_HELP}; repeat it for several sets, each "
+    "reported on its own (every engine runs once, on all of them).",
+)
+@click.option(
+    "--no-chat-template",
+    is_flag=True,
+    help="Send the prompts raw, not through the target's chat template (used when it has one).",
 )
 @click.option(
     "--recipes",
@@ -47,7 +63,8 @@ from eaglequant.errors import InputError
 def compare(
     baseline: Path,
     target: Path,
-    prompts: Path,
+    prompts: tuple[PromptSource, ...],
+    no_chat_template: bool,
     recipes: str,
     calib_data: Path | None,
     calib_hidden_states: Path | None,
@@ -68,11 +85,11 @@ def compare(
     Exit 0 when a candidate passes (the smallest passing one is recommended), 1 when none
     does, 2 for bad input.
     """
+    from eaglequant.prompts.source import load_prompts
     from eaglequant.recipe import load_recipe
     from eaglequant.render.reports import COMPARE_MD
     from eaglequant.validate.compare import CompareRequest
     from eaglequant.validate.compare import compare as run
-    from eaglequant.validate.validation import read_prompts
 
     names = [name.strip() for name in recipes.split(",") if name.strip()]
     if not names:
@@ -80,7 +97,8 @@ def compare(
     request = CompareRequest(
         baseline=baseline,
         target=target,
-        prompts=read_prompts(prompts),
+        prompt_sets=tuple(load_prompts(source) for source in prompts),
+        chat_template=not no_chat_template,
         recipes=tuple(load_recipe(name) for name in names),
         out=out,
         calib_data=calib_data,

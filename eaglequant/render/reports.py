@@ -24,7 +24,7 @@ from eaglequant.tune.summary import (
 
 PLOTS = ("throughput.png", "speedup.png", "acceptance.png")
 COMPARE_JSON, COMPARE_MD = "compare.json", "compare.md"  # in ``eaglequant compare --out``
-COMPARE_SCHEMA_VERSION = 2  # compare.json
+COMPARE_SCHEMA_VERSION = 3  # compare.json
 
 
 def acceptance_rows(report: dict[str, Any]) -> list[tuple[str, str, str, str]]:
@@ -285,22 +285,53 @@ def mean_positions(lists: list[list[float]]) -> list[float]:
 
 
 def compare_markdown(report: dict[str, Any], heading: str = "##") -> str:
-    """``compare``'s table: one row per candidate against the BF16 draft, the recommendation."""
-    bf16 = report["baseline_mean_acceptance"]
-    bf16_pos = " / ".join(f"{p:.3f}" for p in report["baseline_per_position"]) or "-"
+    """``compare``'s tables: per prompt set, one row per candidate against the BF16 draft (and
+    each candidate's categories, when the set has them), then the recommendation."""
     lines = [
         f"{heading} Which format to ship (`eaglequant compare`)",
         "",
         f"BF16 draft `{_folder(report['baseline'])}` ({report['baseline_bytes']} bytes) on "
         f"target `{_folder(report['target'])}`; `num_speculative_tokens={report['k']}`, "
-        f"{report['prompts']} prompts x {report['max_tokens']} tokens, greedy. BF16 mean "
-        f"acceptance length {_num(bf16)}, by position {bf16_pos}.",
+        f"{report['max_tokens']} tokens a prompt, greedy.",
+    ]
+    for prompt_set in report["prompt_sets"]:
+        rows = [r for r in report["rows"] if r["prompt_set"] == prompt_set["source"]]
+        lines += ["", *_compare_set(prompt_set, rows)]
+    failures = [
+        f"- `{r['recipe']}` on `{r['prompt_set']}`: {r['failure']}"
+        for r in report["rows"]
+        if r.get("failure")
+    ]
+    if failures:
+        lines += ["", "Why the other candidates did not pass:", "", *failures]
+    engines = f"Engines: {report['engine_mode']}, target loaded {report['target_loads']}x"
+    if report.get("engine_fallback"):
+        engines += f" (some drafts in engines of their own: {report['engine_fallback']})"
+    lines += ["", engines + "."]
+    chosen = report["recommended"]
+    every = " on every prompt set" if len(report["prompt_sets"]) > 1 else ""
+    closing = (
+        f"**Recommended: `{chosen}`** (the smallest candidate passing{every}; on equal size, "
+        "the better mean acceptance)."
+        if chosen
+        else "**No candidate passed.**"
+    )
+    return "\n".join([*lines, "", closing, ""])
+
+
+def _compare_set(prompt_set: dict[str, Any], rows: list[dict[str, Any]]) -> list[str]:
+    """One prompt set's table, and its candidates' category tables."""
+    bf16_pos = " / ".join(f"{p:.3f}" for p in prompt_set["baseline_per_position"]) or "-"
+    lines = [
+        f"Prompts `{prompt_set['source']}` ({prompt_set['prompts']} prompts, sha256 "
+        f"`{prompt_set['sha256'][:16]}`): BF16 mean acceptance length "
+        f"{_num(prompt_set['baseline_mean_acceptance'])}, by position {bf16_pos}.",
         "",
         "| recipe | format | draft KV cache | bytes | vs BF16 | params quantized | lossless "
         "| mean acceptance | by position | vs BF16 | verdict |",
         "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
-    for row in report["rows"]:
+    for row in rows:
         per_pos = " / ".join(f"{p:.3f}" for p in row["per_position"]) or "-"
         verdict = "PASS" if row["passed"] else row.get("verdict", "FAIL")
         verdict += "" if row["passed"] else " (" + ", ".join(row["failed_checks"]) + ")"
@@ -311,21 +342,11 @@ def compare_markdown(report: dict[str, Any], heading: str = "##") -> str:
             f"{_num(row['mean_acceptance'])} | {per_pos} | {_num(row['acceptance_ratio'])} "
             f"(>= {row['min_acceptance_ratio']}) | {verdict} |"
         )
-    failures = [f"- `{r['recipe']}`: {r['failure']}" for r in report["rows"] if r.get("failure")]
-    if failures:
-        lines += ["", "Why the other candidates did not pass:", "", *failures]
-    engines = f"Engines: {report['engine_mode']}, target loaded {report['target_loads']}x"
-    if report.get("engine_fallback"):
-        engines += f" (some drafts in engines of their own: {report['engine_fallback']})"
-    lines += ["", engines + "."]
-    chosen = report["recommended"]
-    closing = (
-        f"**Recommended: `{chosen}`** (the smallest passing candidate; on equal size, the "
-        "better mean acceptance)."
-        if chosen
-        else "**No candidate passed.**"
-    )
-    return "\n".join([*lines, "", closing, ""])
+    for row in rows:
+        if row.get("categories"):
+            lines += ["", f"`{row['recipe']}` on `{prompt_set['source']}` by category:", ""]
+            lines += category_markdown(row)[:-1]
+    return lines
 
 
 def _num(value: float | None) -> str:

@@ -1,5 +1,6 @@
 """``eaglequant compare`` end to end on the committed toy pair: one capture, every candidate
-exported with real Quark and validated in real vLLM (CPU) against the BF16 draft."""
+exported with real Quark and validated in real vLLM (CPU) against the BF16 draft, on two
+prompt sets (the second with categories) served by the same two engines."""
 
 from __future__ import annotations
 
@@ -22,10 +23,24 @@ SCHEMES = {
 }
 
 
+def _categorised(path: Path) -> Path:
+    """Four toy prompts from further down the file, in two categories."""
+    texts = [
+        json.loads(line)["prompt"] for line in toy_prompts_file(path, 12).read_text().splitlines()
+    ]
+    rows = [
+        {"prompt": t, "category": "first" if i < 2 else "second"} for i, t in enumerate(texts[8:])
+    ]
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    return path
+
+
 def test_compare_toy_pair(tmp_path: Path) -> None:
     out = tmp_path / "compare"
     prompts = toy_prompts_file(tmp_path / "prompts.jsonl", 8)
+    categorised = _categorised(tmp_path / "categorised.jsonl")
     args = [str(TOY / "draft"), "--target", str(TOY / "target"), "--prompts", str(prompts)]
+    args += ["--prompts", str(categorised)]
     args += ["--calib-data", str(TOY / "calibration.jsonl"), "--out", str(out)]
     args += [
         "--recipes",
@@ -39,7 +54,15 @@ def test_compare_toy_pair(tmp_path: Path) -> None:
     assert (out / "compare.json").is_file(), result.output
     report = json.loads((out / "compare.json").read_text())
     rows = [CandidateRow(**row) for row in report["rows"]]
-    assert [row.recipe for row in rows] == list(RECIPES)
+    assert [(row.recipe, row.prompt_set) for row in rows] == [
+        (recipe, str(source)) for source in (prompts, categorised) for recipe in RECIPES
+    ]
+    assert [s["prompts"] for s in report["prompt_sets"]] == [8, 4]
+    for row in rows:
+        assert (row.categories is not None) == (row.prompt_set == str(categorised)), row
+        if row.categories:
+            assert list(row.categories) == ["first", "second"], row.categories
+            assert all(c["prompts"] == 2 for c in row.categories.values())
     for row in rows:
         fates = inspect_checkpoint(out / CANDIDATES_DIR / row.recipe).fates
         assert {f.vllm_scheme for f in fates if f.quantized} == {SCHEMES[row.recipe]}
@@ -54,7 +77,7 @@ def test_compare_toy_pair(tmp_path: Path) -> None:
     chosen = recommend(rows)
     assert report["recommended"] == (chosen.recipe if chosen else None)
     assert result.exit_code == (0 if chosen else 1), result.output
-    assert "| `mxfp4` |" in result.output
+    assert "| `mxfp4` |" in result.output and "`mxfp4` on `" in result.output
     mxfp4 = next(r for r in rows if r.recipe == "mxfp4")
     fp8 = next(r for r in rows if r.recipe == "fp8-static")
     assert mxfp4.bytes_on_disk < fp8.bytes_on_disk

@@ -14,7 +14,9 @@ from eaglequant.validate.compare import (
     COMPARE_SCHEMA_VERSION,
     CandidateRow,
     CompareReport,
+    PromptSetSummary,
     recommend,
+    slice_run,
 )
 
 ROW = CandidateRow(
@@ -31,6 +33,7 @@ ROW = CandidateRow(
     min_acceptance_ratio=0.98,
     passed=True,
     failed_checks=[],
+    prompt_set="p.jsonl",
 )
 PTPC = replace(ROW, recipe="ptpc-fp8", bytes_on_disk=4_000_512, mean_acceptance=3.20)
 MXFP8 = replace(ROW, recipe="mxfp8", bytes_on_disk=4_000_256, mean_acceptance=3.21)
@@ -66,27 +69,80 @@ def test_none_passing_recommends_nothing() -> None:
     assert recommend([]) is None
 
 
-def test_markdown_has_one_row_per_candidate_and_the_choice() -> None:
-    report = CompareReport(
+def test_a_candidate_must_pass_on_every_prompt_set() -> None:
+    code = "humaneval"
+    rows = [ROW, PTPC, replace(ROW, prompt_set=code, passed=False), replace(PTPC, prompt_set=code)]
+    assert recommend(rows) == PTPC  # fp8-static is smaller but fails on the second set
+    assert recommend([*rows, replace(PTPC, prompt_set="mt-bench", passed=False)]) is None
+
+
+def _run(histograms: list[list[int]], drafted: int = 9, **metrics: object) -> dict:
+    per_request = [{"histogram": h, "num_draft_tokens": drafted} for h in histograms]
+    pooled = {
+        "num_drafts": sum(sum(h) for h in histograms),
+        "num_draft_tokens": drafted * len(histograms),
+        "num_accepted_tokens": sum(j * c for h in histograms for j, c in enumerate(h)),
+        "accepted_per_pos": [sum(sum(h[p + 1 :]) for h in histograms) for p in range(3)],
+    }
+    result = {
+        "token_ids": [[i] for i in range(len(histograms))],
+        "top_logprobs": [None] * len(histograms),
+        "texts": [str(i) for i in range(len(histograms))],
+        "metrics": pooled | metrics,
+        "per_request": per_request,
+    }
+    return {"ok": True, "result": result}
+
+
+def test_a_prompt_sets_part_of_a_run_has_its_own_outputs_and_counters() -> None:
+    run = _run([[1, 1, 0, 1], [0, 0, 0, 3], [3, 0, 0, 0]], prefix_cache_hits=7)
+    part = slice_run(run, 1, 3)["result"]
+    assert part["token_ids"] == [[1], [2]] and part["texts"] == ["1", "2"]
+    assert part["metrics"] == _run([[0, 0, 0, 3], [3, 0, 0, 0]])["result"]["metrics"]
+    assert run["result"]["token_ids"] == [[0], [1], [2]]  # the whole run is left as it was
+
+
+def test_a_run_whose_counts_disagree_with_vllm_keeps_vllms_counters() -> None:
+    run = _run([[1, 1, 0, 1], [0, 0, 0, 3]], num_accepted_tokens=1)
+    part = slice_run(run, 0, 1)["result"]
+    assert part["metrics"] == run["result"]["metrics"]  # checks 2 and 5 then fail on it
+    target = {"ok": True, "result": {**run["result"], "per_request": None, "metrics": {}}}
+    assert slice_run(target, 0, 1)["result"]["metrics"] == {}
+
+
+def _report(rows: list[CandidateRow], sets: list[PromptSetSummary]) -> dict:
+    return CompareReport(
         schema_version=COMPARE_SCHEMA_VERSION,
         baseline="bf16",
         target="t",
-        prompts=8,
         k=3,
         max_tokens=24,
         baseline_bytes=4_900_000,
-        baseline_mean_acceptance=3.214,
-        baseline_per_position=[0.8, 0.61, 0.41],
-        rows=[ROW, MXFP4],
+        prompt_sets=sets,
+        rows=rows,
         recommended="fp8-static",
         timings_s={},
         engine_mode="single",
         target_loads=2,
         engine_fallback=None,
     ).to_json()
+
+
+SET = PromptSetSummary(
+    source="p.jsonl",
+    sha256="ab" * 32,
+    prompts=8,
+    baseline_mean_acceptance=3.214,
+    baseline_per_position=[0.8, 0.61, 0.41],
+)
+
+
+def test_markdown_has_one_row_per_candidate_and_the_choice() -> None:
+    report = _report([ROW, MXFP4], [SET])
     text = compare_markdown(report)
-    assert report["schema_version"] == 2 and report["tool"] == "eaglequant"
+    assert report["schema_version"] == 3 and report["tool"] == "eaglequant"
     assert "Engines: single, target loaded 2x." in text
+    assert "Prompts `p.jsonl` (8 prompts, sha256 `abababababababab`): BF16 mean acceptance" in text
     assert "| `mxfp4` | W fp8_e4m3 per_tensor / A fp8_e4m3 per_tensor static |" in text
     assert "| 0.900 (>= 0.98) | FAIL (2 acceptance) |" in text
     undecided = replace(MXFP4, verdict="INCONCLUSIVE")
@@ -94,8 +150,26 @@ def test_markdown_has_one_row_per_candidate_and_the_choice() -> None:
     assert "| INCONCLUSIVE (2 acceptance) |" in compare_markdown({**report, "rows": rows})
     assert "| 4000000 | 0.820 | 31.0% | yes | 3.190 | 0.800 / 0.600 / 0.400 |" in text
     assert text.count("\n| `") == 2
-    assert "**Recommended: `fp8-static`**" in text
+    assert "**Recommended: `fp8-static`** (the smallest candidate passing;" in text
     assert "**No candidate passed.**" in compare_markdown({**report, "recommended": None})
+
+
+def test_markdown_has_a_table_per_prompt_set_and_each_candidates_categories() -> None:
+    categories = {
+        "math": {
+            "prompts": 4,
+            "bf16": {"mean_length": 3.0, "per_position": [0.9], "draft_tokens": 300},
+            "fp8": {"mean_length": 2.4, "per_position": [0.7], "draft_tokens": 310},
+        }
+    }
+    second = replace(SET, source="mt-bench", prompts=80)
+    on_second = [replace(r, prompt_set="mt-bench", categories=categories) for r in (ROW, MXFP4)]
+    text = compare_markdown(_report([ROW, MXFP4, *on_second], [SET, second]))
+    assert text.count("| recipe | format |") == 2 and text.count("\n| `") == 4
+    assert text.index("Prompts `p.jsonl`") < text.index("Prompts `mt-bench` (80 prompts")
+    assert "`mxfp4` on `mt-bench` by category:" in text
+    assert "| math | 4 | 300 / 310 | 3.000 | 2.400 | 0.800 | 0.700:0.900 |" in text
+    assert "passing on every prompt set;" in text
 
 
 @pytest.mark.parametrize(
@@ -144,3 +218,16 @@ def test_a_failed_engine_is_explained_by_its_logs_last_error() -> None:
     ]  # fmt: skip
     assert _failure(checks) == "vLLM engine(s) ['fp8'] failed: ValueError: no MXFP4 kernel"
     assert _failure([{"name": "1 lossless", "passed": True, "detail": "ok"}]) is None
+
+
+def test_a_prompt_set_given_twice_is_refused(tiny_draft: Path, tmp_path: Path) -> None:
+    (tmp_path / "p.txt").write_text("x\n")
+    args = [str(tiny_draft), "--target", str(tmp_path), "--out", str(tmp_path / "o")]
+    args += ["--prompts", str(tmp_path / "p.txt"), "--prompts", str(tmp_path / "p.txt")]
+    result = CliRunner().invoke(main, ["compare", *args, "--recipes", "fp8-static"])
+    assert result.exit_code == 2
+    assert (
+        result.output
+        == f"error: prompt sets {[str(tmp_path / 'p.txt')] * 2}: each set may be given once\n"
+    )
+    assert not (tmp_path / "o").exists()
