@@ -13,7 +13,7 @@ DEMO_OUT ?= out/demo
 TYPECHECK := build/typecheck
 PYTEST_FLAGS ?= --durations=25
 # The integration and engine tiers run on WORKERS pytest-xdist workers, each pinned to its share
-# of the cores (tests/conftest.py); tests that time engines (cores_alone) run alone afterwards.
+# of the cores (tests/conftest.py); tests whose engines need every core (every_core) run after.
 WORKERS ?= 2
 PARALLEL := -n $(WORKERS) --dist loadgroup
 
@@ -61,13 +61,13 @@ test-integration: install
 	$(BIN)/python -m pytest $(PARALLEL) -m integration $(PYTEST_FLAGS) tests
 
 test-engine: install
-	$(BIN)/python -m pytest $(PARALLEL) -m "engine and not cores_alone" $(PYTEST_FLAGS) tests
-	$(BIN)/python -m pytest -m "engine and cores_alone" $(PYTEST_FLAGS) tests
+	$(BIN)/python -m pytest $(PARALLEL) -m "engine and not every_core" $(PYTEST_FLAGS) tests
+	$(BIN)/python -m pytest -m "engine and every_core" $(PYTEST_FLAGS) tests
 
 test-rest: install
-	$(BIN)/python -m pytest $(PARALLEL) -m "(integration or engine) and not cores_alone" \
+	$(BIN)/python -m pytest $(PARALLEL) -m "(integration or engine) and not every_core" \
 		$(PYTEST_FLAGS) tests
-	$(BIN)/python -m pytest -m "(integration or engine) and cores_alone" $(PYTEST_FLAGS) tests
+	$(BIN)/python -m pytest -m "(integration or engine) and every_core" $(PYTEST_FLAGS) tests
 
 # The whole of `make test` as on an AVX2-only CPU with no native BF16 (torch's, oneDNN's and
 # vLLM's kernel choice forced; see tests/as_avx2/sitecustomize.py), for CI-time checks.

@@ -9,7 +9,6 @@ import signal
 import subprocess
 import sys
 from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -65,15 +64,16 @@ def tree_digest(folder: Path) -> dict[str, str]:
 TIERS = ("unit", "integration", "engine")
 
 
-CORES_ALONE = "cores_alone"  # the fixture, and the marker of the tests that use it
+EVERY_CORE = "every_core"  # the fixture, and the marker of the tests that use it
 # The cores this run was given, before an xdist worker pins itself to its share.
 GIVEN_CORES = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
 
 
 def pytest_configure(config: pytest.Config) -> None:
     """An xdist worker (``pytest -n N``) runs on its own share of the cores, and so do the
-    engines it starts (vLLM binds a CPU worker's threads to the cores it may use): N workers
-    side by side, none stealing another's cores."""
+    engines and servers it starts (vLLM binds a CPU worker's threads to the cores it may use):
+    N workers side by side, none taking another's cores, so a test that times its engines has
+    its share to itself."""
     worker, count = (
         os.environ.get("PYTEST_XDIST_WORKER"),
         os.environ.get("PYTEST_XDIST_WORKER_COUNT"),
@@ -97,12 +97,12 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 
 def pytest_itemcollected(item: pytest.Item) -> None:
-    """A test that uses ``cores_alone`` (itself or through a fixture) is marked so, for the
+    """A test that uses ``every_core`` (itself or through a fixture) is marked so, for the
     serial pass; one that uses a module-scoped fixture joins its module's xdist group, so that
     fixture is built once (``--dist loadgroup``), while the other tests spread over the workers.
     Marked as collected, before any plugin reorders or groups the items."""
-    if CORES_ALONE in getattr(item, "fixturenames", ()):
-        item.add_marker(getattr(pytest.mark, CORES_ALONE))
+    if EVERY_CORE in getattr(item, "fixturenames", ()):
+        item.add_marker(getattr(pytest.mark, EVERY_CORE))
     if _uses_module_fixture(item):
         item.add_marker(pytest.mark.xdist_group(Path(str(item.fspath)).stem))
 
@@ -114,40 +114,16 @@ def _uses_module_fixture(item: pytest.Item) -> bool:
 
 
 @pytest.fixture(scope="session")
-def cores_alone() -> None:
-    """For tests that time things (throughput, speedups): they need every core and nothing
-    else running. ``make test`` runs them in a serial pass after the parallel one."""
+def every_core() -> None:
+    """For tests whose engines need a core per worker (tensor and data parallel): ``make
+    test`` runs them in a serial pass after the parallel one, with every core."""
+    require_every_core()
+
+
+def require_every_core() -> None:
+    """Fails in an xdist worker, which is pinned to its share of the cores."""
     if "PYTEST_XDIST_WORKER" in os.environ:
-        pytest.fail("this test times its engines: run it without -n (make test-rest does)")
-
-
-@contextmanager
-def every_core() -> Iterator[None]:
-    """The process (and the engines it starts) may use every core for a while: tensor and
-    data parallel engines need a core per worker, even in an xdist worker pinned to one."""
-    if not GIVEN_CORES:
-        yield
-        return
-    mine = os.sched_getaffinity(0)
-    os.sched_setaffinity(0, GIVEN_CORES)
-    try:
-        yield
-    finally:
-        os.sched_setaffinity(0, mine)
-
-
-def pytest_terminal_summary(terminalreporter: Any) -> None:
-    """The machine the run timed: a CI log then says which kind of CPU its durations are from."""
-    from eaglequant.environment import cpu_info
-
-    cpu = cpu_info()
-    probe = "AVX-512" if torch.cpu._is_avx512_supported() else "no AVX-512"
-    probe += ", native BF16" if torch.cpu._is_avx512_bf16_supported() else ", BF16 emulated"
-    terminalreporter.write_line(
-        f"machine: {cpu['model']}, {cpu['logical_cpus']} CPUs, flags "
-        f"{','.join(cpu['isa_flags']) or 'baseline'}; torch "
-        f"{torch.backends.cpu.get_cpu_capability()} ({probe})"
-    )
+        pytest.fail("this test needs every core: run it without -n (make test-rest does)")
 
 
 @pytest.fixture

@@ -298,7 +298,7 @@ def compare_markdown(report: dict[str, Any], heading: str = "##") -> str:
         rows = [r for r in report["rows"] if r["prompt_set"] == prompt_set["source"]]
         lines += ["", *_compare_set(prompt_set, rows)]
     failures = [
-        f"- `{r['recipe']}` on `{r['prompt_set']}`: {r['failure']}"
+        f"- `{r['recipe']}` on `{_folder(r['prompt_set'])}`: {r['failure']}"
         for r in report["rows"]
         if r.get("failure")
     ]
@@ -322,8 +322,9 @@ def compare_markdown(report: dict[str, Any], heading: str = "##") -> str:
 def _compare_set(prompt_set: dict[str, Any], rows: list[dict[str, Any]]) -> list[str]:
     """One prompt set's table, and its candidates' category tables."""
     bf16_pos = " / ".join(f"{p:.3f}" for p in prompt_set["baseline_per_position"]) or "-"
+    name = _folder(prompt_set["source"])  # a file by its name: the table goes into cards
     lines = [
-        f"Prompts `{prompt_set['source']}` ({prompt_set['prompts']} prompts, sha256 "
+        f"Prompts `{name}` ({prompt_set['prompts']} prompts, sha256 "
         f"`{prompt_set['sha256'][:16]}`): BF16 mean acceptance length "
         f"{_num(prompt_set['baseline_mean_acceptance'])}, by position {bf16_pos}.",
         "",
@@ -344,7 +345,7 @@ def _compare_set(prompt_set: dict[str, Any], rows: list[dict[str, Any]]) -> list
         )
     for row in rows:
         if row.get("categories"):
-            lines += ["", f"`{row['recipe']}` on `{prompt_set['source']}` by category:", ""]
+            lines += ["", f"`{row['recipe']}` on `{name}` by category:", ""]
             lines += category_markdown(row)[:-1]
     return lines
 

@@ -22,7 +22,7 @@ import torch
 from safetensors.torch import load_file
 
 from eaglequant.manifest import MANIFEST_FILE
-from tests.conftest import TOY, every_core
+from tests.conftest import TOY
 from tests.support import SAMPLES, SEQ_LEN, capture_args, descendants, invoke
 
 # BF16 keeps 8 significant bits: two roundings of nearly equal float32 values differ by at
@@ -44,22 +44,38 @@ def _within_one_bf16_step(a: torch.Tensor, b: torch.Tensor) -> float:
     return worst
 
 
-@pytest.fixture(scope="module")
-def captures(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    """The toy target's states: transformers, and vLLM in float32 at TP=1, TP=2 and DP=2."""
-    root = tmp_path_factory.mktemp("captures")
-    runs = {
-        "transformers": ["--engine", "transformers"],
-        "vllm": ["--engine", "vllm", "--engine-arg", "dtype=float32"],
-        "vllm-tp2": ["--engine-arg", "dtype=float32", "--tensor-parallel-size", "2"],
-        "vllm-dp2": ["--engine-arg", "dtype=float32", "--data-parallel-size", "2"],
-        "vllm-bf16": ["--engine", "vllm"],
-    }
+def _capture_all(root: Path, runs: dict[str, list[str]]) -> dict[str, Path]:
     for name, extra in runs.items():
-        with every_core():  # TP=2 and DP=2 need a core per worker
-            code, output = invoke(capture_args(root / name, "--embeddings", *extra))
+        code, output = invoke(capture_args(root / name, "--embeddings", *extra))
         assert code == 0, output
     return {name: root / name for name in runs}
+
+
+FLOAT32_VLLM = ["--engine", "vllm", "--engine-arg", "dtype=float32"]
+
+
+@pytest.fixture(scope="module")
+def captures(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """The toy target's states: transformers, and vLLM in float32 and in BF16."""
+    runs = {
+        "transformers": ["--engine", "transformers"],
+        "vllm": FLOAT32_VLLM,
+        "vllm-bf16": ["--engine", "vllm"],
+    }
+    return _capture_all(tmp_path_factory.mktemp("captures"), runs)
+
+
+@pytest.fixture(scope="module")
+def parallel_captures(
+    tmp_path_factory: pytest.TempPathFactory, every_core: None
+) -> dict[str, Path]:
+    """vLLM in float32 at TP=1, TP=2 and DP=2 (a core per worker: the serial pass)."""
+    runs = {
+        "vllm": FLOAT32_VLLM,
+        "vllm-tp2": ["--engine-arg", "dtype=float32", "--tensor-parallel-size", "2"],
+        "vllm-dp2": ["--engine-arg", "dtype=float32", "--data-parallel-size", "2"],
+    }
+    return _capture_all(tmp_path_factory.mktemp("parallel-captures"), runs)
 
 
 def _tensors(folder: Path) -> dict[str, torch.Tensor]:
@@ -95,7 +111,8 @@ def test_vllm_and_transformers_capture_the_same_layers(captures: dict[str, Path]
     assert not (captures["vllm"] / ".engine-scratch").exists()  # request files consumed
 
 
-def test_tensor_and_data_parallel_captures_equal_tp1(captures: dict[str, Path]) -> None:
+def test_tensor_and_data_parallel_captures_equal_tp1(parallel_captures: dict[str, Path]) -> None:
+    captures = parallel_captures
     single = _tensors(captures["vllm"])
     for name in ("vllm-tp2", "vllm-dp2"):
         parallel = _tensors(captures[name])

@@ -14,9 +14,6 @@ from eaglequant.cli import main
 from tests.conftest import TOY, toy_prompts_file
 from tests.support import servers_running
 
-# Throughput is measured here: these run alone, after the parallel pass.
-pytestmark = pytest.mark.usefixtures("cores_alone")
-
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 

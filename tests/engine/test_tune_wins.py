@@ -17,9 +17,6 @@ from click.testing import CliRunner
 from eaglequant.cli import main
 from tests.conftest import TOY, toy_prompts_file
 
-# Throughput is measured here: these run alone, after the parallel pass.
-pytestmark = pytest.mark.usefixtures("cores_alone")
-
 
 @pytest.fixture(scope="module")
 def fp8_toy_draft(toy_fp8: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:

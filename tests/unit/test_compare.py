@@ -162,12 +162,17 @@ def test_markdown_has_a_table_per_prompt_set_and_each_candidates_categories() ->
             "fp8": {"mean_length": 2.4, "per_position": [0.7], "draft_tokens": 310},
         }
     }
-    second = replace(SET, source="mt-bench", prompts=80)
-    on_second = [replace(r, prompt_set="mt-bench", categories=categories) for r in (ROW, MXFP4)]
+    second = replace(SET, source="/data/sets/mt-bench.jsonl", prompts=80)
+    on_second = [
+        replace(r, prompt_set=second.source, categories=categories, failure="2 failed")
+        for r in (ROW, MXFP4)
+    ]
     text = compare_markdown(_report([ROW, MXFP4, *on_second], [SET, second]))
+    assert "/data/sets" not in text  # a file by its name: the table goes into cards
+    assert "- `mxfp4` on `mt-bench.jsonl`: 2 failed" in text
     assert text.count("| recipe | format |") == 2 and text.count("\n| `") == 4
-    assert text.index("Prompts `p.jsonl`") < text.index("Prompts `mt-bench` (80 prompts")
-    assert "`mxfp4` on `mt-bench` by category:" in text
+    assert text.index("Prompts `p.jsonl`") < text.index("Prompts `mt-bench.jsonl` (80 prompts")
+    assert "`mxfp4` on `mt-bench.jsonl` by category:" in text
     assert "| math | 4 | 300 / 310 | 3.000 | 2.400 | 0.800 | 0.700:0.900 |" in text
     assert "passing on every prompt set;" in text
 

@@ -1,4 +1,4 @@
-"""The suite's parallel pass: xdist workers pinned to their own cores, timing tests kept out.
+"""The suite's parallel pass: xdist workers pinned to their own cores, TP/DP tests kept out.
 
 Each case runs pytest in a child on a small test file, with tests/conftest.py as a plugin.
 """
@@ -13,6 +13,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.conftest import require_every_core
+
 REPO = Path(__file__).resolve().parent.parent.parent
 CORES = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
 
@@ -21,8 +23,6 @@ import json, os
 from pathlib import Path
 
 import pytest
-
-from tests.conftest import every_core
 
 
 def _record(tmp_path_factory, name):
@@ -46,13 +46,7 @@ def test_grouped(n, built_once, tmp_path_factory):
     _record(tmp_path_factory, f"grouped{n}")
 
 
-def test_widened(tmp_path_factory):
-    with every_core():
-        _record(tmp_path_factory, "widened")
-    _record(tmp_path_factory, "after")
-
-
-def test_timed(cores_alone):
+def test_parallel(every_core):
     pass
 """
 
@@ -81,30 +75,25 @@ def _run(tmp_path: Path, *args: str) -> tuple[int, str, dict[str, dict]]:
 def test_workers_are_pinned_apart_and_module_fixtures_keep_their_tests_together(
     tmp_path: Path,
 ) -> None:
-    code, output, records = _run(
-        tmp_path, "-n", "2", "--dist", "loadgroup", "-m", "not cores_alone"
-    )
+    code, output, records = _run(tmp_path, "-n", "2", "--dist", "loadgroup", "-m", "not every_core")
     assert code == 0, output
-    per_worker = {
-        r["worker"]: r["cores"] for name, r in records.items() if not name.startswith("widened")
-    }
+    per_worker = {r["worker"]: r["cores"] for r in records.values()}
     assert sorted(per_worker) == ["gw0", "gw1"]
     assert all(len(cores) == len(CORES) // 2 for cores in per_worker.values())
     assert not set(per_worker["gw0"]) & set(per_worker["gw1"])
     grouped = {r["worker"] for name, r in records.items() if name.startswith("grouped")}
     assert len(grouped) == 1  # one worker builds the module fixture and runs all four
-    widened = next(r for name, r in records.items() if name.startswith("widened"))
-    after = next(r for name, r in records.items() if name.startswith("after"))
-    assert {r["worker"] for r in records.values()} == {"gw0", "gw1"}
-    assert widened["cores"] == CORES and after["cores"] == per_worker[after["worker"]]
 
 
-def test_a_timing_test_is_marked_and_refused_in_a_worker(tmp_path: Path) -> None:
-    code, output, _ = _run(tmp_path, "-n", "1", "-m", "cores_alone")
-    assert code == 1 and "this test times its engines: run it without -n" in output, output
+def test_a_tp_test_is_refused_in_a_worker(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PYTEST_XDIST_WORKER", "gw0")
+    with pytest.raises(pytest.fail.Exception, match="this test needs every core: run it without"):
+        require_every_core()
+    monkeypatch.delenv("PYTEST_XDIST_WORKER")
+    require_every_core()
 
 
-def test_a_timing_test_runs_alone_without_workers(tmp_path: Path) -> None:
-    code, output, records = _run(tmp_path, "-m", "cores_alone")
-    assert code == 0 and "1 passed, 13 deselected" in output, output
+def test_a_tp_test_is_marked_and_runs_without_workers(tmp_path: Path) -> None:
+    code, output, records = _run(tmp_path, "-m", "every_core")
+    assert code == 0 and "1 passed, 12 deselected" in output, output
     assert not records
