@@ -96,6 +96,20 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker(getattr(pytest.mark, tier))
 
 
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    """The machine the run timed: a CI log then says which kind of CPU its durations are from."""
+    from eaglequant.environment import cpu_info
+
+    cpu = cpu_info()
+    probe = "AVX-512" if torch.cpu._is_avx512_supported() else "no AVX-512"
+    probe += ", native BF16" if torch.cpu._is_avx512_bf16_supported() else ", BF16 emulated"
+    terminalreporter.write_line(
+        f"machine: {cpu['model']}, {cpu['logical_cpus']} CPUs, flags "
+        f"{','.join(cpu['isa_flags']) or 'baseline'}; torch "
+        f"{torch.backends.cpu.get_cpu_capability()} ({probe})"
+    )
+
+
 def pytest_itemcollected(item: pytest.Item) -> None:
     """A test that uses ``every_core`` (itself or through a fixture) is marked so, for the
     serial pass; one that uses a module-scoped fixture joins its module's xdist group, so that
