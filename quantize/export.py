@@ -75,20 +75,8 @@ class ExportResult:
     manifest: Manifest | None = None  # None for a dry run
 
 
-def check_exportable(recipe: Recipe) -> None:
-    """Refuse a recipe Quark cannot write, before any heavy work."""
-    if recipe.weight.dtype == "mxfp8_e4m3":
-        raise InputError(
-            f"recipe {recipe.name}: AMD Quark 0.13 cannot export OCP MXFP8 weights (its "
-            'real_quantize_fp8_e4m3 has no per_group scheme: "Unsupported QuantSchema: '
-            'per_group for quant_dtype: fp8_e4m3"), though vLLM would load them (QuarkOCP_MX); '
-            "use mxfp4 or an FP8 recipe"
-        )
-
-
 def plan_export(request: ExportRequest) -> ExportPlan:
     """Check input, recipe, calibration source and output; import nothing heavy."""
-    check_exportable(request.recipe)
     ckpt = read_checkpoint(request.src)
     dims = require_bf16_draft(ckpt)
     check_output_path(request.out, [request.src], request.overwrite)

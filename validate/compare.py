@@ -29,7 +29,6 @@ from eaglequant.inspection import size_summary
 from eaglequant.io.checkpoint import read_checkpoint
 from eaglequant.io.output import check_output_path, write_text_atomic
 from eaglequant.prompts.source import PromptSet
-from eaglequant.quantize.export import check_exportable
 from eaglequant.quantize.sources import CalibrationSource
 from eaglequant.recipe import Recipe
 from eaglequant.render.reports import COMPARE_JSON, COMPARE_MD, COMPARE_SCHEMA_VERSION
@@ -216,8 +215,6 @@ def check_request(request: CompareRequest) -> None:
         raise InputError("no prompts to compare on; pass --prompts FILE|SET (repeatable)")
     if len(set(sources)) != len(sources):
         raise InputError(f"prompt sets {sources}: each set may be given once")
-    for recipe in request.recipes:
-        check_exportable(recipe)
     names = [r.name for r in request.recipes]
     if len(set(names)) != len(names):
         raise InputError(f"recipes {names}: each recipe may be compared once")

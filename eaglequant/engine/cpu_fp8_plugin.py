@@ -27,6 +27,11 @@ time, so overriding the ops' CPU kernels covers them all. Patching Quark's
 module instead would import Quark (tens of seconds) in every vLLM process at
 plugin load, MX or not; the override imports nothing from Quark and leaves
 the ops' other dispatch keys (CUDA, ROCm, fake tensors) as they are.
+
+OCP MXFP8 layers get a CPU kernel too (:func:`list_mxfp8_on_cpu`): vLLM's
+MXFP8 kernel table has no CPU entry, and its emulation kernel runs the layer
+on dequantized weights with unquantized inputs, where the native MX GEMM it
+stands in for (ROCm's, on MI355X) quantizes the inputs to MXFP8 first.
 """
 
 from __future__ import annotations
@@ -55,6 +60,7 @@ def register() -> None:
         return
     list_mxfp4_emulation_on_cpu()
     use_torch_mxfp4_on_cpu()
+    list_mxfp8_on_cpu()
     if not fp8_ops_are_stubs():
         return
     import vllm._custom_ops as ops
@@ -83,6 +89,62 @@ def list_mxfp4_emulation_on_cpu() -> None:
     table = linear._POSSIBLE_MXFP4_KERNELS
     if not table.get(PlatformEnum.CPU):
         table[PlatformEnum.CPU] = [linear.EmulationMxfp4LinearKernel]
+
+
+def list_mxfp8_on_cpu() -> None:
+    """Give OCP MXFP8 layers a CPU kernel that computes what the native MX GEMM computes.
+
+    ``init_mxfp8_linear_kernel`` picks from a per-platform table with no CPU entry
+    ("Failed to find a kernel that can implement the MXFP8 linear layer"). vLLM's
+    ``EmulationMxfp8LinearKernel`` dequantizes the weights and leaves the inputs
+    in BF16; its native kernels (``RocmDotScaledMxfp8LinearKernel``) quantize each
+    input row to MXFP8 with ``mxfp8_e4m3_quantize`` (E8M0 scale
+    ``2 ** ceil(log2(amax / 448))`` per 32 elements) and accumulate in float32.
+    This kernel does the same in plain torch, with vLLM's own torch quantizer:
+    the layer keeps its FP8 weights and E8M0 scales as loaded (what check 3
+    reads), each step dequantizes them to float32 (exact) and rounds the inputs
+    through MXFP8, then a float32 GEMM, the result in the input's dtype. Idempotent.
+    """
+    from vllm.model_executor.kernels import linear
+    from vllm.platforms import PlatformEnum
+
+    table = linear._POSSIBLE_MXFP8_KERNELS
+    if not table.get(PlatformEnum.CPU):
+        table[PlatformEnum.CPU] = [_cpu_mxfp8_kernel()]
+
+
+def _cpu_mxfp8_kernel() -> type:
+    import torch
+    from vllm.model_executor.kernels.linear import EmulationMxfp8LinearKernel
+    from vllm.model_executor.layers.quantization.utils import mxfp8_utils
+
+    block = mxfp8_utils.MXFP8_BLOCK_SIZE
+
+    def dequantize(values: torch.Tensor, exponents: torch.Tensor) -> torch.Tensor:
+        scales = torch.exp2(exponents.to(torch.float32) - 127.0)
+        blocks = values.to(torch.float32).unflatten(-1, (-1, block))
+        return (blocks * scales.unsqueeze(-1)).flatten(-2)
+
+    class CpuMxfp8LinearKernel(EmulationMxfp8LinearKernel):
+        """MXFP8 inputs and weights, float32 GEMM: the native MX GEMM's numbers on CPU."""
+
+        def process_weights_after_loading(self, layer: Any) -> None:
+            rows, cols = layer.weight.shape
+            exponents = layer.weight_scale.data[:rows, : cols // block].contiguous()
+            layer.weight = torch.nn.Parameter(layer.weight.data, requires_grad=False)
+            layer.weight_scale = torch.nn.Parameter(exponents, requires_grad=False)
+
+        def apply_weights(
+            self, layer: Any, x: torch.Tensor, bias: torch.Tensor | None = None
+        ) -> torch.Tensor:
+            rows = x.reshape(-1, x.shape[-1])
+            values, exponents = mxfp8_utils._mxfp8_e4m3_quantize_torch(rows)
+            weight = dequantize(layer.weight, layer.weight_scale)
+            out = torch.nn.functional.linear(dequantize(values, exponents), weight)
+            out = out.to(x.dtype).reshape(*x.shape[:-1], layer.weight.shape[0])
+            return out if bias is None else out + bias
+
+    return CpuMxfp8LinearKernel
 
 
 def use_torch_mxfp4_on_cpu() -> None:

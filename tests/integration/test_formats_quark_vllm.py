@@ -1,5 +1,6 @@
 """OCP MX, W4A8 and per-channel static exports with real Quark on the tiny pair: inspect's
-prediction against vLLM's own scheme dispatch, check 6 on MX scales (and a corrupted one)."""
+prediction against vLLM's own scheme dispatch, check 6 on MX scales (and a corrupted one),
+MXFP8 weights against Quark's own fake quantization, the CPU plugin's MX kernels."""
 
 from __future__ import annotations
 
@@ -28,18 +29,46 @@ _, _, scheme = QuarkConfig.from_config(qcfg)._get_scheme_cls_from_config(
 )
 print(scheme.__name__)
 """
-MXFP4_ON_CPU = """
-from vllm.model_executor.kernels.linear import init_mxfp4_linear_kernel
+MX_ON_CPU = """
+import sys, torch
+from safetensors.torch import load_file
+from vllm.model_executor.kernels.linear import init_mxfp4_linear_kernel, init_mxfp8_linear_kernel
+from vllm.model_executor.layers.quantization.utils.mxfp8_utils import _mxfp8_e4m3_quantize_torch
 from vllm.model_executor.layers.quantization.utils.quant_utils import kMxfp4Dynamic
-try:
-    init_mxfp4_linear_kernel(kMxfp4Dynamic)
-except ValueError as exc:
-    print("without:", str(exc).splitlines()[0])
-from eaglequant.engine.cpu_fp8_plugin import list_mxfp4_emulation_on_cpu
+for init in (lambda: init_mxfp4_linear_kernel(kMxfp4Dynamic),
+             lambda: init_mxfp8_linear_kernel(weight_shape=(64, 128))):
+    try:
+        init()
+    except ValueError as exc:
+        print("without:", str(exc).splitlines()[0])
+from eaglequant.engine.cpu_fp8_plugin import list_mxfp4_emulation_on_cpu, list_mxfp8_on_cpu
 list_mxfp4_emulation_on_cpu()
+list_mxfp8_on_cpu()
 print("with:", type(init_mxfp4_linear_kernel(kMxfp4Dynamic)).__name__)
+kernel = init_mxfp8_linear_kernel(weight_shape=(64, 128))
+print("with:", type(kernel).__name__)
+tensors = load_file(sys.argv[1] + "/model.safetensors")
+layer = torch.nn.Module()
+layer.weight = torch.nn.Parameter(tensors["midlayer.self_attn.q_proj.weight"], requires_grad=False)
+layer.weight_scale = torch.nn.Parameter(
+    tensors["midlayer.self_attn.q_proj.weight_scale"], requires_grad=False
+)
+kernel.process_weights_after_loading(layer)
+def dq(values, exponents):
+    scales = torch.exp2(exponents.double() - 127).repeat_interleave(32, -1)
+    return values.double() * scales
+x = torch.randn(5, 128, dtype=torch.bfloat16) * 3
+got = kernel.apply_weights(layer, x).double()
+weight = dq(layer.weight, layer.weight_scale)
+native = torch.nn.functional.linear(dq(*_mxfp8_e4m3_quantize_torch(x)), weight)
+unquantized = torch.nn.functional.linear(x.double(), weight)
+print("dtypes:", layer.weight.dtype, layer.weight_scale.dtype, got.dtype)
+print("native:", (got - native).abs().max().item() <= 1e-2 * native.abs().max().item())
+print("inputs rounded:", not torch.allclose(got, unquantized.to(torch.bfloat16).double()))
 """
+ELEMENT_MAX = {"mxfp4": 6, "mxfp8": 448}  # the largest element, as check 6 names it
 RECIPES = {  # recipe -> the Quark scheme vLLM builds its layers with
+    "mxfp8": "QuarkOCP_MX",
     "mxfp4": "QuarkOCP_MX",
     "mxfp4-fp8": "QuarkW4A8_MXFP4_FP8",
     "fp8-static-channel": "QuarkW8A8Fp8",
@@ -72,8 +101,9 @@ def test_inspect_predicts_vllms_scheme(recipe: str, exports: dict[str, Path]) ->
     assert report.size is not None and 0 < report.size.quantized_fraction < 1
 
 
+@pytest.mark.parametrize("recipe", ["mxfp4", "mxfp8"])
 def test_mx_scales_pass_check6_and_a_corrupted_one_fails(
-    pair: dict[str, Path], exports: dict[str, Path], tmp_path: Path
+    recipe: str, pair: dict[str, Path], exports: dict[str, Path], tmp_path: Path
 ) -> None:
     from eaglequant.capture.run import CaptureEngine
     from eaglequant.validate.plausibility import PlausibilityInputs, plausibility_problems
@@ -91,11 +121,11 @@ def test_mx_scales_pass_check6_and_a_corrupted_one_fails(
         )
         return plausibility_problems(inputs)[0]
 
-    good = exports["mxfp4"]
+    good = exports[recipe]
     assert problems(good) == []
     last = MIDLAYER_LINEARS[-1]
     for name, corrupt, expected in [
-        ("scaled", lambda e: e.add_(6), f"{last}.weight_scale[0, 0] x 6 = "),
+        ("scaled", lambda e: e.add_(6), f"{last}.weight_scale[0, 0] x {ELEMENT_MAX[recipe]} = "),
         ("nan", lambda e: e.fill_(255), f"{last}.weight_scale holds the E8M0 NaN exponent 255"),
     ]:
         bad = shutil.copytree(good, tmp_path / name)
@@ -134,9 +164,38 @@ def test_fix_config_repairs_a_bare_exclude_on_an_mx_export(
     assert inspect_checkpoint(broken).problems == []
 
 
-def test_the_cpu_plugin_lists_vllms_mxfp4_emulation() -> None:
-    lines = run_child([PYTHON, "-c", MXFP4_ON_CPU]).splitlines()
-    assert lines[-2:] == [
+def test_mxfp8_weights_are_quarks_own_fake_quantization(
+    pair: dict[str, Path], exports: dict[str, Path]
+) -> None:
+    """Quark's export writes MXFP8 through ``export_per_group_fp8``: dequantized, each weight
+    is what Quark's per-group FP8 fake quantization makes of the BF16 weight with those scales."""
+    from quark.torch.kernel.hw_emulation.hw_emulation_interface import (
+        fake_quantize_fp8_per_group_with_scale,
+    )
+
+    bf16 = load_file(str(pair["draft"] / "model.safetensors"))
+    fp8 = load_file(str(exports["mxfp8"] / "model.safetensors"))
+    for name in MIDLAYER_LINEARS:
+        values, exponents = fp8[f"{name}.weight"], fp8[f"{name}.weight_scale"]
+        assert values.dtype == torch.float8_e4m3fn and exponents.dtype == torch.uint8
+        assert exponents.shape == (values.shape[0], values.shape[1] // 32)
+        scales = torch.exp2(exponents.float() - 127)
+        ours = values.float() * scales.repeat_interleave(32, -1)
+        quarks = fake_quantize_fp8_per_group_with_scale(
+            bf16[f"{name}.weight"].float(), scales, -1, 32, fp8_dtype=torch.float8_e4m3fn
+        )
+        assert torch.equal(ours, quarks), name
+        assert (values.float().abs().amax(-1) > 224).all(), name  # each row's top block used
+
+
+def test_the_cpu_plugin_gives_mx_layers_kernels(exports: dict[str, Path]) -> None:
+    lines = run_child([PYTHON, "-c", MX_ON_CPU, str(exports["mxfp8"])]).splitlines()
+    assert lines[-7:] == [
         "without: Failed to find a kernel that can implement the MXFP4 linear layer. Reasons: ",
+        "without: Failed to find a kernel that can implement the MXFP8 linear layer. Reasons: ",
         "with: EmulationMxfp4LinearKernel",
+        "with: CpuMxfp8LinearKernel",
+        "dtypes: torch.float8_e4m3fn torch.uint8 torch.float64",
+        "native: True",
+        "inputs rounded: True",
     ]

@@ -143,23 +143,3 @@ def test_size_summary_counts_packed_fp4_twice(tmp_path: Path) -> None:
     assert (size.parameters, size.quantized_parameters) == (32 + 128, 128)
     assert size.bytes_on_disk == 64 + 64 + 4
     assert size.quantized_fraction == pytest.approx(0.8)
-
-
-def test_mxfp8_is_refused_before_export_with_quarks_reason(
-    tiny_draft: Path, tmp_path: Path
-) -> None:
-    from click.testing import CliRunner
-
-    from eaglequant.cli import main
-
-    out = tmp_path / "out"
-    args = ["export", str(tiny_draft), str(out), "--recipe", "mxfp8", "--calib", "none"]
-    result = CliRunner().invoke(main, args)
-    assert result.exit_code == 2
-    assert result.output == (
-        "error: recipe mxfp8: AMD Quark 0.13 cannot export OCP MXFP8 weights (its "
-        'real_quantize_fp8_e4m3 has no per_group scheme: "Unsupported QuantSchema: per_group '
-        'for quant_dtype: fp8_e4m3"), though vLLM would load them (QuarkOCP_MX); use mxfp4 or '
-        "an FP8 recipe\n"
-    )
-    assert not out.exists()
