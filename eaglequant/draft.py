@@ -35,6 +35,20 @@ LAYER_NORMS = ("input_layernorm", "post_attention_layernorm")
 # Built by vLLM in every layer, used by the first only: required there, optional after.
 HIDDEN_NORM = "hidden_norm"
 SCALE_SUFFIXES = (".weight_scale", ".input_scale")
+# An FP8 KV-cache recipe's K and V scales, named as vLLM's EAGLE-3 loader reads them: Quark
+# writes them as k_proj/v_proj ``.output_scale``, which that loader sends to the stacked
+# qkv_proj before its cache-scale mapping ("'QKVParallelLinear' object has no attribute
+# 'data'"), so the export renames them to the attention's own ``attn.k_scale``/``v_scale``.
+KV_SCALES = {"k_proj": "attn.k_scale", "v_proj": "attn.v_scale"}
+KV_SCALE_SUFFIXES = tuple(f".{name}" for name in KV_SCALES.values())
+
+
+def kv_scale_name(linear: str) -> str | None:
+    """Where ``linear``'s output (K or V) scale lives in the checkpoint; None: not k/v_proj."""
+    parent, _, leaf = linear.rpartition(".")
+    return f"{parent}.{KV_SCALES[leaf]}" if leaf in KV_SCALES else None
+
+
 # Must stay BF16: vLLM builds them with the draft's quantization config unless excluded.
 KEEP_UNQUANTIZED = ("fc", "lm_head")
 
@@ -344,6 +358,7 @@ def _unexpected_tensor_problems(
     ckpt: Checkpoint, known: set[str], dims: DraftDims
 ) -> list[Problem]:
     quant_parts = {f"{linear}{suffix}" for linear in dims.linears for suffix in SCALE_SUFFIXES}
+    quant_parts |= {name for linear in dims.linears if (name := kv_scale_name(linear))}
     problems = []
     for name in sorted(ckpt.tensors):
         if name in known or name in quant_parts:
@@ -375,7 +390,7 @@ def quantized_tensors(ckpt: Checkpoint) -> list[str]:
     return sorted(
         name
         for name, info in ckpt.tensors.items()
-        if name.endswith(SCALE_SUFFIXES)
+        if name.endswith(SCALE_SUFFIXES + KV_SCALE_SUFFIXES)
         or (name.endswith(".weight") and info.dtype not in FLOAT_DTYPES)
     )
 

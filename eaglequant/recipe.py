@@ -47,6 +47,20 @@ class ActivationSpec:
 
 
 @dataclass(frozen=True)
+class KVCacheSpec:
+    """The draft's KV cache scales. ``fp8_e4m3``: static per-tensor K and V scales calibrated
+    with the input scales (the outputs of ``k_proj`` and ``v_proj``, before RoPE, as Quark
+    writes and vLLM reads them); vLLM uses them when the draft's KV cache is FP8
+    (``--draft-kv-cache-dtype``), which validate and compare then run. ``auto``: none."""
+
+    dtype: Literal["auto", "fp8_e4m3"] = "auto"
+
+    @property
+    def scaled(self) -> bool:
+        return self.dtype != "auto"
+
+
+@dataclass(frozen=True)
 class CalibrationSpec:
     """Calibration settings for static activation scales."""
 
@@ -81,6 +95,7 @@ class Recipe:
     description: str = ""
     weight: WeightSpec = field(default_factory=WeightSpec)
     activation: ActivationSpec = field(default_factory=ActivationSpec)
+    kv_cache: KVCacheSpec = field(default_factory=KVCacheSpec)
     exclude: tuple[str, ...] = ("fc", "lm_head")
     scale_type: Literal["float32"] = "float32"
     calibration: CalibrationSpec = field(default_factory=CalibrationSpec)
@@ -108,7 +123,8 @@ class Recipe:
         mode = "dynamic" if a.dynamic else "static"
         w_part = f"{w.dtype} per {MX_BLOCK}" if self.mx_weights else f"{w.dtype} {w.granularity}"
         a_gran = f"per {MX_BLOCK}" if a.granularity == "per_group" else a.granularity
-        return f"W {w_part} / A {a.dtype} {a_gran} {mode}"
+        kv = f" / KV {self.kv_cache.dtype} static" if self.kv_cache.scaled else ""
+        return f"W {w_part} / A {a.dtype} {a_gran} {mode}{kv}"
 
     def to_dict(self) -> dict[str, Any]:
         data = dataclasses.asdict(self)
@@ -206,6 +222,11 @@ def _check_values(recipe: Recipe, path: str) -> None:
         raise InputError(f"{path}: 'calibration.held_out' >= 0 and 'fixed_input_amax' > 0 required")
     if recipe.activation.granularity == "per_token" and not recipe.activation.dynamic:
         raise InputError(f"{path}: 'activation.granularity: per_token' requires 'dynamic: true'")
+    if recipe.kv_cache.scaled and not recipe.needs_calibration:
+        raise InputError(
+            f"{path}: 'kv_cache.dtype: {recipe.kv_cache.dtype}' calibrates K and V scales with "
+            "the input scales; it needs static inputs ('activation.dynamic: false')"
+        )
     _check_formats(recipe, path)
     validation = recipe.validation
     for key in ("min_acceptance_ratio", "min_position_ratio"):

@@ -11,12 +11,30 @@ schedule (vLLM's dynamic speculative decoding) is the same dict with
 from __future__ import annotations
 
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 DRAFT_TENSOR_PARALLEL_SIZE = 1
 # vLLM's CacheDType values a draft's KV cache can take (its speculative config's
 # ``kv_cache_dtype``; unset: the draft inherits the target's ``--kv-cache-dtype``)
 DRAFT_KV_CACHE_DTYPES = ("auto", "bfloat16", "float16", "fp8", "fp8_e4m3", "fp8_e5m2")
+# The KV cache a draft with calibrated K/V scales (Quark's ``kv_cache_group``) runs with:
+# vLLM uses the scales only when the cache is FP8, and Quark's are FP8 E4M3 per tensor.
+SCALED_KV_CACHE_DTYPE = "fp8_e4m3"
+
+
+def kv_source(draft: Path) -> str:
+    """What asked for a draft's KV cache dtype, for an error line."""
+    return f"--draft-kv-cache-dtype (or {draft}'s calibrated K/V scales)"
+
+
+def draft_kv_cache_dtype(asked: str | None, draft_config: dict[str, Any]) -> str | None:
+    """The draft KV cache dtype to run: ``asked``, else FP8 E4M3 for a draft whose checkpoint
+    carries calibrated K/V scales, else None (the target's)."""
+    if asked is not None:
+        return asked
+    export = (draft_config.get("quantization_config") or {}).get("export") or {}
+    return SCALED_KV_CACHE_DTYPE if export.get("kv_cache_group") else None
 
 
 def speculative_config(draft: str, k: int, kv_cache_dtype: str | None = None) -> dict[str, Any]:

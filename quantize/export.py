@@ -26,7 +26,13 @@ from typing import Any
 
 from eaglequant.capture.run import check_engine
 from eaglequant.capture.sequences import check_data
-from eaglequant.draft import DraftDims, check_target_fits, form_exclude, require_bf16_draft
+from eaglequant.draft import (
+    DraftDims,
+    check_target_fits,
+    form_exclude,
+    kv_scale_name,
+    require_bf16_draft,
+)
 from eaglequant.errors import InputError
 from eaglequant.exclusions import rewrite_exclude
 from eaglequant.io.checkpoint import Checkpoint, read_checkpoint
@@ -79,6 +85,12 @@ def plan_export(request: ExportRequest) -> ExportPlan:
     """Check input, recipe, calibration source and output; import nothing heavy."""
     ckpt = read_checkpoint(request.src)
     dims = require_bf16_draft(ckpt)
+    if request.recipe.kv_cache.scaled and not any(map(kv_scale_name, dims.linears)):
+        raise InputError(
+            f"recipe {request.recipe.name}: 'kv_cache.dtype: {request.recipe.kv_cache.dtype}' "
+            f"calibrates the outputs of k_proj and v_proj, which this {dims.form.family} draft "
+            "lacks; use a recipe without kv_cache"
+        )
     check_output_path(request.out, [request.src], request.overwrite)
     calib = request.calibration
     recipe = replace(request.recipe, exclude=form_exclude(request.recipe.exclude, dims))

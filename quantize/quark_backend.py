@@ -31,7 +31,7 @@ from typing import Any
 
 import torch
 
-from eaglequant.draft import SCALE_SUFFIXES
+from eaglequant.draft import SCALE_SUFFIXES, kv_scale_name
 from eaglequant.io.checkpoint import read_checkpoint
 from eaglequant.model import compute
 from eaglequant.model.eagle3 import Eagle3Draft
@@ -40,6 +40,7 @@ from eaglequant.quantize.file_to_file import SCRATCH_PREFIX, FileToFile
 from eaglequant.recipe import FP8_E4M3_MAX, MX_DTYPES, Recipe
 
 UNQUANTIZED_MODULES = ("fc", "lm_head", "embed_tokens")
+KV_PROJECTIONS = ("*k_proj", "*v_proj")  # their outputs are the KV cache (Quark's patterns)
 LAYER_MODULES = ("midlayer.", "layers.")  # the decoder layers, whose linears Quark quantizes
 
 
@@ -115,11 +116,25 @@ def quark_config(recipe: Recipe) -> Any:
     """The Quark ``QConfig`` for ``recipe``."""
     from quark.torch.quantization.config.config import QConfig, QLayerConfig
 
-    layer = QLayerConfig(
-        weight=_weight_spec(recipe).to_quantization_spec(),
-        input_tensors=_input_spec(recipe).to_quantization_spec(),
+    weight = _weight_spec(recipe).to_quantization_spec()
+    inputs = _input_spec(recipe).to_quantization_spec()
+    layer = QLayerConfig(weight=weight, input_tensors=inputs)
+    kv_layers = {}
+    if recipe.kv_cache.scaled:  # the layout of Quark's own LLM template (kv_cache_scheme="fp8")
+        from quark.torch.quantization.config.config import FP8E4M3PerTensorSpec
+
+        output = FP8E4M3PerTensorSpec(observer_method="min_max", is_dynamic=False)
+        kv = QLayerConfig(
+            weight=weight, input_tensors=inputs, output_tensors=output.to_quantization_spec()
+        )
+        kv_layers = {pattern: kv for pattern in KV_PROJECTIONS}
+    return QConfig(
+        global_quant_config=layer,
+        layer_quant_config=dict(kv_layers),
+        kv_cache_quant_config=dict(kv_layers),
+        kv_cache_group=list(KV_PROJECTIONS) if kv_layers else [],
+        exclude=list(recipe.exclude),
     )
-    return QConfig(global_quant_config=layer, exclude=list(recipe.exclude))
 
 
 def _weight_spec(recipe: Recipe) -> Any:
@@ -307,6 +322,10 @@ def _collect(folder: Path, linears: tuple[str, ...], timings: dict[str, float]) 
     quantized = {f"{m}{part}" for m in linears for part in (".weight", *SCALE_SUFFIXES)}
     wanted = [n for n in written.tensors if n in quantized]  # biases pass through from the input
     tensors = {name: written.load_tensor(name) for name in wanted}
+    for linear in linears:  # K/V scales, renamed for vLLM's EAGLE-3 loader (see KV_SCALES)
+        output_scale, name = f"{linear}.output_scale", kv_scale_name(linear)
+        if output_scale in written.tensors and name is not None:
+            tensors[name] = written.load_tensor(output_scale).float()
     return QuarkResult(tensors, written.config["quantization_config"], timings)
 
 

@@ -48,6 +48,40 @@ def run_cli_checked(args: list[str]) -> tuple[int, str]:
     return result.exit_code, result.output
 
 
+def calib_args(pair: dict[str, Path]) -> list[str]:
+    """Export's options to calibrate on the session's tiny target (transformers, 6 x 64)."""
+    return [
+        "--calib-target",
+        str(pair["target"]),
+        "--calib-data",
+        str(pair["data"]),
+        "--calib-samples",
+        "6",
+        "--calib-seq-len",
+        "64",
+        "--calib-engine",
+        "transformers",
+    ]
+
+
+def check6(pair: dict[str, Path], draft: Path) -> tuple[list[str], dict[str, Any]]:
+    """Check 6 (scale plausibility) of ``draft`` against the tiny pair, on one prompt."""
+    from eaglequant.capture.run import CaptureEngine
+    from eaglequant.validate.plausibility import PlausibilityInputs, plausibility_problems
+
+    inputs = PlausibilityInputs(
+        target=pair["target"],
+        draft=draft,
+        baseline=pair["draft"],
+        prompts=["def function_3(x):\n    return x * 3 + 3\n"],
+        generated=None,
+        k=3,
+        tolerance=4.0,
+        capture=CaptureEngine(name="transformers"),
+    )
+    return plausibility_problems(inputs)
+
+
 def run_export(args: list[str]) -> None:
     """``eaglequant export ARGS``, which must succeed."""
     result = CliRunner().invoke(main, ["export", *args], catch_exceptions=False)

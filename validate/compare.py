@@ -14,6 +14,7 @@ and the six checks under each candidate's recipe thresholds (check 6 on the same
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from functools import partial
@@ -22,7 +23,7 @@ from typing import Any, Protocol, cast
 
 from eaglequant.capture.run import CaptureEngine, CaptureRequest, capture_hidden_states
 from eaglequant.draft import require_bf16_draft
-from eaglequant.engine.config import EngineOptions
+from eaglequant.engine.config import EngineOptions, check_kv_cache_dtype, probe_vllm
 from eaglequant.engine.result import EngineResult, EngineRun, SpecMetrics
 from eaglequant.errors import InputError
 from eaglequant.inspection import size_summary
@@ -32,6 +33,7 @@ from eaglequant.prompts.source import PromptSet
 from eaglequant.quantize.sources import CalibrationSource
 from eaglequant.recipe import Recipe
 from eaglequant.render.reports import COMPARE_JSON, COMPARE_MD, COMPARE_SCHEMA_VERSION
+from eaglequant.speculative import SCALED_KV_CACHE_DTYPE, draft_kv_cache_dtype
 from eaglequant.validate.acceptance import ACCEPTANCE, PER_POSITION, prompt_counts
 from eaglequant.validate.single_engine import EngineRuns, run_per_draft, run_single
 from eaglequant.validate.stats import PromptCounts, pooled_counts
@@ -229,6 +231,17 @@ def check_request(request: CompareRequest) -> None:
         )
     if request.calib_data is not None and not request.calib_data.is_file():
         raise InputError(f"{request.calib_data}: no such calibration data file")
+    asked = [("--draft-kv-cache-dtype", request.draft_kv_cache_dtype)]
+    if request.draft_kv_cache_dtype is None:
+        asked = [
+            (f"recipe {r.name} (kv_cache.dtype)", SCALED_KV_CACHE_DTYPE)
+            for r in request.recipes
+            if r.kv_cache.scaled
+        ]
+    if any(kv and kv.startswith("fp8") for _, kv in asked):  # only then ask vLLM
+        install = probe_vllm(sys.executable)
+        for source, kv in asked:
+            check_kv_cache_dtype(kv, install, source)
 
 
 def compare(
@@ -376,8 +389,18 @@ def _validate_request(
         engine=request.engine,
         capture=request.capture,
         hidden_states=capture,
-        draft_kv_cache_dtype=request.draft_kv_cache_dtype,
+        draft_kv_cache_dtype=draft_kv_cache_dtype(
+            request.draft_kv_cache_dtype, read_checkpoint(draft).config
+        ),
     )
+
+
+def _kv_cache(request: CompareRequest, draft: Path) -> str:
+    """The candidate's draft KV cache as its row names it."""
+    if request.draft_kv_cache_dtype is not None:
+        return request.draft_kv_cache_dtype
+    kv = draft_kv_cache_dtype(None, read_checkpoint(draft).config)
+    return f"{kv} (calibrated K/V scales)" if kv else "auto (the target's)"
 
 
 def _row(
@@ -390,7 +413,7 @@ def _row(
     return CandidateRow(
         recipe=recipe.name,
         scheme=recipe.scheme(),
-        kv_cache_dtype=request.draft_kv_cache_dtype or "auto (the target's)",
+        kv_cache_dtype=_kv_cache(request, draft),
         bytes_on_disk=size.bytes_on_disk,
         bytes_ratio=round(size.bytes_on_disk / baseline_bytes, 4),
         quantized_fraction=round(size.quantized_fraction, 4),

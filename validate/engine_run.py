@@ -27,6 +27,7 @@ from typing import Any, cast
 from eaglequant.engine.result import (
     ENGINE_RESULT_SCHEMA,
     SCALE_NAMES,
+    DraftAttention,
     DraftLayer,
     EngineResult,
     Generated,
@@ -84,6 +85,24 @@ def draft_layers(worker: Any) -> list[DraftLayer]:
     return layers
 
 
+def draft_attention(worker: Any) -> list[DraftAttention]:
+    """On the worker: every attention layer of the drafter, its KV cache dtype and K/V scales."""
+    drafter = getattr(worker.model_runner, "drafter", None)
+    model = getattr(drafter, "model", None)
+    if model is None:
+        return []
+    return [
+        {
+            "name": name,
+            "kv_cache_dtype": str(module.kv_cache_dtype),
+            "k_scale": float(module._k_scale_float),
+            "v_scale": float(module._v_scale_float),
+        }
+        for name, module in model.named_modules()
+        if hasattr(module, "kv_cache_dtype") and hasattr(module, "_k_scale_float")
+    ]
+
+
 def _metrics(llm: Any) -> SpecMetrics:
     found: dict[str, Any] = {}  # keyed by SPEC_METRICS' values, the fields of SpecMetrics
     for metric in llm.get_metrics():
@@ -106,6 +125,9 @@ class DraftInspector:
 
     def eaglequant_draft_layers(self) -> list[DraftLayer]:
         return draft_layers(self)
+
+    def eaglequant_draft_attention(self) -> list[DraftAttention]:
+        return draft_attention(self)
 
     def eaglequant_swap_draft(self, speculative: dict[str, Any]) -> dict[str, Any]:
         from eaglequant.engine.swap import swap_draft
@@ -183,6 +205,9 @@ def generate(llm: Any, spec: dict[str, Any], kwargs: dict[str, Any]) -> Generate
         "metrics": _metrics(llm),
         "per_request": [_request_counts(o.outputs[0]) for o in outputs] if speculative else None,
         "draft_layers": llm.collective_rpc("eaglequant_draft_layers")[0] if speculative else [],
+        "draft_attention": (
+            llm.collective_rpc("eaglequant_draft_attention")[0] if speculative else []
+        ),
         "platform": str(current_platform.device_type or "unknown"),
         "kernels": loaded_kernel_libraries(),
         "plugin_active": bool(llm.collective_rpc("eaglequant_plugin_active")[0]),

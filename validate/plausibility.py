@@ -7,7 +7,9 @@ compared with the FP8 artifact's ``input_scale`` x 448. ``weight_scale`` x 448
 is compared with the BF16 weight's amax (per tensor, or per output row for
 per-channel scales); an OCP MX weight's E8M0 exponents (one per 32 input
 elements) are checked for shape and NaN, and each block's scale x the element
-maximum against that block's amax. Acceptance alone cannot catch these: FP8 is floating
+maximum against that block's amax. Calibrated K/V scales x 448 are compared with the larger
+of their layer's k_proj and v_proj output ranges (before RoPE, as Quark calibrates them).
+Acceptance alone cannot catch these: FP8 is floating
 point, so a scale 1000x too large leaves acceptance unchanged, and a missing
 ``input_scale`` loads silently as vLLM's -3.4e38 placeholder.
 """
@@ -19,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from eaglequant.draft import DraftDims, dims_from_config
+from eaglequant.draft import KV_SCALES, DraftDims, dims_from_config, kv_scale_name
 from eaglequant.errors import InputError
 from eaglequant.io.checkpoint import read_checkpoint
 from eaglequant.recipe import E8M0_NAN, FP8_E4M3_MAX, MX_BLOCK
@@ -77,7 +79,8 @@ def plausibility_problems(inputs: PlausibilityInputs) -> tuple[list[str], dict[s
                 "none; capture with --embeddings"
             )
         model.embed_tokens = torch.nn.Embedding.from_pretrained(data.embed_tokens, freeze=True)
-    measured = input_amax(model, data.batches(1), inputs.k)
+    outputs: dict[str, float] = {}
+    measured = input_amax(model, data.batches(1), inputs.k, outputs)
     static_inputs = _static_inputs(fp8.config)
     problems: list[str] = []
     numbers: dict[str, Any] = {}
@@ -88,7 +91,35 @@ def plausibility_problems(inputs: PlausibilityInputs) -> tuple[list[str], dict[s
         if static_inputs:
             problems += _check_input_scale(fp8, name, measured[name], inputs.tolerance, row)
         numbers[name] = row
+    problems += _check_kv_scales(fp8, dims.linears, outputs, inputs.tolerance, numbers)
     return problems, {"layers": numbers, "tolerance": inputs.tolerance}
+
+
+def _check_kv_scales(
+    fp8: Any,
+    linears: tuple[str, ...],
+    output_amax: dict[str, float],
+    tolerance: float,
+    numbers: dict[str, Any],
+) -> list[str]:
+    """Each calibrated K or V scale x 448 against the larger of its layer's measured k_proj and
+    v_proj output ranges (Quark gives K and V of one layer their common, larger scale)."""
+    problems = []
+    for linear in linears:
+        name = kv_scale_name(linear)
+        if name is None or name not in fp8.tensors:
+            continue
+        parent = linear.rpartition(".")[0]
+        measured = max(output_amax.get(f"{parent}.{proj}", 0.0) for proj in KV_SCALES)
+        scale, found = _finite_positive_scale(fp8, name, "")
+        if scale is None:
+            problems += found
+            continue
+        implied = float(scale[0]) * FP8_E4M3_MAX
+        numbers[linear] |= {"output_amax": output_amax.get(linear), "kv_scale_x448": implied}
+        owner, _, what = name.rpartition(".")
+        problems += _ratio_problem(owner, what, implied, measured, tolerance)
+    return problems
 
 
 def _target_states(

@@ -39,6 +39,7 @@ and schema version (``eaglequant.validation_report``).
 from __future__ import annotations
 
 import json
+import math
 import os
 import sys
 import tempfile
@@ -51,16 +52,23 @@ from typing import Any, Literal
 from eaglequant.binding import binding
 from eaglequant.capture.run import CaptureEngine, check_engine
 from eaglequant.capture.store import check_capture
-from eaglequant.draft import check_target_fits, dims_from_config, structure_problems
+from eaglequant.draft import (
+    KV_SCALE_SUFFIXES,
+    check_target_fits,
+    dims_from_config,
+    structure_problems,
+)
 from eaglequant.engine.config import (
     EngineOptions,
     check_engine_args,
+    check_kv_cache_dtype,
     llm_kwargs,
     probe_vllm,
 )
 from eaglequant.engine.process import ChildRun, log_tail, run_child
 from eaglequant.engine.result import (
     SCALE_NAMES,
+    DraftAttention,
     DraftLayer,
     EngineRun,
     ScaleStats,
@@ -75,7 +83,7 @@ from eaglequant.prompts.chat import RenderedPrompts, render_for_target
 from eaglequant.prompts.format import read_prompts as read_prompts
 from eaglequant.prompts.source import text_hashes
 from eaglequant.recipe import E8M0_NAN, ValidationSpec, load_recipe
-from eaglequant.speculative import speculative_config
+from eaglequant.speculative import draft_kv_cache_dtype, kv_source, speculative_config
 from eaglequant.validate.acceptance import (
     AcceptanceThresholds,
     engine_acceptance_checks,
@@ -220,7 +228,9 @@ def check_inputs(request: ValidateRequest) -> dict[str, Any]:
             )
     if request.against is not None:
         check_comparable(request.against, request.k)
-    check_engine_args(request.engine.engine_args, probe_vllm(sys.executable).engine_args)
+    install = probe_vllm(sys.executable)
+    check_engine_args(request.engine.engine_args, install.engine_args)
+    check_kv_cache_dtype(request.draft_kv_cache_dtype, install, kv_source(request.draft))
     if request.hidden_states is not None:
         check_capture(request.hidden_states, dims[request.baseline])
     else:
@@ -234,6 +244,11 @@ def validate_draft(
     reuse: dict[str, EngineRun] | None = None,
 ) -> ValidationReport:
     """Run the three engines (or reuse finished ``target``/``bf16`` runs) and the six checks."""
+    asked = request.draft_kv_cache_dtype
+    kv = draft_kv_cache_dtype(asked, read_checkpoint(request.draft).config)
+    if kv != asked:
+        progress(f"the draft carries calibrated K/V scales: its KV cache runs in {kv}")
+        request = replace(request, draft_kv_cache_dtype=kv)
     files = check_inputs(request)
     rendered = engine_prompts(request)
     engines: dict[str, EngineRun] = dict(reuse or {})
@@ -443,7 +458,14 @@ def _engine_checks(request: ValidateRequest, engines: dict[str, EngineRun]) -> l
             request.tie_margin,
         ),
         acceptance_check,
-        layers_check(engines["fp8"]["result"]["draft_layers"], expected_schemes(request.draft)),
+        layers_check(
+            engines["fp8"]["result"]["draft_layers"],
+            expected_schemes(request.draft),
+            kv_cache=(
+                engines["fp8"]["result"].get("draft_attention", []),
+                checkpoint_kv_scales(request.draft),
+            ),
+        ),
         _log_check(engines["fp8"]["log"]),
         per_position,
     ]
@@ -465,11 +487,58 @@ def expected_schemes(draft: Path) -> dict[str, str | None]:
     }
 
 
-def layers_check(layers: list[DraftLayer], expected: dict[str, str | None]) -> Check:
+def checkpoint_kv_scales(draft: Path) -> list[tuple[float, float]]:
+    """The draft's calibrated (K, V) scales, one pair per attention in layer order (none: [])."""
+    ckpt = read_checkpoint(draft)
+    k_suffix, v_suffix = KV_SCALE_SUFFIXES
+    attentions = sorted(
+        (name.removesuffix(k_suffix) for name in ckpt.tensors if name.endswith(k_suffix)),
+        key=lambda name: [int(part) for part in name.split(".") if part.isdigit()],
+    )
+
+    def scalar(name: str) -> float:
+        return float(ckpt.load_tensor(name).float().reshape(-1)[0])
+
+    return [
+        (scalar(f"{a}{k_suffix}"), scalar(f"{a}{v_suffix}"))
+        for a in attentions
+        if f"{a}{v_suffix}" in ckpt.tensors
+    ]
+
+
+def kv_cache_problems(
+    attention: list[DraftAttention], scales: list[tuple[float, float]]
+) -> tuple[list[str], str]:
+    """vLLM's drafter attention against the checkpoint's K/V scales: problems, and a note."""
+    fp8 = [a for a in attention if a["kv_cache_dtype"].startswith("fp8")]
+    if not scales:
+        return [], " (draft KV cache FP8 with K/V scales 1.0: none calibrated)" if fp8 else ""
+    if not fp8:
+        dtypes = sorted({a["kv_cache_dtype"] for a in attention}) or ["unknown"]
+        return [], f" (the checkpoint's K/V scales unused: draft KV cache {'/'.join(dtypes)})"
+    problems = []
+    if len(fp8) != len(scales):
+        problems.append(f"{len(fp8)} FP8 draft attention layers for {len(scales)} K/V scale pairs")
+    for layer, (k, v) in zip(fp8, scales, strict=False):
+        held = (layer["k_scale"], layer["v_scale"])
+        if not all(math.isclose(a, b, rel_tol=1e-6) for a, b in zip(held, (k, v), strict=True)):
+            problems.append(
+                f"{layer['name']} holds K/V scales {held[0]:.6g}/{held[1]:.6g}, "
+                f"the checkpoint {k:.6g}/{v:.6g}"
+            )
+    return problems, f"; FP8 draft KV cache with the checkpoint's K/V scales ({len(scales)})"
+
+
+def layers_check(
+    layers: list[DraftLayer],
+    expected: dict[str, str | None],
+    kv_cache: tuple[list[DraftAttention], list[tuple[float, float]]] = ([], []),
+) -> Check:
     """vLLM's drafter as built: fc, lm_head unquantized, every draft-layer linear with the
     scheme ``expected`` names for it (None: unquantized) and finite positive scales (E8M0
-    exponent bytes: none NaN)."""
-    problems = []
+    exponent bytes: none NaN); with ``kv_cache`` (vLLM's drafter attention, the checkpoint's
+    K/V scales), an FP8 draft KV cache holding the checkpoint's scales."""
+    problems, kv_note = kv_cache_problems(*kv_cache)
     for layer in layers:
         name, method = layer["name"], layer["quant_method"]
         within = name.split(".", 3)[3] if ".layers." in name else None
@@ -498,9 +567,10 @@ def layers_check(layers: list[DraftLayer], expected: dict[str, str | None]) -> C
         f"fc, lm_head unquantized; every draft layer's projections {'/'.join(schemes)} with "
         "finite positive scales"
     ) + (f" but for {', '.join(kept)} (BF16 as predicted)" if kept else "")
+    detail += kv_note
     if problems:
         detail = "; ".join(problems)
-    return Check("3 layers", not problems, detail, {"layers": layers})
+    return Check("3 layers", not problems, detail, {"layers": layers, "attention": kv_cache[0]})
 
 
 QUANTIZED_WEIGHT_DTYPES = ("float8_e4m3fn", "uint8")  # FP8 and MXFP8; MXFP4's packed bytes

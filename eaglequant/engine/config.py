@@ -90,10 +90,25 @@ class VllmInstall:
     engine_args: frozenset[str]
     device_env: str = ""
     device_count: int = 0
+    fp8_kv_cache_refusal: str = ""  # vLLM's reason it cannot run an FP8 KV cache here
 
     @property
     def on_cpu(self) -> bool:
         return self.device_type == "cpu"
+
+
+def check_kv_cache_dtype(kv_cache_dtype: str | None, install: VllmInstall, source: str) -> None:
+    """Refuse an FP8 draft KV cache where vLLM cannot run one, with vLLM's reason, before any
+    engine starts; ``source`` names what asked for it (an option, a draft, a recipe)."""
+    if kv_cache_dtype is None or not kv_cache_dtype.startswith("fp8"):
+        return
+    if install.fp8_kv_cache_refusal:
+        raise InputError(
+            f"{source}: a {kv_cache_dtype} draft KV cache, which vLLM cannot run on this machine "
+            f'("{install.fp8_kv_cache_refusal}", its CPU attention backend); run it where vLLM '
+            "can (a GPU, or a CPU with AVX-512 or AMX), or pass --draft-kv-cache-dtype auto to "
+            "keep the target's KV cache dtype"
+        )
 
 
 PROBE = """
@@ -104,7 +119,15 @@ fields = [f.name for f in dataclasses.fields(EngineArgs)]
 cpu = current_platform.is_cpu()
 count = 0 if cpu else current_platform.device_count()
 device_env = current_platform.device_control_env_var
-print(json.dumps([current_platform.device_type, fields, device_env, count]))
+fp8_kv = ""
+if cpu:  # vLLM's own test, as its CPU attention backend asks it for a draft's head size
+    import torch
+    from vllm.v1.attention.backends.cpu_attn import _get_attn_isa
+    try:
+        _get_attn_isa(torch.bfloat16, 32, 128, "fp8")
+    except NotImplementedError as exc:
+        fp8_kv = str(exc)
+print(json.dumps([current_platform.device_type, fields, device_env, count, fp8_kv]))
 """
 
 
@@ -122,8 +145,10 @@ def probe_vllm(python: str) -> VllmInstall:
     if done.returncode != 0 or not lines:
         tail = done.stderr.strip().splitlines()[-1:] or [f"exit code {done.returncode}"]
         raise InputError(f"vLLM cannot be imported here ({tail[0]}); install eaglequant[vllm]")
-    device_type, fields, device_env, count = json.loads(lines[-1])
-    return VllmInstall(str(device_type), frozenset(fields), str(device_env), int(count))
+    device_type, fields, device_env, count, fp8_kv = json.loads(lines[-1])
+    return VllmInstall(
+        str(device_type), frozenset(fields), str(device_env), int(count), str(fp8_kv)
+    )
 
 
 def llm_kwargs(options: EngineOptions, target: str, speculative: dict[str, Any] | None) -> dict:

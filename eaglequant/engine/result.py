@@ -48,6 +48,16 @@ class DraftLayer(TypedDict):
     input_scale: NotRequired[ScaleStats]
 
 
+class DraftAttention(TypedDict):
+    """One attention layer of the drafter: its KV cache dtype and the K/V scales vLLM holds
+    (1.0 where the checkpoint has none)."""
+
+    name: str
+    kv_cache_dtype: str
+    k_scale: float
+    v_scale: float
+
+
 class RequestCounts(TypedDict):
     """One prompt's verify steps: ``histogram[j]`` steps accepted ``j`` drafts; tokens drafted."""
 
@@ -90,6 +100,7 @@ class Generated(TypedDict):
     metrics: SpecMetrics
     per_request: list[RequestCounts | None] | None  # None: no speculation
     draft_layers: list[DraftLayer]
+    draft_attention: NotRequired[list[DraftAttention]]
     platform: str
     kernels: list[str]
     plugin_active: bool

@@ -50,6 +50,7 @@ from eaglequant.tune.request import (
     engine_flags,
     serve_env,
     serve_line,
+    with_draft_kv_cache,
     workload,
 )
 from eaglequant.tune.summary import (
@@ -166,6 +167,7 @@ class Run:
 
 def compare(request: TuneRequest, progress: Progress = lambda _m: None) -> ComparisonSummary:
     """Measure the three configurations in rotated rounds; write results.json/.md and plots."""
+    request = with_draft_kv_cache(request)
     max_len = check_request(request)
     env = serve_env(request)
     count, unit = devices(request)

@@ -13,7 +13,7 @@ import json
 import os
 import shlex
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +21,7 @@ from eaglequant.draft import structure_problems
 from eaglequant.engine.config import (
     EngineOptions,
     check_engine_args,
+    check_kv_cache_dtype,
     device_count,
     platform_env,
     probe_vllm,
@@ -30,6 +31,7 @@ from eaglequant.engine.config import (
 )
 from eaglequant.errors import InputError
 from eaglequant.io.checkpoint import read_checkpoint, read_config
+from eaglequant.speculative import draft_kv_cache_dtype, kv_source
 from eaglequant.tune.choice import schedule_problem
 from eaglequant.tune.summary import Workload
 
@@ -96,6 +98,12 @@ def _check_draft(path: Path, dtype: str) -> None:
         )
 
 
+def with_draft_kv_cache(request: TuneRequest) -> TuneRequest:
+    """The request with the draft's KV cache dtype resolved (FP8 for calibrated K/V scales)."""
+    kv = draft_kv_cache_dtype(request.draft_kv_cache_dtype, read_config(request.draft))
+    return replace(request, draft_kv_cache_dtype=kv)
+
+
 def check_request(request: TuneRequest) -> int:
     """Fail before any server starts; return the max-model-len to serve with."""
     if not request.target.is_dir():
@@ -121,7 +129,9 @@ def check_request(request: TuneRequest) -> int:
         raise InputError(f"servers {request.servers!r}: use {RESTART!r} or {KEEP!r}")
     if request.schedule is not None and (problem := schedule_problem(request.schedule)):
         raise InputError(f"schedule {list(request.schedule)}: {problem}")
-    check_engine_args(request.engine.engine_args, probe_vllm(sys.executable).engine_args)
+    install = probe_vllm(sys.executable)
+    check_engine_args(request.engine.engine_args, install.engine_args)
+    check_kv_cache_dtype(request.draft_kv_cache_dtype, install, kv_source(request.draft))
     # A schedule built from the winners uses the ks; a given one may go beyond them.
     largest = max(request.ks + tuple(k for _, _, k in request.schedule or ()))
     needed = request.isl + request.osl + largest

@@ -41,6 +41,7 @@ from eaglequant.tune.request import (
     engine_flags,
     serve_env,
     serve_line,
+    with_draft_kv_cache,
     workload,
 )
 from eaglequant.tune.summary import SCHEMA_VERSION, SWEEP, SweepSummary
@@ -131,6 +132,7 @@ def measure(
 
 def tune(request: TuneRequest, progress: Any = lambda _m: None) -> SweepSummary:
     """Run the sweep and write results.json, results.md and the plots into ``request.out``."""
+    request = with_draft_kv_cache(request)
     max_len = check_request(request)
     env = serve_env(request)
     request.out.mkdir(parents=True, exist_ok=True)

@@ -17,7 +17,7 @@ from eaglequant.exclusions import predict_fates
 from eaglequant.io.checkpoint import read_checkpoint
 from eaglequant.recipe import load_recipe
 from tests.conftest import VOCAB, tree_digest
-from tests.support import run_capture, run_export
+from tests.support import calib_args, run_capture, run_export
 
 PASS_THROUGH = [
     "fc.weight",
@@ -40,25 +40,10 @@ def _draft(pair: dict[str, Path], layers: int, tmp_path: Path) -> Path:
     return write_random_draft(tmp_path / f"draft-{layers}", config, seed=1)
 
 
-def _calib_args(pair: dict[str, Path]) -> list[str]:
-    return [
-        "--calib-target",
-        str(pair["target"]),
-        "--calib-data",
-        str(pair["data"]),
-        "--calib-samples",
-        "6",
-        "--calib-seq-len",
-        "64",
-        "--calib-engine",
-        "transformers",
-    ]
-
-
 def test_static_export_round_trip(pair: dict[str, Path], tmp_path: Path) -> None:
     out = tmp_path / "fp8"
     before = tree_digest(pair["draft"])
-    run_export([str(pair["draft"]), str(out), *_calib_args(pair)])
+    run_export([str(pair["draft"]), str(out), *calib_args(pair)])
     assert tree_digest(pair["draft"]) == before
     src, written = read_checkpoint(pair["draft"]), read_checkpoint(out)
     for name in PASS_THROUGH:
@@ -235,7 +220,7 @@ def test_wrong_layout_prediction_is_replanned(
 def test_dry_run_writes_nothing(pair: dict[str, Path], tmp_path: Path) -> None:
     out = tmp_path / "never"
     result = CliRunner().invoke(
-        main, ["export", str(pair["draft"]), str(out), *_calib_args(pair), "--dry-run"]
+        main, ["export", str(pair["draft"]), str(out), *calib_args(pair), "--dry-run"]
     )
     assert result.exit_code == 0, result.output
     assert "every check passed" in result.output

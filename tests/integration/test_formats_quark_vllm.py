@@ -19,6 +19,7 @@ from eaglequant.draft import MIDLAYER_LINEARS
 from eaglequant.inspection import inspect_checkpoint
 from eaglequant.speculative import DRAFT_KV_CACHE_DTYPES
 from tests.conftest import PYTHON, run_child
+from tests.support import check6
 
 VLLM_SCHEME = """
 import json, sys
@@ -105,21 +106,8 @@ def test_inspect_predicts_vllms_scheme(recipe: str, exports: dict[str, Path]) ->
 def test_mx_scales_pass_check6_and_a_corrupted_one_fails(
     recipe: str, pair: dict[str, Path], exports: dict[str, Path], tmp_path: Path
 ) -> None:
-    from eaglequant.capture.run import CaptureEngine
-    from eaglequant.validate.plausibility import PlausibilityInputs, plausibility_problems
-
     def problems(draft: Path) -> list[str]:
-        inputs = PlausibilityInputs(
-            target=pair["target"],
-            draft=draft,
-            baseline=pair["draft"],
-            prompts=["def function_3(x):\n    return x * 3 + 3\n"],
-            generated=None,
-            k=3,
-            tolerance=4.0,
-            capture=CaptureEngine(name="transformers"),
-        )
-        return plausibility_problems(inputs)[0]
+        return check6(pair, draft)[0]
 
     good = exports[recipe]
     assert problems(good) == []
