@@ -28,6 +28,13 @@ module instead would import Quark (tens of seconds) in every vLLM process at
 plugin load, MX or not; the override imports nothing from Quark and leaves
 the ops' other dispatch keys (CUDA, ROCm, fake tensors) as they are.
 
+Static per-tensor inputs with per-channel weights (``fp8-static-channel``) reach
+vLLM's ``ChannelWiseTorchFP8ScaledMMLinearKernel`` on CPU, whose
+``torch.narrow(As, 0, 0, num_tokens)`` assumes per-token input scales and fails on
+the one static scale ("narrow() cannot be applied to a 0-dim tensor");
+:func:`per_tensor_inputs_in_channelwise_mm` broadcasts that scale to one per token
+first, the same product.
+
 OCP MXFP8 layers get a CPU kernel too (:func:`list_mxfp8_on_cpu`): vLLM's
 MXFP8 kernel table has no CPU entry, and its emulation kernel runs the layer
 on dequantized weights with unquantized inputs, where the native MX GEMM it
@@ -61,6 +68,7 @@ def register() -> None:
     list_mxfp4_emulation_on_cpu()
     use_torch_mxfp4_on_cpu()
     list_mxfp8_on_cpu()
+    per_tensor_inputs_in_channelwise_mm()
     if not fp8_ops_are_stubs():
         return
     import vllm._custom_ops as ops
@@ -89,6 +97,28 @@ def list_mxfp4_emulation_on_cpu() -> None:
     table = linear._POSSIBLE_MXFP4_KERNELS
     if not table.get(PlatformEnum.CPU):
         table[PlatformEnum.CPU] = [linear.EmulationMxfp4LinearKernel]
+
+
+def per_tensor_inputs_in_channelwise_mm() -> None:
+    """Let vLLM's channel-wise torch FP8 GEMM take one static input scale; idempotent.
+
+    It claims per-tensor inputs with per-channel weights (its ``can_implement``
+    refuses only per-tensor both) but slices the input scale per token.
+    """
+    from vllm.model_executor.kernels.linear.scaled_mm import pytorch
+
+    kernel = pytorch.ChannelWiseTorchFP8ScaledMMLinearKernel
+    original = kernel.apply_scaled_mm
+    if getattr(original, "per_tensor_inputs", False):
+        return
+
+    def apply_scaled_mm(self: Any, *, A: Any, As: Any, **kwargs: Any) -> Any:
+        if As.numel() == 1:
+            As = As.reshape(1, 1).expand(A.shape[0], 1)
+        return original(self, A=A, As=As, **kwargs)
+
+    apply_scaled_mm.per_tensor_inputs = True  # type: ignore[attr-defined]
+    kernel.apply_scaled_mm = apply_scaled_mm  # type: ignore[method-assign]
 
 
 def list_mxfp8_on_cpu() -> None:

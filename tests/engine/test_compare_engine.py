@@ -14,10 +14,11 @@ from eaglequant.inspection import inspect_checkpoint
 from eaglequant.validate.compare import CANDIDATES_DIR, CandidateRow, recommend
 from tests.conftest import TOY, toy_prompts_file
 
-RECIPES = ("fp8-static", "ptpc-fp8", "mxfp8", "mxfp4", "mxfp4-fp8")
+RECIPES = ("fp8-static", "ptpc-fp8", "fp8-static-channel", "mxfp8", "mxfp4", "mxfp4-fp8")
 SCHEMES = {
     "fp8-static": "QuarkW8A8Fp8",
     "ptpc-fp8": "QuarkW8A8Fp8",
+    "fp8-static-channel": "QuarkW8A8Fp8",
     "mxfp8": "QuarkOCP_MX",
     "mxfp4": "QuarkOCP_MX",
     "mxfp4-fp8": "QuarkW4A8_MXFP4_FP8",
@@ -71,7 +72,7 @@ def test_compare_toy_pair(tmp_path: Path) -> None:
         assert row.mean_acceptance is not None and len(row.per_position) == 3, row
         assert "3 layers" not in row.failed_checks, row  # built as inspect predicts
         assert row.lossless, row  # the target's greedy output, whatever the draft
-    # The target alone in one engine; the BF16 draft and all five candidates, MX ones too
+    # The target alone in one engine; the BF16 draft and all six candidates, MX ones too
     # (the CPU plugin's MX kernels), swapped into one more.
     assert report["engine_mode"] == "single" and report["engine_fallback"] is None, report
     assert report["target_loads"] == 2

@@ -67,6 +67,27 @@ print("dtypes:", layer.weight.dtype, layer.weight_scale.dtype, got.dtype)
 print("native:", (got - native).abs().max().item() <= 1e-2 * native.abs().max().item())
 print("inputs rounded:", not torch.allclose(got, unquantized.to(torch.bfloat16).double()))
 """
+CHANNELWISE = """
+import torch
+from vllm.model_executor.kernels.linear.scaled_mm.pytorch import (
+    ChannelWiseTorchFP8ScaledMMLinearKernel as Kernel,
+)
+from eaglequant.engine.cpu_fp8_plugin import per_tensor_inputs_in_channelwise_mm
+g = torch.Generator().manual_seed(0)
+A = torch.randn(5, 64, generator=g).to(torch.float8_e4m3fn)
+W = torch.randn(32, 64, generator=g).to(torch.float8_e4m3fn)
+Bs = torch.rand(32, 1, generator=g) + 0.1
+args = dict(A=A, B=W.t(), out_dtype=torch.float32, As=torch.tensor(0.5), Bs=Bs, bias=None,
+            output_shape=[5, 32])
+try:
+    Kernel.apply_scaled_mm(None, **args)
+except RuntimeError as exc:
+    print("without:", exc)
+per_tensor_inputs_in_channelwise_mm()
+per_tensor_inputs_in_channelwise_mm()
+expected = (A.float() @ W.float().t()) * 0.5 * Bs.t()
+print("with:", torch.allclose(Kernel.apply_scaled_mm(None, **args), expected, rtol=1e-5))
+"""
 ELEMENT_MAX = {"mxfp4": 6, "mxfp8": 448}  # the largest element, as check 6 names it
 RECIPES = {  # recipe -> the Quark scheme vLLM builds its layers with
     "mxfp8": "QuarkOCP_MX",
@@ -174,6 +195,15 @@ def test_mxfp8_weights_are_quarks_own_fake_quantization(
         )
         assert torch.equal(ours, quarks), name
         assert (values.float().abs().amax(-1) > 224).all(), name  # each row's top block used
+
+
+def test_the_cpu_plugin_lets_channelwise_fp8_take_a_static_input_scale() -> None:
+    """fp8-static-channel's layers (static per-tensor inputs, per-channel weights) reach vLLM's
+    channel-wise torch GEMM on CPU, which slices the input scale per token."""
+    assert run_child([PYTHON, "-c", CHANNELWISE]).splitlines()[-2:] == [
+        "without: narrow() cannot be applied to a 0-dim tensor.",
+        "with: True",
+    ]
 
 
 def test_the_cpu_plugin_gives_mx_layers_kernels(exports: dict[str, Path]) -> None:
