@@ -17,6 +17,9 @@ PYTEST_FLAGS ?= --durations=25
 WORKERS ?= $(shell [ "$$(nproc)" -ge 2 ] && echo 2 || echo 1)
 PARALLEL := -n $(WORKERS) --dist loadgroup
 
+# torch.compile's cache is the checkout's own, per ISA setting (see test-as-avx2): inductor's
+# shared one in /tmp hands kernels built under one ISA to processes running under another.
+export TORCHINDUCTOR_CACHE_DIR ?= $(CURDIR)/build/inductor
 export VLLM_CPU_KVCACHE_SPACE ?= 1
 export VLLM_TARGET_DEVICE ?= cpu
 export TOKENIZERS_PARALLELISM ?= false
