@@ -41,6 +41,7 @@ SCALE_SUFFIXES = (".weight_scale", ".input_scale")
 # 'data'"), so the export renames them to the attention's own ``attn.k_scale``/``v_scale``.
 KV_SCALES = {"k_proj": "attn.k_scale", "v_proj": "attn.v_scale"}
 KV_SCALE_SUFFIXES = tuple(f".{name}" for name in KV_SCALES.values())
+STORED_SCALE_SUFFIXES = SCALE_SUFFIXES + KV_SCALE_SUFFIXES  # every scale tensor an export writes
 
 
 def kv_scale_name(linear: str) -> str | None:
@@ -390,7 +391,7 @@ def quantized_tensors(ckpt: Checkpoint) -> list[str]:
     return sorted(
         name
         for name, info in ckpt.tensors.items()
-        if name.endswith(SCALE_SUFFIXES + KV_SCALE_SUFFIXES)
+        if name.endswith(STORED_SCALE_SUFFIXES)
         or (name.endswith(".weight") and info.dtype not in FLOAT_DTYPES)
     )
 

@@ -15,8 +15,7 @@ from typing import Any
 
 from eaglequant.draft import (
     KEEP_UNQUANTIZED,
-    KV_SCALE_SUFFIXES,
-    SCALE_SUFFIXES,
+    STORED_SCALE_SUFFIXES,
     Problem,
     dims_from_config,
     draft_form,
@@ -55,7 +54,7 @@ def size_summary(ckpt: Checkpoint) -> SizeSummary:
     """The tensors' bytes (headers aside) and their parameters, quantized or not."""
     total = quantized = 0
     for name, info in ckpt.tensors.items():
-        if name.endswith(SCALE_SUFFIXES + KV_SCALE_SUFFIXES):
+        if name.endswith(STORED_SCALE_SUFFIXES):
             continue
         count = math.prod(info.shape) * (2 if info.dtype == "U8" else 1)
         total += count
