@@ -29,6 +29,9 @@ VERDICTS = (PASS, FAIL, INCONCLUSIVE)
 DEFAULT_RESAMPLES = 2000
 DEFAULT_SEED = 0
 CONFIDENCE = 0.95
+# An INCONCLUSIVE verdict names the prompt count that would decide only up to this many times
+# the prompts run: beyond it the estimate sits too near the threshold for the count to mean much.
+MAX_PROMPTS_FACTOR = 100
 
 
 @dataclass(frozen=True)
@@ -208,7 +211,10 @@ class Verdict:
         if self.verdict != INCONCLUSIVE:
             return self.verdict
         if self.prompts_needed is None:
-            return f"{INCONCLUSIVE} (the estimate sits at the threshold: no prompt count decides)"
+            return (
+                f"{INCONCLUSIVE} (the estimate sits at or too near the threshold: no practical "
+                "prompt count decides)"
+            )
         return f"{INCONCLUSIVE} (about {self.prompts_needed} prompts would decide)"
 
 
@@ -218,7 +224,8 @@ def judge(interval: Interval, threshold: float) -> Verdict:
 
     The interval's half-width shrinks about as 1/sqrt(prompts), so it clears the
     threshold once it is narrower than the estimate's distance from it:
-    n x (half-width / |estimate - threshold|)^2 prompts.
+    n x (half-width / |estimate - threshold|)^2 prompts. Past ``MAX_PROMPTS_FACTOR`` times
+    the prompts run, that extrapolation says nothing useful, and no count is given.
     """
     if interval.low >= threshold:
         return Verdict(PASS)
@@ -228,6 +235,8 @@ def judge(interval: Interval, threshold: float) -> Verdict:
     if not math.isfinite(interval.half_width) or distance == 0 or not math.isfinite(distance):
         return Verdict(INCONCLUSIVE)
     needed = math.ceil(interval.prompts * (interval.half_width / distance) ** 2)
+    if needed > MAX_PROMPTS_FACTOR * interval.prompts:
+        return Verdict(INCONCLUSIVE)
     return Verdict(INCONCLUSIVE, max(needed, interval.prompts + 1))
 
 

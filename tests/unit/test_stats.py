@@ -141,12 +141,22 @@ def _interval(point: float, low: float, high: float) -> Interval:
         (_interval(0.97, 0.96, 0.98), INCONCLUSIVE, 101),  # the upper bound on it does not fail
         (_interval(0.985, 0.975, 0.995), INCONCLUSIVE, 400),
         (_interval(0.98, 0.97, 0.99), INCONCLUSIVE, None),  # the estimate on the threshold
+        (_interval(0.9801, 0.97, 0.99), INCONCLUSIVE, None),  # 1,000,000 prompts: not said
+        (_interval(0.981, 0.971, 0.991), INCONCLUSIVE, 10000),  # 100x the prompts: still said
         (_interval(math.nan, math.nan, math.nan), INCONCLUSIVE, None),
     ],
 )
 def test_the_verdict_rule(interval: Interval, verdict: str, needed: int | None) -> None:
     judged = judge(interval, 0.98)
     assert (judged.verdict, judged.prompts_needed) == (verdict, needed)
+
+
+def test_a_verdict_too_near_the_threshold_names_no_prompt_count() -> None:
+    described = judge(_interval(0.9801, 0.97, 0.99), 0.98).describe()
+    assert described == (
+        "INCONCLUSIVE (the estimate sits at or too near the threshold: no practical prompt "
+        "count decides)"
+    )
 
 
 def test_overall_verdict() -> None:
