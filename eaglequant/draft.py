@@ -50,6 +50,17 @@ def kv_scale_name(linear: str) -> str | None:
     return f"{parent}.{KV_SCALES[leaf]}" if leaf in KV_SCALES else None
 
 
+def kv_scale_pairs(linears: tuple[str, ...]) -> list[tuple[str, str]]:
+    """The (K, V) scale names of each attention among ``linears``, in their order."""
+    k_leaf, v_leaf = KV_SCALES
+    return [
+        (name, f"{parent}.{KV_SCALES[v_leaf]}")
+        for linear in linears
+        if (name := kv_scale_name(linear)) and linear.endswith(f".{k_leaf}")
+        for parent in [linear.rpartition(".")[0]]
+    ]
+
+
 # Must stay BF16: vLLM builds them with the draft's quantization config unless excluded.
 KEEP_UNQUANTIZED = ("fc", "lm_head")
 

@@ -290,13 +290,14 @@ def compare(
                 f" on {prompt_set.source}" if len(request.prompt_sets) > 1 else ""
             )
             progress(f"{label}: checks ...")
+            checked = _validate_request(request, recipe, drafts[recipe.name], capture, prompt_set)
             report = validate_draft(
-                _validate_request(request, recipe, drafts[recipe.name], capture, prompt_set),
+                checked,
                 progress=lambda m, label=label: progress(f"{label}: {m}"),
                 reuse={role: engines[role] for role in (TARGET_ROLE, BF16_ROLE)}
                 | {"fp8": engines[recipe.name]},
             )
-            rows.append(_row(request, recipe, drafts[recipe.name], report.to_json()))
+            rows.append(_row(request, recipe, checked, report.to_json()))
             key = f"validate.{recipe.name}" + (
                 f".{prompt_set.source}" if len(request.prompt_sets) > 1 else ""
             )
@@ -395,25 +396,24 @@ def _validate_request(
     )
 
 
-def _kv_cache(request: CompareRequest, draft: Path) -> str:
-    """The candidate's draft KV cache as its row names it."""
-    if request.draft_kv_cache_dtype is not None:
-        return request.draft_kv_cache_dtype
-    kv = draft_kv_cache_dtype(None, read_checkpoint(draft).config)
-    return f"{kv} (calibrated K/V scales)" if kv else "auto (the target's)"
+def _kv_cache(request: CompareRequest, kv: str | None) -> str:
+    """The candidate's draft KV cache (``kv``: the dtype its validation ran) as its row names it."""
+    if request.draft_kv_cache_dtype is not None or kv is None:
+        return request.draft_kv_cache_dtype or "auto (the target's)"
+    return f"{kv} (calibrated K/V scales)"
 
 
 def _row(
-    request: CompareRequest, recipe: Recipe, draft: Path, report: dict[str, Any]
+    request: CompareRequest, recipe: Recipe, checked: ValidateRequest, report: dict[str, Any]
 ) -> CandidateRow:
     checks = {c["name"]: c for c in report["checks"]}  # only "engines" when one failed
     acceptance = checks.get(ACCEPTANCE, {}).get("numbers", {})
-    size = size_summary(read_checkpoint(draft))
+    size = size_summary(read_checkpoint(checked.draft))
     baseline_bytes = read_checkpoint(request.baseline).total_bytes
     return CandidateRow(
         recipe=recipe.name,
         scheme=recipe.scheme(),
-        kv_cache_dtype=_kv_cache(request, draft),
+        kv_cache_dtype=_kv_cache(request, checked.draft_kv_cache_dtype),
         bytes_on_disk=size.bytes_on_disk,
         bytes_ratio=round(size.bytes_on_disk / baseline_bytes, 4),
         quantized_fraction=round(size.quantized_fraction, 4),

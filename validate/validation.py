@@ -53,9 +53,9 @@ from eaglequant.binding import binding
 from eaglequant.capture.run import CaptureEngine, check_engine
 from eaglequant.capture.store import check_capture
 from eaglequant.draft import (
-    KV_SCALE_SUFFIXES,
     check_target_fits,
     dims_from_config,
+    kv_scale_pairs,
     structure_problems,
 )
 from eaglequant.engine.config import (
@@ -490,19 +490,14 @@ def expected_schemes(draft: Path) -> dict[str, str | None]:
 def checkpoint_kv_scales(draft: Path) -> list[tuple[float, float]]:
     """The draft's calibrated (K, V) scales, one pair per attention in layer order (none: [])."""
     ckpt = read_checkpoint(draft)
-    k_suffix, v_suffix = KV_SCALE_SUFFIXES
-    attentions = sorted(
-        (name.removesuffix(k_suffix) for name in ckpt.tensors if name.endswith(k_suffix)),
-        key=lambda name: [int(part) for part in name.split(".") if part.isdigit()],
-    )
 
     def scalar(name: str) -> float:
         return float(ckpt.load_tensor(name).float().reshape(-1)[0])
 
     return [
-        (scalar(f"{a}{k_suffix}"), scalar(f"{a}{v_suffix}"))
-        for a in attentions
-        if f"{a}{v_suffix}" in ckpt.tensors
+        (scalar(k), scalar(v))
+        for k, v in kv_scale_pairs(dims_from_config(ckpt.config).linears)
+        if k in ckpt.tensors and v in ckpt.tensors
     ]
 
 
