@@ -170,18 +170,9 @@ def descendants(ancestor: int, marker: str) -> list[int]:
     return found
 
 
-def servers_running() -> list[str]:
-    """vLLM servers this test process started and left running (not others on the machine)."""
-    found = []
-    for pid in os.listdir("/proc"):
-        if pid.isdigit():
-            try:
-                cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
-            except OSError:
-                continue
-            if "vllm.entrypoints.openai.api_server" in cmdline and _parent(int(pid)) == os.getpid():
-                found.append(cmdline)
-    return found
+def servers_running() -> list[int]:
+    """vLLM servers below this test process still running (not others on the machine)."""
+    return descendants(os.getpid(), "vllm.entrypoints.openai.api_server")
 
 
 def engine_result(
