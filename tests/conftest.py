@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -20,6 +19,12 @@ from eaglequant.io import speculators
 from eaglequant.io.checkpoint import read_checkpoint
 from eaglequant.io.layout import blob_from_file
 from eaglequant.io.writer import write_checkpoint_weights
+from tests.parallel import (  # noqa: F401 (pytest takes a conftest's hooks and fixtures by name)
+    every_core,
+    pytest_configure,
+    pytest_itemcollected,
+)
+from tests.share import built_once
 
 REPO = Path(__file__).resolve().parent.parent
 MLA_YARN = {
@@ -64,30 +69,6 @@ def tree_digest(folder: Path) -> dict[str, str]:
 TIERS = ("unit", "integration", "engine")
 
 
-EVERY_CORE = "every_core"  # the fixture, and the marker of the tests that use it
-# The cores this run was given, before an xdist worker pins itself to its share.
-GIVEN_CORES = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
-
-
-def pytest_configure(config: pytest.Config) -> None:
-    """An xdist worker (``pytest -n N``) runs on its own share of the cores, and so do the
-    engines and servers it starts (vLLM binds a CPU worker's threads to the cores it may use):
-    N workers side by side, none taking another's cores, so a test that times its engines has
-    its share to itself."""
-    worker, count = (
-        os.environ.get("PYTEST_XDIST_WORKER"),
-        os.environ.get("PYTEST_XDIST_WORKER_COUNT"),
-    )
-    if worker is None or count is None or not hasattr(os, "sched_setaffinity"):
-        return
-    per = len(GIVEN_CORES) // int(count)
-    if per >= 1:
-        index = int(worker.removeprefix("gw"))
-        mine = GIVEN_CORES[index * per : (index + 1) * per]
-        os.sched_setaffinity(0, mine)
-        torch.set_num_threads(len(mine))
-
-
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Each test's tier is its folder: tests/unit, tests/integration, tests/engine."""
     for item in items:
@@ -108,36 +89,6 @@ def pytest_terminal_summary(terminalreporter: Any) -> None:
         f"{','.join(cpu['isa_flags']) or 'baseline'}; torch "
         f"{torch.backends.cpu.get_cpu_capability()} ({probe})"
     )
-
-
-def pytest_itemcollected(item: pytest.Item) -> None:
-    """A test that uses ``every_core`` (itself or through a fixture) is marked so, for the
-    serial pass; one that uses a module-scoped fixture joins its module's xdist group, so that
-    fixture is built once (``--dist loadgroup``), while the other tests spread over the workers.
-    Marked as collected, before any plugin reorders or groups the items."""
-    if EVERY_CORE in getattr(item, "fixturenames", ()):
-        item.add_marker(getattr(pytest.mark, EVERY_CORE))
-    if _uses_module_fixture(item):
-        item.add_marker(pytest.mark.xdist_group(Path(str(item.fspath)).stem))
-
-
-def _uses_module_fixture(item: pytest.Item) -> bool:
-    info = getattr(item, "_fixtureinfo", None)
-    definitions = info.name2fixturedefs.values() if info is not None else ()
-    return any(d.scope == "module" for defs in definitions for d in defs)
-
-
-@pytest.fixture(scope="session")
-def every_core() -> None:
-    """For tests whose engines need a core per worker (tensor and data parallel): ``make
-    test`` runs them in a serial pass after the parallel one, with every core."""
-    require_every_core()
-
-
-def require_every_core() -> None:
-    """Fails in an xdist worker, which is pinned to its share of the cores."""
-    if "PYTEST_XDIST_WORKER" in os.environ:
-        pytest.fail("this test needs every core: run it without -n (make test-rest does)")
 
 
 @pytest.fixture
@@ -246,18 +197,19 @@ def edit_config(folder: Path, **changes: object) -> None:
 
 @pytest.fixture(scope="session")
 def toy_fp8(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The committed toy draft exported to static FP8, calibrated on the toy target (once)."""
+    """The committed toy draft exported to static FP8, calibrated on the toy target (once per
+    ``make test``: tests that write into it work on a copy)."""
     from click.testing import CliRunner
 
     from eaglequant.cli import main
 
-    out = tmp_path_factory.mktemp("toy-export") / "fp8"
-    args = ["export", str(TOY / "draft"), str(out), "--calib-target", str(TOY / "target")]
-    result = CliRunner().invoke(
-        main, [*args, "--calib-data", str(TOY / "calibration.jsonl")], catch_exceptions=False
-    )
-    assert result.exit_code == 0, result.output
-    return out
+    def export(folder: Path) -> None:
+        args = ["export", str(TOY / "draft"), str(folder / "fp8"), "--calib-target"]
+        args += [str(TOY / "target"), "--calib-data", str(TOY / "calibration.jsonl")]
+        result = CliRunner().invoke(main, args, catch_exceptions=False)
+        assert result.exit_code == 0, result.output
+
+    return built_once("toy-export", export, tmp_path_factory.mktemp("toy-export")) / "fp8"
 
 
 LOG_TAIL = 3000

@@ -1,6 +1,6 @@
 """The suite's parallel pass: xdist workers pinned to their own cores, TP/DP tests kept out.
 
-Each case runs pytest in a child on a small test file, with tests/conftest.py as a plugin.
+Each case runs pytest in a child on a small test file, with tests/parallel.py as its plugin.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import require_every_core
+from tests.parallel import require_every_core
 
 REPO = Path(__file__).resolve().parent.parent.parent
 CORES = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
@@ -57,7 +57,7 @@ def _run(tmp_path: Path, *args: str) -> tuple[int, str, dict[str, dict]]:
     out.mkdir()
     done = subprocess.run(
         [
-            *(sys.executable, "-m", "pytest", "-p", "tests.conftest", "-p", "no:cacheprovider"),
+            *(sys.executable, "-m", "pytest", "-p", "tests.parallel", "-p", "no:cacheprovider"),
             *("-q", "--rootdir", str(tmp_path), "-W", "ignore::pytest.PytestUnknownMarkWarning"),
             *(str(tmp_path / "test_probes.py"), *args),
         ],
