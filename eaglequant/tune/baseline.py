@@ -31,7 +31,7 @@ from eaglequant.engine.server import Server
 from eaglequant.environment import environment
 from eaglequant.errors import CheckFailed
 from eaglequant.speculative import speculative_config
-from eaglequant.tune.bench import bench_command, run_bench, warm_up
+from eaglequant.tune.bench import BenchClient, bench_command, warm_up
 from eaglequant.tune.compare import (
     best_by_concurrency,
     choose,
@@ -121,6 +121,7 @@ class Run:
     max_len: int
     env: dict[str, str]
     scratch: Path
+    bench: BenchClient
     progress: Progress = lambda _m: None
     samples: Samples = field(default_factory=dict)
     starts: list[ServerStart] = field(default_factory=list)
@@ -150,7 +151,9 @@ class Run:
         before = parse_counters(server.metrics())
         result = self.scratch / f"{candidate.slug}-c{concurrency}-r{round_}.json"
         cmd = bench_command(self.request, server.port, concurrency, result)
-        raw = run_bench(cmd, result, self.request.out / "bench.log", self.request.bench_timeout_s)
+        raw = self.bench.run(
+            cmd, result, self.request.out / "bench.log", self.request.bench_timeout_s
+        )
         after = parse_counters(server.metrics())
         delta = after - before if after is not None and before is not None else None
         if problem := bench_problem(delta, raw):
@@ -174,8 +177,11 @@ def compare(request: TuneRequest, progress: Progress = lambda _m: None) -> Compa
     configs = candidates(request)
     plan = rounds(configs, request.repeats)
     request.out.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(prefix="eaglequant-tune-") as scratch:
-        run = Run(request, max_len, env, Path(scratch), progress)
+    with (
+        tempfile.TemporaryDirectory(prefix="eaglequant-tune-") as scratch,
+        BenchClient(Path(scratch) / "bench-client.log") as bench,
+    ):
+        run = Run(request, max_len, env, Path(scratch), bench, progress)
         if request.servers == KEEP:
             _measure_kept(run, configs, plan)
         else:

@@ -1,21 +1,27 @@
 """``vllm bench serve`` against one running server: its command line, its run, its result.
 
-vLLM's own benchmark client is run as a child (this interpreter, ``vllm.benchmarks.serve``)
-with ``--save-result``; the result file is what tune records. The workload (random
-tokens of ISL/OSL, or a prompts file) and the seed are the same for every configuration.
+vLLM's own benchmark client (``vllm.benchmarks.serve``, this interpreter) runs with
+``--save-result``; the result file is what tune records. One child (:class:`BenchClient`)
+imports it once and runs every measurement of a tune run in turn, each from its own
+``vllm bench serve`` argument list: the import costs 10-20 s, and a sweep runs dozens. The
+workload (random tokens of ISL/OSL, or a prompts file) and the seed are the same for every
+configuration.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import subprocess
 import sys
+import time
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from types import TracebackType
 from typing import Any
 
-from eaglequant.engine.process import log_tail, run_child
+from eaglequant.engine.process import LOG_TAIL_CHARS, kill_group
 from eaglequant.engine.server import HOST
 from eaglequant.errors import CheckFailed
 from eaglequant.tune.request import TuneRequest, dataset_name
@@ -28,6 +34,26 @@ BENCH_SCRIPT = (
     "add_cli_args(parser)\n"
     "main(parser.parse_args(sys.argv[1:]))\n"
 )
+# The client child: one ``vllm bench serve`` run per line of JSON on stdin ([argv, done
+# file]); "ok" or the traceback goes to the done file once the run has ended.
+BENCH_LOOP = (
+    "import json, sys, traceback\n"
+    "from pathlib import Path\n"
+    "from vllm.benchmarks.serve import add_cli_args, main\n"
+    "from vllm.utils.argparse_utils import FlexibleArgumentParser\n"
+    "for line in sys.stdin:\n"
+    "    argv, done = json.loads(line)\n"
+    "    try:\n"
+    "        parser = FlexibleArgumentParser()\n"
+    "        add_cli_args(parser)\n"
+    "        main(parser.parse_args(argv))\n"
+    "        status = 'ok'\n"
+    "    except BaseException:\n"
+    "        status = traceback.format_exc()\n"
+    "    sys.stdout.flush(); sys.stderr.flush()\n"
+    "    Path(done).write_text(status)\n"
+)
+POLL_S = 0.1
 SEED = 0
 # Warm-up prompts are token ids cycling through 1..WARMUP_IDS (inside any real vocabulary):
 # exactly ISL tokens, and no prefix that a measured prompt could find cached.
@@ -90,17 +116,83 @@ def dataset_flags(request: TuneRequest) -> list[str]:
     ]
 
 
-def run_bench(cmd: list[str], result_file: Path, log_path: Path, timeout: float) -> dict[str, Any]:
-    """Run one ``vllm bench serve`` child to its end; its ``--save-result`` file, read."""
-    log = result_file.with_suffix(".log")
-    done = run_child(cmd, log, os.environ, timeout)
-    with log_path.open("ab") as combined:
-        combined.write(log.read_bytes())
-    if done.timed_out:
-        raise CheckFailed(f"vllm bench serve did not finish within {timeout:.0f}s")
-    if not done.ok or not result_file.is_file():
-        raise CheckFailed(f"vllm bench serve failed ({done.cause()}):\n{log_tail(log)}")
-    return dict(json.loads(result_file.read_text()))
+class BenchClient:
+    """One child running vLLM's benchmark client for each :meth:`run` in turn (a context
+    manager: the child is started on entry and its process group killed on exit)."""
+
+    def __init__(self, log: Path, env: dict[str, str] | None = None) -> None:
+        self.log = log
+        self.env = dict(os.environ if env is None else env)
+        self.process: subprocess.Popen[bytes] | None = None
+        self.runs = 0
+
+    def __enter__(self) -> BenchClient:
+        self.log.parent.mkdir(parents=True, exist_ok=True)
+        with self.log.open("wb") as out:
+            self.process = subprocess.Popen(
+                [sys.executable, "-c", BENCH_LOOP],
+                stdin=subprocess.PIPE,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                env=self.env,
+                start_new_session=True,
+            )
+        return self
+
+    def __exit__(
+        self,
+        kind: type[BaseException] | None,
+        error: BaseException | None,
+        trace: TracebackType | None,
+    ) -> None:
+        if self.process is None:
+            return
+        try:
+            if self.process.stdin is not None:
+                self.process.stdin.close()
+            self.process.wait(timeout=10)
+        except (OSError, subprocess.TimeoutExpired):
+            pass
+        finally:
+            kill_group(self.process)
+            self.process.wait()
+
+    def run(
+        self, cmd: list[str], result_file: Path, log_path: Path, timeout: float
+    ) -> dict[str, Any]:
+        """One ``vllm bench serve`` run (``cmd``: :func:`bench_command`'s line) to its end; its
+        ``--save-result`` file, read. Its output is appended to ``log_path``."""
+        process = self.process
+        assert process is not None and process.stdin is not None, "use BenchClient in a with"
+        self.runs += 1
+        done = result_file.with_name(f"{result_file.name}.done")
+        start = self.log.stat().st_size
+        argv = cmd[cmd.index(BENCH_SCRIPT) + 1 :]
+        process.stdin.write((json.dumps([argv, str(done)]) + "\n").encode())
+        process.stdin.flush()
+        deadline = time.monotonic() + timeout
+        while not done.is_file() and process.poll() is None and time.monotonic() < deadline:
+            time.sleep(POLL_S)
+        output = self._output_since(start)
+        with log_path.open("ab") as combined:
+            combined.write(output)
+        tail = output.decode(errors="replace")[-LOG_TAIL_CHARS:]
+        if not done.is_file():
+            if process.poll() is None:
+                raise CheckFailed(f"vllm bench serve did not finish within {timeout:.0f}s")
+            raise CheckFailed(
+                f"the vllm bench serve client ended (exit code {process.returncode}):\n{tail}"
+            )
+        status = done.read_text(encoding="utf-8", errors="replace")
+        if status != "ok" or not result_file.is_file():
+            reason = status.strip().splitlines()[-1] if status.strip() else "no result written"
+            raise CheckFailed(f"vllm bench serve failed ({reason}):\n{tail}")
+        return dict(json.loads(result_file.read_text()))
+
+    def _output_since(self, start: int) -> bytes:
+        with self.log.open("rb") as handle:
+            handle.seek(start)
+            return handle.read()
 
 
 def warm_up(request: TuneRequest, url: str, concurrency: int, timeout: float) -> None:

@@ -25,7 +25,7 @@ from eaglequant.engine.server import Server, serving
 from eaglequant.environment import environment
 from eaglequant.render.reports import mean_positions
 from eaglequant.speculative import schedule_config, speculative_config
-from eaglequant.tune.bench import bench_command, run_bench
+from eaglequant.tune.bench import BenchClient, bench_command
 from eaglequant.tune.choice import (
     Runs,
     Schedule,
@@ -104,6 +104,7 @@ def measure(
     max_len: int,
     scratch: Path,
     progress: Any,
+    bench: BenchClient,
 ) -> list[TuneResult]:
     """Serve one configuration and bench it ``repeats`` times at every concurrency."""
     server = Server(
@@ -120,9 +121,9 @@ def measure(
             for repeat in range(request.repeats):
                 result = scratch / f"{config.label}-c{concurrency}-r{repeat}.json"
                 warmups = concurrency if repeat == 0 else 0
-                bench = bench_command(request, server.port, concurrency, result, warmups=warmups)
+                cmd = bench_command(request, server.port, concurrency, result, warmups=warmups)
                 raws.append(
-                    run_bench(bench, result, request.out / "bench.log", request.bench_timeout_s)
+                    bench.run(cmd, result, request.out / "bench.log", request.bench_timeout_s)
                 )
             results.append(to_result(config.k, concurrency, raws, config.schedule))
             runs = ", ".join(f"{t:.1f}" for t in results[-1].runs)
@@ -144,16 +145,19 @@ def tune(request: TuneRequest, progress: Any = lambda _m: None) -> SweepSummary:
         for k in request.ks
     ]
     results: list[TuneResult] = []
-    with tempfile.TemporaryDirectory(prefix="eaglequant-tune-") as scratch:
+    with (
+        tempfile.TemporaryDirectory(prefix="eaglequant-tune-") as scratch,
+        BenchClient(Path(scratch) / "bench-client.log") as bench,
+    ):
         for config in configs:
-            results += measure(request, config, env, max_len, Path(scratch), progress)
+            results += measure(request, config, env, max_len, Path(scratch), progress, bench)
         ranges, skipped = planned_schedule(request, sweep_runs(results))
         if skipped is None:
             spec = schedule_config(draft, ranges, request.draft_kv_cache_dtype)
             config = Configuration(
                 label="schedule", k=spec["num_speculative_tokens"], spec=spec, schedule=True
             )
-            results += measure(request, config, env, max_len, Path(scratch), progress)
+            results += measure(request, config, env, max_len, Path(scratch), progress, bench)
         else:
             progress(f"no schedule run: {skipped}")
     on_cpu = probe_vllm(sys.executable).on_cpu

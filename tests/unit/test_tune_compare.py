@@ -13,6 +13,7 @@ from eaglequant.engine.config import EngineOptions, device_count
 from eaglequant.errors import InputError
 from eaglequant.render.reports import comparison_markdown, tune_markdown
 from eaglequant.tune.baseline import Candidate, Run, Sample, candidates, summarize
+from eaglequant.tune.bench import BenchClient
 from eaglequant.tune.compare import (
     best_by_concurrency,
     choose,
@@ -227,7 +228,7 @@ def summary(tmp_path: Path) -> Any:
         out=tmp_path,
     )
     configs = candidates(request)
-    run = Run(request, 2304, {}, tmp_path)
+    run = Run(request, 2304, {}, tmp_path, BenchClient(tmp_path / "bench.log"))  # not started
     spec = SpecCounters(100, 300, 180, {0: 80, 1: 60, 2: 40})
     for (label, level), runs in RECORDED.items():
         counters = None if label == "no speculation" else spec
