@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 from statistics import fmean
 
@@ -18,30 +19,10 @@ PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 
 @pytest.fixture(scope="module")
-def fp8_draft(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The toy draft exported to FP8 (on this CPU, vLLM runs it through the FP8 plugin)."""
-    out = tmp_path_factory.mktemp("export") / "fp8"
-    result = CliRunner().invoke(
-        main,
-        [
-            "export",
-            str(TOY / "draft"),
-            str(out),
-            "--calib-target",
-            str(TOY / "target"),
-            "--calib-engine",
-            "transformers",
-            "--calib-data",
-            str(TOY / "calibration.jsonl"),
-            "--calib-samples",
-            "8",
-            "--base-model",
-            "toy/target",
-        ],
-        catch_exceptions=False,
-    )
-    assert result.exit_code == 0, result.output
-    return out
+def fp8_draft(toy_fp8: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The toy draft's FP8 export (on this CPU, vLLM runs it through the FP8 plugin), copied:
+    the card is written into it."""
+    return shutil.copytree(toy_fp8, tmp_path_factory.mktemp("export") / "fp8")
 
 
 # Two repeats: the fewest from which tune reports a spread (min/max) to decide beyond.

@@ -37,14 +37,16 @@ from eaglequant.validate.validation import (
 from eaglequant.validation_report import prompts_digest, read_report
 from tests.conftest import TOY, toy_prompts_file
 from tests.exported import rerecord
+from tests.share import built_once
 
 PROMPTS = 8
 MAX_TOKENS = 32
 
 
 @pytest.fixture(scope="module")
-def good_fp8(toy_fp8: Path) -> Path:
-    return toy_fp8
+def good_fp8(toy_fp8: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The shared toy FP8 export, copied: the card is written into it."""
+    return shutil.copytree(toy_fp8, tmp_path_factory.mktemp("good") / "fp8")
 
 
 def _request(draft: Path, **changes: Any) -> ValidateRequest:
@@ -112,8 +114,23 @@ def good_report(
     return report, path
 
 
-def test_good_fp8_draft_passes(good_fp8: Path, good_report: tuple) -> None:
+@pytest.fixture(scope="module")
+def tp1_runs(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The TP=1 target and BF16 runs (engines.json) and the good export's report
+    (validation.json) that the TP=2 test compares with: made once, by the parallel pass
+    where ``make test`` shares them with its serial pass (tests/share.py)."""
+
+    def build(folder: Path) -> None:
+        engines = request.getfixturevalue("shared_engines")
+        (folder / "engines.json").write_text(json.dumps(engines))
+        shutil.copy(request.getfixturevalue("good_report")[1], folder / "validation.json")
+
+    return built_once("validate-tp1", build, tmp_path_factory.mktemp("tp1"))
+
+
+def test_good_fp8_draft_passes(good_fp8: Path, good_report: tuple, tp1_runs: Path) -> None:
     report, report_path = good_report
+    assert (tp1_runs / "validation.json").read_bytes() == report_path.read_bytes()
     assert report.passed, [(c.name, c.detail) for c in report.checks]
     bf16 = report.engines["bf16"]["acceptance"]["mean_length"]
     fp8 = report.engines["fp8"]["acceptance"]["mean_length"]
@@ -259,18 +276,20 @@ def _diverged_fraction(ids: list[list[int]], other: dict) -> float:
 
 
 def test_tensor_parallel_two_gives_the_same_outputs_and_acceptance(
-    good_fp8: Path, shared_engines: dict, good_report: tuple, tmp_path: Path, every_core: None
+    good_fp8: Path, tp1_runs: Path, tmp_path: Path, every_core: None
 ) -> None:
     """validate --tensor-parallel-size 2 on 2 CPU workers: the TP=1 runs' greedy outputs and
     acceptance; engine arguments reach every engine. Gated --against the TP=1 report (no drop
     beyond noise), with its JUnit XML."""
+    shared_engines = json.loads((tp1_runs / "engines.json").read_text())
+    good_report = tp1_runs / "validation.json"
     prompts = toy_prompts_file(tmp_path / "prompts.jsonl", PROMPTS, key="text")
     report_path, junit_path = tmp_path / "report.json", tmp_path / "junit.xml"
     args = ["validate", "--target", str(TOY / "target"), "--draft", str(good_fp8)]
     args += ["--baseline", str(TOY / "draft"), "--prompts", str(prompts)]
     args += ["--max-tokens", str(MAX_TOKENS), "--tensor-parallel-size", "2", "--lossless", "strict"]
     args += ["--engine-arg", "max_num_seqs=8", "--json", str(report_path)]
-    args += ["--against", str(good_report[1]), "--junit-xml", str(junit_path)]
+    args += ["--against", str(good_report), "--junit-xml", str(junit_path)]
     result = CliRunner().invoke(main, args)
     report = json.loads(report_path.read_text())
     # FP8 against BF16 at TP=2 on 8 prompts: nothing fails, but an interval may not decide
@@ -317,12 +336,12 @@ def test_tensor_parallel_two_gives_the_same_outputs_and_acceptance(
 
 
 def _gated_against_the_tp1_report(
-    report: dict, junit_path: Path, good_report: tuple, tp1_fp8: dict
+    report: dict, junit_path: Path, good_report: Path, tp1_fp8: dict
 ) -> None:
     """Check 7 in the TP=2 report and its JUnit file; a second TP=1 FP8 run is "identical"."""
     regression = next(c for c in report["checks"] if c["name"] == "7 regression")
     assert regression["verdict"] == "PASS" and regression["numbers"]["paired"], regression
-    assert regression["detail"].startswith(f"no drop beyond noise vs {good_report[1]}: ")
+    assert regression["detail"].startswith(f"no drop beyond noise vs {good_report}: ")
     suites = list(junitparser.JUnitXml.fromfile(str(junit_path)))
     assert (
         len(suites) == 1 and suites[0].name == f"eaglequant.validate.{Path(report['draft']).name}"
@@ -341,6 +360,6 @@ def _gated_against_the_tp1_report(
         outputs_sha256=outputs_digest(tp1_fp8["result"]["token_ids"]),
         per_prompt=tuple(prompt_counts(tp1_fp8["result"])),
     )
-    identical = regression_check(again, read_previous(good_report[1]), max_regression=0.02)
+    identical = regression_check(again, read_previous(good_report), max_regression=0.02)
     assert identical.passed and identical.numbers["identical"], identical.detail
-    assert identical.detail.startswith(f"identical to {good_report[1]}: the same generated tokens")
+    assert identical.detail.startswith(f"identical to {good_report}: the same generated tokens")
