@@ -17,12 +17,16 @@ from tests.support import invoke
 def test_trained_speculators_draft_with_norm_before_residual_validates(tmp_path: Path) -> None:
     """The committed toy draft trained with norm_before_residual, in the speculators format:
     exported (format kept), then every validate check in real vLLM against its BF16 self."""
+    from eaglequant.capture.run import CaptureEngine
     from eaglequant.validate.validation import ValidateRequest, read_prompts, validate_draft
 
     bf16 = TOY / "draft-speculators"
     assert read_checkpoint(bf16).config["norm_before_residual"]
     out = tmp_path / "fp8"
+    # transformers captures the target's states for calibration and check 6 (vLLM's capture
+    # is the toy FP8 export's and validate's elsewhere): the format is what is tested here.
     args = ["export", str(bf16), str(out), "--calib-target", str(TOY / "target")]
+    args += ["--calib-engine", "transformers"]
     code, output = invoke([*args, "--calib-data", str(TOY / "calibration.jsonl")])
     assert code == 0, output
     assert read_checkpoint(out).speculators_format
@@ -34,6 +38,7 @@ def test_trained_speculators_draft_with_norm_before_residual_validates(tmp_path:
         max_tokens=48,
         engine_timeout_s=300,
         lossless="strict",
+        capture=CaptureEngine(name="transformers"),
     )
     report = validate_draft(request)
     verdicts = {c.name: c.verdict for c in report.checks}

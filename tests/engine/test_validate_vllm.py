@@ -105,10 +105,16 @@ def _variant(good: Path, tmp_path: Path, edit: Any) -> Path:
 
 @pytest.fixture(scope="module")
 def good_report(
-    good_fp8: Path, shared_engines: dict, tmp_path_factory: pytest.TempPathFactory
+    good_fp8: Path,
+    shared_engines: dict,
+    validation_states: Path,
+    tmp_path_factory: pytest.TempPathFactory,
 ) -> tuple[ValidationReport, Path]:
-    """The good export validated once (its FP8 engine, check 6's capture), written as JSON."""
-    report = validate_draft(_request(good_fp8), reuse=shared_engines)
+    """The good export validated once (its FP8 engine; check 6 on the vLLM capture of the
+    validation sequences made once for the module), written as JSON."""
+    report = validate_draft(
+        _request(good_fp8, hidden_states=validation_states), reuse=shared_engines
+    )
     path = tmp_path_factory.mktemp("good-report") / "validation.json"
     path.write_text(json.dumps(report.to_json()))
     return report, path
