@@ -65,7 +65,7 @@ demo: install
 test: installs lint test-unit test-rest
 
 test-unit: install-unit
-	$(UNIT_BIN)/python -m pytest -m unit -x $(PYTEST_FLAGS) tests
+	$(UNIT_BIN)/python -m pytest -m unit -x $(PYTEST_FLAGS) tests/unit
 
 test-integration: install
 	rm -rf $(TEST_SHARE)
