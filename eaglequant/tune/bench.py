@@ -35,9 +35,9 @@ BENCH_SCRIPT = (
     "main(parser.parse_args(sys.argv[1:]))\n"
 )
 # The client child: one ``vllm bench serve`` run per line of JSON on stdin ([argv, done
-# file]); "ok" or the traceback goes to the done file once the run has ended.
+# file]); "ok" or the traceback goes to the done file (whole, by a rename) once the run ended.
 BENCH_LOOP = (
-    "import json, sys, traceback\n"
+    "import json, os, sys, traceback\n"
     "from pathlib import Path\n"
     "from vllm.benchmarks.serve import add_cli_args, main\n"
     "from vllm.utils.argparse_utils import FlexibleArgumentParser\n"
@@ -51,7 +51,8 @@ BENCH_LOOP = (
     "    except BaseException:\n"
     "        status = traceback.format_exc()\n"
     "    sys.stdout.flush(); sys.stderr.flush()\n"
-    "    Path(done).write_text(status)\n"
+    "    Path(done + '.part').write_text(status)\n"
+    "    os.replace(done + '.part', done)\n"
 )
 POLL_S = 0.1
 SEED = 0
@@ -168,8 +169,11 @@ class BenchClient:
         done = result_file.with_name(f"{result_file.name}.done")
         start = self.log.stat().st_size
         argv = cmd[cmd.index(BENCH_SCRIPT) + 1 :]
-        process.stdin.write((json.dumps([argv, str(done)]) + "\n").encode())
-        process.stdin.flush()
+        try:
+            process.stdin.write((json.dumps([argv, str(done)]) + "\n").encode())
+            process.stdin.flush()
+        except BrokenPipeError:  # the client has ended: said below, with its output
+            pass
         deadline = time.monotonic() + timeout
         while not done.is_file() and process.poll() is None and time.monotonic() < deadline:
             time.sleep(POLL_S)
