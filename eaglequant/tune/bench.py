@@ -121,9 +121,8 @@ class BenchClient:
     """One child running vLLM's benchmark client for each :meth:`run` in turn (a context
     manager: the child is started on entry and its process group killed on exit)."""
 
-    def __init__(self, log: Path, env: dict[str, str] | None = None) -> None:
+    def __init__(self, log: Path) -> None:
         self.log = log
-        self.env = dict(os.environ if env is None else env)
         self.process: subprocess.Popen[bytes] | None = None
         self.runs = 0
 
@@ -135,7 +134,7 @@ class BenchClient:
                 stdin=subprocess.PIPE,
                 stdout=out,
                 stderr=subprocess.STDOUT,
-                env=self.env,
+                env=dict(os.environ),
                 start_new_session=True,
             )
         return self

@@ -57,7 +57,7 @@ def _capture_all(root: Path, runs: dict[str, list[str]]) -> dict[str, Path]:
     for name, extra in runs.items():
         if extra == FLOAT32_VLLM:
             shared = built_once(
-                "capture-vllm-float32", lambda f, x=extra: _capture(f / "capture", x), root / name
+                "capture-vllm-float32", lambda f: _capture(f / "capture", FLOAT32_VLLM), root / name
             )
             folders[name] = shared / "capture"
         else:
