@@ -17,9 +17,10 @@ PYTEST_FLAGS ?= --durations=25
 WORKERS ?= $(shell [ "$$(nproc)" -ge 2 ] && echo 2 || echo 1)
 PARALLEL := -n $(WORKERS) --dist loadgroup
 # What the workers and the serial pass build once and share (the toy FP8 export, the TP=1
-# runs the TP=2 tests compare with): tests/share.py. Made anew by each run.
+# runs the TP=2 tests compare with): tests/share.py. Made anew by each run. Engine children are
+# forked from a fork server that imported vLLM once (eaglequant/engine/forkserver.py).
 TEST_SHARE := $(CURDIR)/build/test-share
-SHARED := EAGLEQUANT_TEST_SHARE=$(TEST_SHARE)
+SHARED := EAGLEQUANT_TEST_SHARE=$(TEST_SHARE) EAGLEQUANT_FORKSERVER=1
 
 # torch.compile's cache is the checkout's own, per ISA setting (see test-as-avx2): inductor's
 # shared one in /tmp hands kernels built under one ISA to processes running under another.

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import signal
 import subprocess
 import sys
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -215,19 +217,47 @@ def toy_fp8(tmp_path_factory: pytest.TempPathFactory) -> Path:
 LOG_TAIL = 3000
 
 
-def run_child(args: list[str], timeout: float = 600, **kwargs: object) -> str:
-    """Run a child that may load vLLM kernels; a crash or signal fails the test with its log."""
+def run_child(
+    args: list[str],
+    timeout: float = 600,
+    cwd: Path | None = None,
+    env: dict[str, str] | None = None,
+) -> str:
+    """Run a child that may load vLLM kernels; a crash or signal fails the test with its log.
+
+    ``python -m`` children go through the engine layer (forked from a fork server when the
+    environment asks for one) and return their whole log; others return their stdout.
+    """
+    env = dict(os.environ if env is None else env)
+    if args[1:2] == ["-m"] and (cwd is None or Path(cwd).resolve() == Path.cwd().resolve()):
+        return _run_module(args, timeout, env)
     done = subprocess.run(
-        args, capture_output=True, text=True, timeout=timeout, check=False, **kwargs
+        args, capture_output=True, text=True, timeout=timeout, check=False, cwd=cwd, env=env
     )
     if done.returncode != 0:
-        cause = f"exit code {done.returncode}"
-        if done.returncode < 0:
-            cause = f"killed by {signal.Signals(-done.returncode).name}"
-        pytest.fail(
-            f"child {args[:3]} {cause}; log tail:\n{(done.stdout + done.stderr)[-LOG_TAIL:]}"
-        )
+        _child_failed(args, done.returncode, done.stdout + done.stderr)
     return done.stdout
+
+
+def _run_module(args: list[str], timeout: float, env: dict[str, str]) -> str:
+    from eaglequant.engine import process
+
+    with tempfile.TemporaryDirectory(prefix="eaglequant-test-child-") as scratch:
+        log = Path(scratch) / "child.log"
+        ended = process.run_child(args, log, env, timeout)
+        text = log.read_text(errors="replace")
+    if ended.timed_out:
+        raise subprocess.TimeoutExpired(args, timeout, text)
+    if ended.returncode != 0:
+        _child_failed(args, ended.returncode or 0, text)
+    return text
+
+
+def _child_failed(args: list[str], returncode: int, log: str) -> None:
+    cause = f"exit code {returncode}"
+    if returncode < 0:
+        cause = f"killed by {signal.Signals(-returncode).name}"
+    pytest.fail(f"child {args[:3]} {cause}; log tail:\n{log[-LOG_TAIL:]}")
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -18,7 +18,10 @@ import os
 import sys
 from typing import Any
 
+from eaglequant.engine.child import VLLM_PRELOAD
+
 CALLS = 2
+PRELOAD = VLLM_PRELOAD  # imported once by a fork server
 
 
 class DraftRecorder:

@@ -11,6 +11,7 @@ import torch
 from click.testing import CliRunner
 
 from eaglequant.cli import main
+from eaglequant.engine.forkserver import process_name
 from eaglequant.engine.result import (
     ENGINE_RESULT_SCHEMA,
     EngineResult,
@@ -156,11 +157,7 @@ def descendants(ancestor: int, marker: str) -> list[int]:
     machine: another test worker may run the same commands)."""
     found = []
     for pid in (int(p) for p in os.listdir("/proc") if p.isdigit()):
-        try:
-            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
-        except OSError:
-            continue
-        if marker not in cmdline:
+        if marker not in _cmdline(pid):
             continue
         above = _parent(pid)
         while above is not None and above > 1 and above != ancestor:
@@ -168,6 +165,30 @@ def descendants(ancestor: int, marker: str) -> list[int]:
         if above == ancestor:
             found.append(pid)
     return found
+
+
+def child_processes(ancestor: int, module: str) -> list[int]:
+    """Processes below ``ancestor`` started as ``python -m module``, or forked for it by a fork
+    server (a forked child keeps the server's command line; it names itself after the module)."""
+    found = descendants(ancestor, module)
+    name = process_name(module)
+    return found + [
+        pid for pid in descendants(ancestor, "eaglequant.engine.forkserver") if _comm(pid) == name
+    ]
+
+
+def _comm(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/comm").read_text().strip()
+    except OSError:
+        return ""
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+    except OSError:
+        return ""
 
 
 def servers_running() -> list[int]:

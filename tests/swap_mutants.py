@@ -11,6 +11,10 @@ from __future__ import annotations
 import sys
 from typing import Any
 
+from eaglequant.engine.child import VLLM_PRELOAD
+
+PRELOAD = VLLM_PRELOAD  # imported once by a fork server
+
 
 def keep_prefix_cache(_llm: Any, *_args: Any, **_kwargs: Any) -> bool:
     return True

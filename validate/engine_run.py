@@ -24,6 +24,7 @@ import os
 import time
 from typing import Any, cast
 
+from eaglequant.engine.child import VLLM_PRELOAD
 from eaglequant.engine.result import (
     ENGINE_RESULT_SCHEMA,
     SCALE_NAMES,
@@ -36,6 +37,7 @@ from eaglequant.engine.result import (
     TopLogprobs,
 )
 
+PRELOAD = VLLM_PRELOAD  # imported once by a fork server
 SPEC_METRICS = {
     "vllm:spec_decode_num_drafts": "num_drafts",
     "vllm:spec_decode_num_draft_tokens": "num_draft_tokens",

@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
 from eaglequant.draft import dims_from_config
+from eaglequant.engine.child import VLLM_PRELOAD
 from eaglequant.engine.config import llm_kwargs
 from eaglequant.engine.process import run_child
 from eaglequant.engine.result import (
@@ -53,6 +54,7 @@ if TYPE_CHECKING:
 ValidateRequest = Any
 
 SINGLE, PER_DRAFT = "single", "per-draft"
+PRELOAD = VLLM_PRELOAD  # imported once by a fork server
 PARTIAL_KEY = "partial_path"  # the spec's file for the runs finished so far
 # Config keys that must agree, besides the dimensions, for two drafts to share an engine.
 SHARED_KEYS = ("architectures", "num_hidden_layers")

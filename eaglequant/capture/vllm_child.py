@@ -23,6 +23,9 @@ import time
 from pathlib import Path
 from typing import Any
 
+from eaglequant.engine.child import VLLM_PRELOAD
+
+PRELOAD = VLLM_PRELOAD  # imported once by a fork server
 CPU_CONNECTOR = ("CpuHiddenStatesConnector", "eaglequant.capture.cpu_connector")
 STOCK_CONNECTOR = "ExampleHiddenStatesConnector"
 

@@ -14,6 +14,10 @@ import sys
 from collections.abc import Callable, Mapping
 from typing import Any
 
+# What an engine child imports before its first vLLM call: a fork server
+# (:mod:`eaglequant.engine.forkserver`) imports these once, before forking each child.
+VLLM_PRELOAD = ("vllm.entrypoints.llm",)
+
 
 def serve_json_child(run: Callable[[dict[str, Any]], Mapping[str, Any]]) -> None:
     """``run`` the spec named by ``argv[1]`` and write its result to ``argv[2]``."""

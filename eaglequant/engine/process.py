@@ -15,6 +15,9 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeAlias
+
+from eaglequant.engine.forkserver import ForkedChild, server_for, wanted
 
 # How much of a failed child's log a report or an error carries (its last characters).
 LOG_TAIL_CHARS = 4000
@@ -50,17 +53,27 @@ class ChildRun:
         return f"exit code {code}" if code else "no result written"
 
 
-def start_child(argv: list[str], log: Path, env: Mapping[str, str]) -> subprocess.Popen[bytes]:
-    """Start ``argv`` in a new process group, stdout and stderr into ``log``."""
+# A running child: a plain subprocess, or one forked by a fork server (the same interface).
+Child: TypeAlias = "subprocess.Popen[bytes] | ForkedChild"
+
+
+def start_child(argv: list[str], log: Path, env: Mapping[str, str], *, fork: bool = True) -> Child:
+    """Start ``argv`` in a new process group, stdout and stderr into ``log``.
+
+    With ``fork``, ``python -m module …`` is forked from this environment's fork server when
+    the environment asks for one (:mod:`eaglequant.engine.forkserver`) and the server takes it.
+    """
+    if fork and wanted(env) and len(argv) >= 3 and argv[1] == "-m":
+        forked = server_for(argv[0], env).start(argv[2], argv[3:], log, env)
+        if isinstance(forked, ForkedChild):
+            return forked
     with log.open("wb") as out:
         return subprocess.Popen(
             argv, stdout=out, stderr=subprocess.STDOUT, env=dict(env), start_new_session=True
         )
 
 
-def finish_child(
-    process: subprocess.Popen[bytes], started: float, timeout: float | None
-) -> ChildRun:
+def finish_child(process: Child, started: float, timeout: float | None) -> ChildRun:
     """Wait for ``process`` (at most ``timeout`` s), then kill what is left of its group."""
     timed_out = False
     try:
@@ -74,7 +87,7 @@ def finish_child(
     return ChildRun(process.returncode, timed_out, round(time.perf_counter() - started, 1))
 
 
-def kill_group(process: subprocess.Popen[bytes]) -> None:
+def kill_group(process: Child) -> None:
     """SIGKILL the child's process group (no stray engine core or worker survives it)."""
     with contextlib.suppress(ProcessLookupError):
         os.killpg(process.pid, signal.SIGKILL)

@@ -24,7 +24,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from eaglequant.engine.process import kill_group, log_tail, start_child
+from eaglequant.engine.process import Child, kill_group, log_tail, start_child
 from eaglequant.errors import CheckFailed
 
 HOST = "127.0.0.1"
@@ -58,7 +58,7 @@ class Server:
     log: Path
     env: Mapping[str, str]
     port: int = field(default_factory=free_port)
-    process: subprocess.Popen[bytes] | None = None
+    process: Child | None = None
     started_s: float = 0.0
 
     @property
@@ -68,9 +68,8 @@ class Server:
     def start(self, timeout: float) -> float:
         """Start the server and wait until it is healthy; return the seconds that took."""
         begin = time.perf_counter()
-        self.process = start_child(
-            server_argv(self.model, self.port, self.flags), self.log, self.env
-        )
+        argv = server_argv(self.model, self.port, self.flags)
+        self.process = start_child(argv, self.log, self.env, fork=False)
         try:
             self.wait_healthy(timeout)
         except BaseException:
@@ -122,13 +121,13 @@ class Server:
         found = ERROR_LINE.search(self.log.read_text(errors="replace"))
         return f" ({found.group(1)})" if found else ""
 
-    def _running(self) -> subprocess.Popen[bytes]:
+    def _running(self) -> Child:
         if self.process is None:
             raise RuntimeError("the server is not started")
         return self.process
 
 
-def stop_group(process: subprocess.Popen[bytes], grace: float) -> None:
+def stop_group(process: Child, grace: float) -> None:
     """Ask a child's process group to end, then kill it (no engine core or worker survives)."""
     with contextlib.suppress(ProcessLookupError):
         os.killpg(process.pid, signal.SIGTERM)

@@ -24,7 +24,7 @@ from safetensors.torch import load_file
 from eaglequant.manifest import MANIFEST_FILE
 from tests.conftest import TOY
 from tests.share import built_once
-from tests.support import SAMPLES, SEQ_LEN, capture_args, descendants, invoke
+from tests.support import SAMPLES, SEQ_LEN, capture_args, child_processes, invoke
 
 # BF16 keeps 8 significant bits: two roundings of nearly equal float32 values differ by at
 # most one step, 2**-7 of the value; the float32 engines themselves differ by ~1e-5 of the
@@ -102,7 +102,7 @@ def _engine_child(process: subprocess.Popen[str], folder: Path, timeout: float =
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if list(folder.glob(".capture*/hidden_states.safetensors")):
-            children = descendants(process.pid, "eaglequant.capture.vllm_child")
+            children = child_processes(process.pid, "eaglequant.capture.vllm_child")
             if children:
                 return children[0]
         assert process.poll() is None, process.communicate()[0]
