@@ -42,7 +42,7 @@ from typing import Any
 
 FORKSERVER_ENV = "EAGLEQUANT_FORKSERVER"
 # Fork servers one process keeps (the least recently used is closed): each holds vLLM.
-MAX_SERVERS = 2
+MAX_SERVERS = 4
 # Variables a server's key leaves out (the child still gets their values): pytest's name of
 # the running test, which changes with every test and which no import reads.
 UNKEYED = frozenset({"PYTEST_CURRENT_TEST"})
