@@ -25,7 +25,10 @@ VERDICT_LINES = {
     "INCONCLUSIVE": "validation INCONCLUSIVE: too few prompts to decide",
 }
 
-console = Console(highlight=False, width=None if sys.stdout.isatty() else 160)
+# Into a pipe or a log: tables laid out 160 wide, text lines never wrapped (a path or a command
+# in a problem line stays whole, to be pasted or grepped).
+_TTY = sys.stdout.isatty()
+console = Console(highlight=False, width=None if _TTY else 160, soft_wrap=not _TTY)
 
 
 def human_bytes(count: float) -> str:

@@ -13,10 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from tests.parallel import require_every_core
+from tests.parallel import GIVEN_CORES, require_every_core
 
 REPO = Path(__file__).resolve().parent.parent.parent
-CORES = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
+CORES = GIVEN_CORES  # this run's, before an xdist worker running these tests pinned itself
 
 PROBES = """
 import json, os
@@ -51,6 +51,17 @@ def test_parallel(every_core):
 """
 
 
+def _outside_xdist() -> dict[str, str]:
+    """This environment as a run started by hand sees it (not this xdist worker's identity)."""
+    return {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_XDIST_")}
+
+
+def _every_given_core() -> None:
+    """The child run gets the cores this run was given, not this worker's pinned share."""
+    if CORES and hasattr(os, "sched_setaffinity"):
+        os.sched_setaffinity(0, CORES)
+
+
 def _run(tmp_path: Path, *args: str) -> tuple[int, str, dict[str, dict]]:
     (tmp_path / "test_probes.py").write_text(PROBES)
     out = tmp_path / "out"
@@ -62,7 +73,8 @@ def _run(tmp_path: Path, *args: str) -> tuple[int, str, dict[str, dict]]:
             *(str(tmp_path / "test_probes.py"), *args),
         ],
         cwd=REPO,
-        env={**os.environ, "PROBE_OUT": str(out), "PYTHONPATH": str(REPO)},
+        env={**_outside_xdist(), "PROBE_OUT": str(out), "PYTHONPATH": str(REPO)},
+        preexec_fn=_every_given_core,
         capture_output=True,
         text=True,
         timeout=240,
