@@ -5,7 +5,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import signal
 import subprocess
 import sys
 import tempfile
@@ -17,6 +16,8 @@ import pytest
 import torch
 
 from eaglequant.devtools.synthetic import draft_config, write_random_draft
+from eaglequant.engine.process import ChildRun
+from eaglequant.engine.process import run_child as engine_run_child
 from eaglequant.io import speculators
 from eaglequant.io.checkpoint import read_checkpoint
 from eaglequant.io.layout import blob_from_file
@@ -235,29 +236,24 @@ def run_child(
         args, capture_output=True, text=True, timeout=timeout, check=False, cwd=cwd, env=env
     )
     if done.returncode != 0:
-        _child_failed(args, done.returncode, done.stdout + done.stderr)
+        _child_failed(args, ChildRun(done.returncode, False, 0.0), done.stdout + done.stderr)
     return done.stdout
 
 
 def _run_module(args: list[str], timeout: float, env: dict[str, str]) -> str:
-    from eaglequant.engine import process
-
     with tempfile.TemporaryDirectory(prefix="eaglequant-test-child-") as scratch:
         log = Path(scratch) / "child.log"
-        ended = process.run_child(args, log, env, timeout)
+        ended = engine_run_child(args, log, env, timeout)
         text = log.read_text(errors="replace")
     if ended.timed_out:
         raise subprocess.TimeoutExpired(args, timeout, text)
     if ended.returncode != 0:
-        _child_failed(args, ended.returncode or 0, text)
+        _child_failed(args, ended, text)
     return text
 
 
-def _child_failed(args: list[str], returncode: int, log: str) -> None:
-    cause = f"exit code {returncode}"
-    if returncode < 0:
-        cause = f"killed by {signal.Signals(-returncode).name}"
-    pytest.fail(f"child {args[:3]} {cause}; log tail:\n{log[-LOG_TAIL:]}")
+def _child_failed(args: list[str], ended: ChildRun, log: str) -> None:
+    pytest.fail(f"child {args[:3]} {ended.cause()}; log tail:\n{log[-LOG_TAIL:]}")
 
 
 @pytest.fixture(scope="session", autouse=True)
