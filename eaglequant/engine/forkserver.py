@@ -40,6 +40,9 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from eaglequant.engine.config import usable_cores
+from eaglequant.io.output import pid_alive
+
 FORKSERVER_ENV = "EAGLEQUANT_FORKSERVER"
 # Fork servers one process keeps (the least recently used is closed): each holds vLLM.
 MAX_SERVERS = 4
@@ -203,7 +206,7 @@ class ForkedChild:
         self._ended.set()
 
     def poll(self) -> int | None:
-        if not self._ended.is_set() and not self.server.alive and _gone(self.pid):
+        if not self._ended.is_set() and not self.server.alive and not pid_alive(self.pid):
             self._end(-signal.SIGKILL)  # the server died with it: its status is lost
         return self.returncode
 
@@ -216,16 +219,6 @@ class ForkedChild:
             self._ended.wait(0.5 if left is None else min(left, 0.5))
         assert self.returncode is not None
         return self.returncode
-
-
-def _gone(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return True
-    except PermissionError:
-        return False
-    return False
 
 
 class ForkServer:
@@ -258,7 +251,7 @@ class ForkServer:
             "env": dict(env),
             "log": str(log),
             "cwd": os.getcwd(),
-            "affinity": sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else [],
+            "affinity": usable_cores(),
         }
         log.write_bytes(b"")  # there once the child is started, as for a plain subprocess
         with self._request:

@@ -126,12 +126,13 @@ def remove_stale_temps(out: Path) -> None:
         return
     for candidate in out.parent.glob(f".{out.name}{TEMP_MARK}*"):
         pid_text = candidate.name.rsplit(TEMP_MARK, 1)[-1].split("-", 1)[0]
-        if pid_text.isdigit() and _alive(int(pid_text)):
+        if pid_text.isdigit() and pid_alive(int(pid_text)):
             continue
         shutil.rmtree(candidate, ignore_errors=True)
 
 
-def _alive(pid: int) -> bool:
+def pid_alive(pid: int) -> bool:
+    """Whether process ``pid`` exists (one of another user counts)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
