@@ -32,7 +32,7 @@ SCHEDULE = [[1, 1, 0], [2, 4, 2]]
 
 
 @pytest.fixture(scope="module")
-def tune_out(tmp_path_factory: pytest.TempPathFactory, fp8_draft: Path) -> Path:
+def tune_out(tmp_path_factory: pytest.TempPathFactory, fp8_draft: Path, lean_servers: None) -> Path:
     out = tmp_path_factory.mktemp("tune") / "results"
     prompts = toy_prompts_file(out.parent / "prompts.jsonl", 8)
     result = CliRunner().invoke(

@@ -26,7 +26,10 @@ def fp8_toy_draft(toy_fp8: Path, tmp_path_factory: pytest.TempPathFactory) -> Pa
 
 @pytest.fixture(scope="module")
 def comparison_out(
-    tmp_path_factory: pytest.TempPathFactory, deep_target: Path, fp8_toy_draft: Path
+    tmp_path_factory: pytest.TempPathFactory,
+    deep_target: Path,
+    fp8_toy_draft: Path,
+    lean_servers: None,
 ) -> Path:
     """``tune --baseline`` on the deeper target: the FP8 toy draft against the BF16 toy draft
     and no speculation, k=2, concurrency 1, 3 rotated rounds, servers kept alive."""
