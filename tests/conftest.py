@@ -200,11 +200,8 @@ def edit_config(folder: Path, **changes: object) -> None:
 
 @pytest.fixture(scope="session")
 def toy_fp8(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The committed toy draft exported to static FP8, calibrated on the toy target's states
-    (once per ``make test``: tests that write into it work on a copy). The states come from
-    transformers, in process: a vLLM capture costs two engine processes (78 s against 18 s
-    for the whole export, one core, AVX2 path); vLLM's captures, and exports calibrated from
-    them, are tested in tests/engine/test_capture_engine.py."""
+    """The committed toy draft exported to static FP8, calibrated on the toy target (once per
+    ``make test``: tests that write into it work on a copy)."""
     from click.testing import CliRunner
 
     from eaglequant.cli import main
@@ -212,7 +209,6 @@ def toy_fp8(tmp_path_factory: pytest.TempPathFactory) -> Path:
     def export(folder: Path) -> None:
         args = ["export", str(TOY / "draft"), str(folder / "fp8"), "--calib-target"]
         args += [str(TOY / "target"), "--calib-data", str(TOY / "calibration.jsonl")]
-        args += ["--calib-engine", "transformers"]
         result = CliRunner().invoke(main, args, catch_exceptions=False)
         assert result.exit_code == 0, result.output
 
