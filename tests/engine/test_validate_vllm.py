@@ -122,12 +122,14 @@ def good_report(
 
 @pytest.fixture(scope="module")
 def tp1_runs(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The TP=1 target and BF16 runs (engines.json) and the good export's report
-    (validation.json) that the TP=2 test compares with: made once, by the parallel pass
-    where ``make test`` shares them with its serial pass (tests/share.py)."""
+    """The TP=1 target and BF16 runs, a second TP=1 FP8 run (engines.json) and the good
+    export's report (validation.json) that the TP=2 test compares with: made once, by the
+    parallel pass where ``make test`` shares them with its serial pass (tests/share.py)."""
 
     def build(folder: Path) -> None:
-        engines = request.getfixturevalue("shared_engines")
+        engines = dict(request.getfixturevalue("shared_engines"))
+        good = request.getfixturevalue("good_fp8")
+        engines["fp8"] = run_engine(_request(good), good)  # the report's FP8 run is another
         (folder / "engines.json").write_text(json.dumps(engines))
         shutil.copy(request.getfixturevalue("good_report")[1], folder / "validation.json")
 
@@ -287,7 +289,7 @@ def test_tensor_parallel_two_gives_the_same_outputs_and_acceptance(
     """validate --tensor-parallel-size 2 on 2 CPU workers: the TP=1 runs' greedy outputs and
     acceptance; engine arguments reach every engine. Gated --against the TP=1 report (no drop
     beyond noise), with its JUnit XML."""
-    shared_engines = json.loads((tp1_runs / "engines.json").read_text())
+    single = json.loads((tp1_runs / "engines.json").read_text())  # TP=1
     good_report = tp1_runs / "validation.json"
     prompts = toy_prompts_file(tmp_path / "prompts.jsonl", PROMPTS, key="text")
     report_path, junit_path = tmp_path / "report.json", tmp_path / "junit.xml"
@@ -302,7 +304,6 @@ def test_tensor_parallel_two_gives_the_same_outputs_and_acceptance(
     # (measured: check 5's position 3, 1.012 [0.941, 1.107] against 0.95, INCONCLUSIVE).
     assert {c["verdict"] for c in report["checks"]} <= {"PASS", "INCONCLUSIVE"}, result.output
     assert result.exit_code == (0 if report["verdict"] == "PASS" else 1), result.output
-    single = {**shared_engines, "fp8": run_engine(_request(good_fp8), good_fp8)}  # TP=1
     _gated_against_the_tp1_report(report, junit_path, good_report, single["fp8"])
     for role in ("target", "bf16", "fp8"):
         engine = report["engines"][role]
