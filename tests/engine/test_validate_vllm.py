@@ -129,7 +129,7 @@ def tp1_runs(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFa
     def build(folder: Path) -> None:
         engines = dict(request.getfixturevalue("shared_engines"))
         good = request.getfixturevalue("good_fp8")
-        engines["fp8"] = run_engine(_request(good), good)  # the report's FP8 run is another
+        engines["fp8"] = run_engine(_request(good), good)  # the report holds the first
         (folder / "engines.json").write_text(json.dumps(engines))
         shutil.copy(request.getfixturevalue("good_report")[1], folder / "validation.json")
 
