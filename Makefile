@@ -29,8 +29,8 @@ export VLLM_CPU_KVCACHE_SPACE ?= 1
 export VLLM_TARGET_DEVICE ?= cpu
 export TOKENIZERS_PARALLELISM ?= false
 
-.PHONY: install install-unit demo test test-unit test-integration test-engine test-rest test-as-avx2 lint \
-	typecheck typecheck-tree bench bench-small bench-capture bench-tune bench-tune-baseline toy clean
+.PHONY: install install-unit timed-install lint-then-unit demo test test-unit test-integration \
+	test-engine test-rest test-as-avx2 lint typecheck typecheck-tree bench bench-small bench-capture bench-tune bench-tune-baseline toy clean
 
 install: $(STAMP)
 install-unit: $(UNIT_STAMP)
@@ -59,14 +59,20 @@ $(UNIT_STAMP): pyproject.toml
 demo: install
 	bash examples/toy/demo.sh $(DEMO_OUT)
 
-# Everything CI runs: both venvs at once, lint as soon as the unit venv is there (pip waits on
-# downloads and disks more than on the CPU), then the unit tier alone (fast, fails first),
-# then the rest.
+# Everything CI runs: both venvs at once; as soon as the unit venv is there, lint and then the
+# unit tier (fails first: the rest never starts), while pip fills the full venv (it waits on
+# downloads and disks more than on the CPU); then the integration and engine tiers.
 # Each stage's wall time is printed after it (the CI log then says where the time went).
 test:
-	@$(call timed,installs and lint,$(MAKE) -j2 --output-sync=target install lint)
-	@$(call timed,unit tier,$(MAKE) test-unit)
+	@$(call timed,installs / lint / unit tier,$(MAKE) -j2 --output-sync=target timed-install lint-then-unit)
 	@$(call timed,integration and engine tiers,$(MAKE) test-rest)
+
+timed-install:
+	@$(call timed,full install,$(MAKE) install)
+
+lint-then-unit:
+	@$(call timed,lint,$(MAKE) lint)
+	@$(call timed,unit tier,$(MAKE) test-unit)
 
 timed = started=$$(date +%s); $(2); code=$$?; \
 	echo "[make test] $(1): $$(( $$(date +%s) - started )) s"; exit $$code

@@ -26,6 +26,8 @@ from tests.parallel import (  # noqa: F401 (pytest takes a conftest's hooks and 
     every_core,
     pytest_configure,
     pytest_itemcollected,
+    pytest_runtest_logreport,
+    worker_balance,
 )
 from tests.share import built_once
 
@@ -92,6 +94,9 @@ def pytest_terminal_summary(terminalreporter: Any) -> None:
         f"{','.join(cpu['isa_flags']) or 'baseline'}; torch "
         f"{torch.backends.cpu.get_cpu_capability()} ({probe})"
     )
+    balance = worker_balance()
+    if balance:
+        terminalreporter.write_line(balance)
 
 
 @pytest.fixture

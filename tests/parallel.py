@@ -11,12 +11,15 @@ from __future__ import annotations
 import os
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 EVERY_CORE = "every_core"  # the fixture, and the marker of the tests that use it
 # The cores this run was given, before an xdist worker pins itself to its share.
 GIVEN_CORES = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
+# The controller's view of each xdist worker: [seconds in tests, first start, last end].
+WORKER_TIMES: dict[str, list[float]] = {}
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -64,3 +67,31 @@ def require_every_core() -> None:
     """Fails in an xdist worker, which is pinned to its share of the cores."""
     if "PYTEST_XDIST_WORKER" in os.environ:
         pytest.fail("this test needs every core: run it without -n (make test-rest does)")
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    """On the xdist controller: add each phase (setup, call, teardown) to its worker's times."""
+    worker = getattr(getattr(getattr(report, "node", None), "gateway", None), "id", None)
+    if worker is None:
+        return
+    times = WORKER_TIMES.setdefault(worker, [0.0, report.start, report.stop])
+    times[0] += report.duration
+    times[1], times[2] = min(times[1], report.start), max(times[2], report.stop)
+
+
+def worker_balance() -> str | None:
+    """One line for the terminal summary: each worker's seconds in tests and how long before
+    the pass's last test it ran out of work (the time a better split could save)."""
+    if not WORKER_TIMES:
+        return None
+    last = max(times[2] for times in WORKER_TIMES.values())
+    return "workers: " + "; ".join(
+        f"{worker} {times[0]:.1f} s in tests, idle for the last {last - times[2]:.1f} s"
+        for worker, times in sorted(WORKER_TIMES.items())
+    )
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    line = worker_balance()
+    if line:
+        terminalreporter.write_line(line)

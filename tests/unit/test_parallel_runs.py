@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -19,7 +20,7 @@ REPO = Path(__file__).resolve().parent.parent.parent
 CORES = GIVEN_CORES  # this run's, before an xdist worker running these tests pinned itself
 
 PROBES = """
-import json, os
+import json, os, time
 from pathlib import Path
 
 import pytest
@@ -43,6 +44,7 @@ def test_spread(n, tmp_path_factory):
 
 @pytest.mark.parametrize("n", range(4))
 def test_grouped(n, built_once, tmp_path_factory):
+    time.sleep(0.25)
     _record(tmp_path_factory, f"grouped{n}")
 
 
@@ -95,6 +97,11 @@ def test_workers_are_pinned_apart_and_module_fixtures_keep_their_tests_together(
     assert not set(per_worker["gw0"]) & set(per_worker["gw1"])
     grouped = {r["worker"] for name, r in records.items() if name.startswith("grouped")}
     assert len(grouped) == 1  # one worker builds the module fixture and runs all four
+    # The controller's summary says how the work split: each worker's time and idle tail.
+    balance = re.findall(r"gw(\d) ([\d.]+) s in tests, idle for the last ([\d.]+) s", output)
+    assert sorted(w for w, _, _ in balance) == ["0", "1"], output
+    assert sum(float(busy) for _, busy, _ in balance) >= 1.0, output  # four grouped 0.25 s
+    assert min(float(idle) for _, _, idle in balance) == 0, output  # one ran the last test
 
 
 def test_a_tp_test_is_refused_in_a_worker(monkeypatch: pytest.MonkeyPatch) -> None:
