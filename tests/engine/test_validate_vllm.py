@@ -122,9 +122,10 @@ def good_report(
 
 @pytest.fixture(scope="module")
 def tp1_runs(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The TP=1 target and BF16 runs, a second TP=1 FP8 run (engines.json) and the good
-    export's report (validation.json) that the TP=2 test compares with: made once, by the
-    parallel pass where ``make test`` shares them with its serial pass (tests/share.py)."""
+    """The TP=1 target and BF16 runs, a second TP=1 FP8 run (engines.json), the good
+    export's report (validation.json) and the capture of the validation sequences (states)
+    that the TP=2 test compares with or reads: made once, by the parallel pass where ``make
+    test`` shares them with its serial pass (tests/share.py)."""
 
     def build(folder: Path) -> None:
         engines = dict(request.getfixturevalue("shared_engines"))
@@ -132,6 +133,7 @@ def tp1_runs(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFa
         engines["fp8"] = run_engine(_request(good), good)  # the report holds the first
         (folder / "engines.json").write_text(json.dumps(engines))
         shutil.copy(request.getfixturevalue("good_report")[1], folder / "validation.json")
+        shutil.copytree(request.getfixturevalue("validation_states"), folder / "states")
 
     return built_once("validate-tp1", build, tmp_path_factory.mktemp("tp1"))
 
@@ -288,7 +290,8 @@ def test_tensor_parallel_two_gives_the_same_outputs_and_acceptance(
 ) -> None:
     """validate --tensor-parallel-size 2 on 2 CPU workers: the TP=1 runs' greedy outputs and
     acceptance; engine arguments reach every engine. Gated --against the TP=1 report (no drop
-    beyond noise), with its JUnit XML."""
+    beyond noise), with its JUnit XML. Check 6 reads the TP=1 capture of the validation
+    sequences (a TP=2 capture equals it within a BF16 step: test_capture_engine.py)."""
     single = json.loads((tp1_runs / "engines.json").read_text())  # TP=1
     good_report = tp1_runs / "validation.json"
     prompts = toy_prompts_file(tmp_path / "prompts.jsonl", PROMPTS, key="text")
@@ -298,6 +301,7 @@ def test_tensor_parallel_two_gives_the_same_outputs_and_acceptance(
     args += ["--max-tokens", str(MAX_TOKENS), "--tensor-parallel-size", "2", "--lossless", "strict"]
     args += ["--engine-arg", "max_num_seqs=8", "--json", str(report_path)]
     args += ["--against", str(good_report), "--junit-xml", str(junit_path)]
+    args += ["--hidden-states", str(tp1_runs / "states")]
     result = CliRunner().invoke(main, args)
     report = json.loads(report_path.read_text())
     # FP8 against BF16 at TP=2 on 8 prompts: nothing fails, but an interval may not decide

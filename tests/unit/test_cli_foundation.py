@@ -7,10 +7,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from click.testing import CliRunner
 
 from eaglequant.cli import main
-from tests.conftest import edit_config, tree_digest
+from tests.conftest import TOY, edit_config, tree_digest
 
 
 def _fp8_config(folder: Path, exclude: list[str]) -> None:
@@ -137,3 +138,33 @@ def test_card_carries_the_source_license(tmp_path: Path) -> None:
     assert source_license(tmp_path) == "apache-2.0"
     (tmp_path / "README.md").write_text("# no front matter\n")
     assert source_license(tmp_path) is None
+
+
+def test_validate_passes_its_parallelism_and_engine_args_to_check_6s_capture(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The engines that check 6 captures with are validate's own: TP size and engine args."""
+    from eaglequant.validate import validation
+
+    seen = []
+
+    def stop(request: validation.ValidateRequest, **_: object) -> None:
+        seen.append(request)
+        raise SystemExit(3)
+
+    monkeypatch.setattr(validation, "validate_draft", stop)
+    args = ["validate", "--target", str(TOY / "target"), "--draft", str(TOY / "draft")]
+    args += ["--baseline", str(TOY / "draft"), "--prompts", str(TOY / "prompts.jsonl")]
+    args += [
+        "--tensor-parallel-size",
+        "2",
+        "--engine-arg",
+        "max_num_seqs=8",
+        "--capture-engine",
+        "vllm",
+    ]
+    result = CliRunner().invoke(main, args)
+    assert result.exit_code == 3 and len(seen) == 1, result.output
+    capture, engine = seen[0].capture, seen[0].engine
+    assert capture.name == "vllm" and capture.options.tensor_parallel_size == 2
+    assert dict(capture.options.engine_args) == dict(engine.engine_args) == {"max_num_seqs": 8}
