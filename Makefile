@@ -30,7 +30,8 @@ export VLLM_TARGET_DEVICE ?= cpu
 export TOKENIZERS_PARALLELISM ?= false
 
 .PHONY: install install-unit timed-install lint-then-unit demo test test-unit test-integration \
-	test-engine test-rest test-as-avx2 lint typecheck typecheck-tree bench bench-small bench-capture bench-tune bench-tune-baseline toy clean
+	test-engine test-rest test-as-avx2 lint typecheck typecheck-tree bench bench-small \
+	bench-capture bench-tune bench-tune-baseline toy clean
 
 install: $(STAMP)
 install-unit: $(UNIT_STAMP)

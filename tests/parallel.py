@@ -18,7 +18,7 @@ import pytest
 EVERY_CORE = "every_core"  # the fixture, and the marker of the tests that use it
 # The cores this run was given, before an xdist worker pins itself to its share.
 GIVEN_CORES = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
-# The controller's view of each xdist worker: [seconds in tests, first start, last end].
+# The controller's view of each xdist worker: [seconds in tests, when its last test ended].
 WORKER_TIMES: dict[str, list[float]] = {}
 
 
@@ -74,9 +74,9 @@ def pytest_runtest_logreport(report: pytest.TestReport) -> None:
     worker = getattr(getattr(getattr(report, "node", None), "gateway", None), "id", None)
     if worker is None:
         return
-    times = WORKER_TIMES.setdefault(worker, [0.0, report.start, report.stop])
+    times = WORKER_TIMES.setdefault(worker, [0.0, report.stop])
     times[0] += report.duration
-    times[1], times[2] = min(times[1], report.start), max(times[2], report.stop)
+    times[1] = max(times[1], report.stop)
 
 
 def worker_balance() -> str | None:
@@ -84,9 +84,9 @@ def worker_balance() -> str | None:
     the pass's last test it ran out of work (the time a better split could save)."""
     if not WORKER_TIMES:
         return None
-    last = max(times[2] for times in WORKER_TIMES.values())
+    last = max(times[1] for times in WORKER_TIMES.values())
     return "workers: " + "; ".join(
-        f"{worker} {times[0]:.1f} s in tests, idle for the last {last - times[2]:.1f} s"
+        f"{worker} {times[0]:.1f} s in tests, idle for the last {last - times[1]:.1f} s"
         for worker, times in sorted(WORKER_TIMES.items())
     )
 
