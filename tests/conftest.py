@@ -27,8 +27,8 @@ from tests.parallel import (  # noqa: F401 (pytest takes a conftest's hooks and 
     pytest_configure,
     pytest_itemcollected,
     pytest_runtest_logreport,
-    worker_balance,
 )
+from tests.parallel import pytest_terminal_summary as worker_summary
 from tests.share import built_once
 
 REPO = Path(__file__).resolve().parent.parent
@@ -94,9 +94,7 @@ def pytest_terminal_summary(terminalreporter: Any) -> None:
         f"{','.join(cpu['isa_flags']) or 'baseline'}; torch "
         f"{torch.backends.cpu.get_cpu_capability()} ({probe})"
     )
-    balance = worker_balance()
-    if balance:
-        terminalreporter.write_line(balance)
+    worker_summary(terminalreporter)
 
 
 @pytest.fixture

@@ -92,6 +92,7 @@ def worker_balance() -> str | None:
 
 
 def pytest_terminal_summary(terminalreporter: Any) -> None:
+    """The worker balance line, after a parallel pass (tests/conftest.py's summary calls it)."""
     line = worker_balance()
     if line:
         terminalreporter.write_line(line)
