@@ -19,6 +19,7 @@ from eaglequant import __version__
 from eaglequant.cli.capture import capture
 from eaglequant.cli.card import card
 from eaglequant.cli.compare import compare
+from eaglequant.cli.example import example
 from eaglequant.cli.export import export
 from eaglequant.cli.fix_config import fix_config_command
 from eaglequant.cli.inspect import inspect
@@ -65,7 +66,7 @@ def main() -> None:
 
 
 _COMMANDS = (inspect, fix_config_command, card, toy, export, capture, validate, tune, publish)
-for _command in (*_COMMANDS, prompts, compare):
+for _command in (*_COMMANDS, prompts, compare, example):
     main.add_command(_command)
 
 if __name__ == "__main__":

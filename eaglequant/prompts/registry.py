@@ -12,30 +12,18 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from eaglequant.io.packaged import PinnedMember
 from eaglequant.prompts.format import Prompt, prompt_record
 
 
 @dataclass(frozen=True, kw_only=True)
-class PromptSetSpec:
+class PromptSetSpec(PinnedMember):
     """Where one named set comes from and how its file reads."""
 
     name: str
-    package: str
-    version: str
-    member: str
-    sha256: str
-    size: int
     license: str
     description: str
     parse: Callable[[bytes, str], list[Prompt]]
-
-    @property
-    def requirement(self) -> str:
-        return f"{self.package}=={self.version}"
-
-    @property
-    def filename(self) -> str:
-        return self.member.rsplit("/", 1)[-1]
 
 
 def _mt_bench(data: bytes, where: str) -> list[Prompt]:

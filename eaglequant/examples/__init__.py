@@ -1,0 +1,1 @@
+"""Real example pairs made from pinned registry packages (no model hub needed)."""
