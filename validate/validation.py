@@ -506,6 +506,11 @@ def kv_cache_problems(
 ) -> tuple[list[str], str]:
     """vLLM's drafter attention against the checkpoint's K/V scales: problems, and a note."""
     fp8 = [a for a in attention if a["kv_cache_dtype"].startswith("fp8")]
+    if scales and not attention:  # nothing observed: the K/V scales cannot be said to be held
+        return [
+            f"vLLM reported no drafter attention layer for the checkpoint's {len(scales)} K/V "
+            "scale pair(s)"
+        ], ""
     if not scales:
         return [], " (draft KV cache FP8 with K/V scales 1.0: none calibrated)" if fp8 else ""
     if not fp8:
@@ -534,6 +539,7 @@ def layers_check(
     exponent bytes: none NaN); with ``kv_cache`` (vLLM's drafter attention, the checkpoint's
     K/V scales), an FP8 draft KV cache holding the checkpoint's scales."""
     problems, kv_note = kv_cache_problems(*kv_cache)
+    problems += unobserved(layers, expected)
     for layer in layers:
         name, method = layer["name"], layer["quant_method"]
         within = name.split(".", 3)[3] if ".layers." in name else None
@@ -568,6 +574,27 @@ def layers_check(
     return Check("3 layers", not problems, detail, {"layers": layers, "attention": kv_cache[0]})
 
 
+def unobserved(layers: list[DraftLayer], expected: dict[str, str | None]) -> list[str]:
+    """What check 3 expected to see and vLLM did not report: no layer at all, a predicted
+    draft-layer linear, or any scale on the quantized ones (nothing observed never passes)."""
+    if not layers:
+        return ["vLLM reported no drafter linear layer (nothing observed)"]
+    seen = {layer["name"].split(".", 3)[3] for layer in layers if ".layers." in layer["name"]}
+    missing = sorted(w for w in expected if w not in seen)
+    problems = [f"vLLM reported no {', '.join(missing)} in any draft layer"] if missing else []
+    quantized = [
+        layer
+        for layer in layers
+        if ".layers." in layer["name"] and expected.get(layer["name"].split(".", 3)[3])
+    ]
+    if quantized and not any(scale in layer for layer in quantized for scale in SCALE_NAMES):
+        problems.append(
+            f"vLLM reported no weight or input scale on any of the {len(quantized)} quantized "
+            "draft linears (nothing observed)"
+        )
+    return problems
+
+
 QUANTIZED_WEIGHT_DTYPES = ("float8_e4m3fn", "uint8")  # FP8 and MXFP8; MXFP4's packed bytes
 
 
@@ -578,6 +605,8 @@ def _scale_ok(scale: ScaleStats) -> bool:
 
 
 def _log_check(log: str) -> Check:
+    if not log.strip():
+        return Check("4 engine log", False, "the FP8 engine wrote no log: nothing to check", {})
     hits = [
         line.strip()
         for line in log.splitlines()
