@@ -153,6 +153,26 @@ def _weights(rng: np.random.Generator, n: int, resamples: int) -> np.ndarray:
     return rng.multinomial(n, np.full(n, 1.0 / n), size=resamples).astype(np.float64)
 
 
+def bootstrap_length(
+    prompts: Sequence[PromptCounts],
+    *,
+    resamples: int = DEFAULT_RESAMPLES,
+    seed: int = DEFAULT_SEED,
+) -> Interval:
+    """One run's mean acceptance length with its bootstrap interval over its prompts."""
+    if not prompts:
+        raise ValueError("bootstrap needs at least one prompt")
+    matrix = _matrix(prompts, positions(prompts))
+    weights = _weights(np.random.default_rng(seed), len(prompts), resamples)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        point = float(_quantities(matrix.sum(axis=0))[0])
+        lengths = _quantities(weights @ matrix)[:, 0]
+    lengths = lengths[np.isfinite(lengths)]
+    tail = (1 - CONFIDENCE) / 2 * 100
+    low, high = np.percentile(lengths, [tail, 100 - tail]) if lengths.size else (math.nan,) * 2
+    return Interval(point, float(low), float(high), len(prompts), resamples, seed)
+
+
 def bootstrap_ratios(
     numerator: Sequence[PromptCounts],
     denominator: Sequence[PromptCounts],

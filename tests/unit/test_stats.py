@@ -12,6 +12,7 @@ from eaglequant.validate.stats import (
     PASS,
     Interval,
     PromptCounts,
+    bootstrap_length,
     bootstrap_ratios,
     counts_mismatch,
     judge,
@@ -163,3 +164,16 @@ def test_overall_verdict() -> None:
     assert overall_verdict([PASS, PASS]) == PASS
     assert overall_verdict([PASS, INCONCLUSIVE]) == INCONCLUSIVE
     assert overall_verdict([INCONCLUSIVE, FAIL, PASS]) == FAIL
+
+
+def test_one_runs_length_interval_holds_its_point_and_narrows_to_it_when_prompts_agree() -> None:
+    # 3 drafts each: 2 steps accepting 3, 1 step accepting 0 -> 1 + 6/3 = 3.0; 1 step of 1 -> 2.0
+    prompts = [PromptCounts((1, 0, 0, 2), 9), PromptCounts((0, 1, 0, 0), 3)]
+    interval = bootstrap_length(prompts, resamples=500, seed=1)
+    assert interval.point == pytest.approx(1 + 7 / 4)
+    assert 2.0 <= interval.low <= interval.point <= interval.high <= 3.0
+    assert interval.low < interval.high
+    same = bootstrap_length([PromptCounts((1, 0, 0, 2), 9)] * 5, resamples=200)
+    assert (same.low, same.point, same.high) == (3.0, 3.0, 3.0)
+    with pytest.raises(ValueError, match="at least one prompt"):
+        bootstrap_length([])
