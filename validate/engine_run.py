@@ -154,6 +154,23 @@ def run(spec: dict[str, Any]) -> EngineResult:
     }
 
 
+def require_cpu_patches() -> None:
+    """eaglequant's engines need every patch of the CPU plugin: refuse, in one line, where one
+    was not applied (its own log line says why)."""
+    from vllm.plugins import load_general_plugins
+
+    from eaglequant.engine.cpu_fp8_plugin import failed_patches
+
+    load_general_plugins()
+    failed = failed_patches()
+    if failed:
+        raise SystemExit(
+            f"eaglequant CPU plugin: {', '.join(failed)} not applied in this vLLM (see the log "
+            "line naming it); eaglequant's engines need it: use a vLLM the plugin was read "
+            "against (docs/verification.md)"
+        )
+
+
 def open_llm(spec: dict[str, Any]) -> tuple[Any, dict[str, Any]]:
     """The offline engine for ``spec["llm"]`` with the platform's defaults, and its arguments."""
     from vllm import LLM
@@ -167,6 +184,8 @@ def open_llm(spec: dict[str, Any]) -> tuple[Any, dict[str, Any]]:
     )
 
     on_cpu = current_platform.is_cpu()
+    if on_cpu:
+        require_cpu_patches()
     kwargs = platform_defaults(spec["llm"], on_cpu)
     os.environ.update(platform_env(os.environ, on_cpu, worker_count(kwargs), usable_cores()))
     speculative = kwargs.get("speculative_config") is not None

@@ -43,6 +43,7 @@ stands in for (ROCm's, on MI355X) quantizes the inputs to MXFP8 first.
 
 from __future__ import annotations
 
+import logging
 import os
 import warnings
 from typing import Any
@@ -50,6 +51,10 @@ from typing import Any
 from eaglequant.recipe import FP8_E4M3_MAX
 
 ACTIVE_ENV = "EAGLEQUANT_CPU_FP8_PLUGIN_ACTIVE"
+APPLIED_ENV = "EAGLEQUANT_CPU_PLUGIN_PATCHES"  # the names of the patches applied, comma-separated
+FAILED_ENV = "EAGLEQUANT_CPU_PLUGIN_FAILED"  # the names of the patches that failed
+APPLIED, NOT_NEEDED, FAILED = "applied", "not needed", "failed"
+LOGGER = "vllm.eaglequant_cpu_plugin"  # under vLLM's logger: its handlers print the line
 STUB_OPS = (
     "static_scaled_fp8_quant",
     "dynamic_scaled_fp8_quant",
@@ -60,17 +65,51 @@ _MXFP4_OVERRIDE: list[Any] = []  # the torch.library object holding the MXFP4 CP
 
 
 def register() -> None:
-    """vLLM's plugin hook: patch only on CPU (FP8: only with stub ops); idempotent."""
+    """vLLM's plugin hook: patch only on CPU (FP8: only with stub ops); idempotent.
+
+    Each patch is guarded: one that fails (a vLLM whose internals moved) logs one
+    line naming it and is left out, and vLLM goes on serving everything that does
+    not need it. :data:`APPLIED_ENV` lists the patches this process holds.
+    """
     from vllm.platforms import current_platform
 
     if not current_platform.is_cpu():
         return
-    list_mxfp4_emulation_on_cpu()
-    use_torch_mxfp4_on_cpu()
-    list_mxfp8_on_cpu()
-    per_tensor_inputs_in_channelwise_mm()
+    outcomes = {patch.__name__: _guarded(patch) for patch in PATCHES}
+    os.environ[APPLIED_ENV] = ",".join(n for n, o in outcomes.items() if o == APPLIED)
+    os.environ[FAILED_ENV] = ",".join(n for n, o in outcomes.items() if o == FAILED)
+    if outcomes[torch_fp8_quant_ops.__name__] == APPLIED:
+        os.environ[ACTIVE_ENV] = "1"
+
+
+def _guarded(patch: Any) -> str:
+    try:
+        return NOT_NEEDED if patch() is False else APPLIED
+    except Exception as exc:  # any failure: this patch is off, vLLM itself stays up
+        logging.getLogger(LOGGER).warning(
+            "eaglequant CPU plugin: %s not applied (%s: %s); vLLM serves everything that does "
+            "not need it",
+            patch.__name__,
+            type(exc).__name__,
+            str(exc).splitlines()[0] if str(exc) else "",
+        )
+        return FAILED
+
+
+def applied_patches() -> list[str]:
+    """The patches :func:`register` applied in this process (empty before it ran)."""
+    return [name for name in os.environ.get(APPLIED_ENV, "").split(",") if name]
+
+
+def failed_patches() -> list[str]:
+    """The patches :func:`register` tried in this process and could not apply."""
+    return [name for name in os.environ.get(FAILED_ENV, "").split(",") if name]
+
+
+def torch_fp8_quant_ops() -> bool:
+    """Torch-native FP8 quantization where vLLM's ops are stubs (False: not needed here)."""
     if not fp8_ops_are_stubs():
-        return
+        return False
     import vllm._custom_ops as ops
     from vllm.model_executor.layers.activation import SiluAndMul
     from vllm.model_executor.layers.fusion import fused_act_quant
@@ -78,7 +117,7 @@ def register() -> None:
 
     ops.scaled_fp8_quant = torch_scaled_fp8_quant
     fused_act_quant._FUSED_ACT_QUANT.pop((SiluAndMul, kFp8StaticTensorSym), None)
-    os.environ[ACTIVE_ENV] = "1"
+    return True
 
 
 def list_mxfp4_emulation_on_cpu() -> None:
@@ -275,3 +314,12 @@ def _broadcast_scale(scale: Any, shape: Any, group_shape: tuple[int, int] | None
         return scale.reshape(1, -1)  # per channel
     group_rows, group_cols = rows // scale.shape[0], cols // scale.shape[1]
     return scale.repeat_interleave(group_rows, 0).repeat_interleave(group_cols, 1)
+
+
+PATCHES = (
+    list_mxfp4_emulation_on_cpu,
+    use_torch_mxfp4_on_cpu,
+    list_mxfp8_on_cpu,
+    per_tensor_inputs_in_channelwise_mm,
+    torch_fp8_quant_ops,
+)

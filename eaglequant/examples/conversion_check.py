@@ -1,9 +1,9 @@
 """Proof of the conversion: vLLM's greedy tokens from the converted checkpoint against
 transformers' from the GGUF file itself, on chat prompts.
 
-Run as a child (``python -m eaglequant.examples.conversion_check TARGET GGUF``);
-it prints one JSON object: per prompt, both token lists and the first position
-where they differ (None where equal).
+Run as a child (``python -m eaglequant.examples.conversion_check TARGET GGUF OUT``);
+it writes one JSON object to OUT: per prompt, both token lists and the first
+position where they differ (None where equal).
 """
 
 from __future__ import annotations
@@ -73,4 +73,5 @@ def compare(target: Path, gguf: Path) -> dict[str, Any]:
 
 
 if __name__ == "__main__":
-    print(json.dumps(compare(Path(sys.argv[1]), Path(sys.argv[2]))))
+    result = compare(Path(sys.argv[1]), Path(sys.argv[2]))
+    Path(sys.argv[3]).write_text(json.dumps(result, indent=2) + "\n")

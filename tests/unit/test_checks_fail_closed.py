@@ -4,11 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-import pytest
-
 from eaglequant.validate.validation import _log_check, kv_cache_problems, layers_check
-
-pytestmark = pytest.mark.unit
 
 EXPECTED: dict[str, str | None] = {
     "self_attn.qkv_proj": "QuarkW8A8Fp8",

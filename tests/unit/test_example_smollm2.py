@@ -17,8 +17,6 @@ from eaglequant.prompts import cache
 from eaglequant.prompts.format import Prompt
 from eaglequant.prompts.source import PromptSet
 
-pytestmark = pytest.mark.unit
-
 
 @pytest.fixture
 def models(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
