@@ -41,12 +41,13 @@ def gguf_tokens(gguf: Path, prompts: tuple[str, ...], max_tokens: int) -> list[l
     ).eval()
     tokens = []
     for prompt in prompts:
-        ids = tokenizer.apply_chat_template(
+        rendered: Any = tokenizer.apply_chat_template(
             [{"role": "user", "content": prompt}],
             add_generation_prompt=True,
             return_dict=True,
             return_tensors="pt",
-        )["input_ids"]
+        )
+        ids = rendered["input_ids"]
         with torch.no_grad():
             out = model.generate(ids, max_new_tokens=max_tokens, do_sample=False)
         tokens.append(out[0, ids.shape[1] :].tolist())

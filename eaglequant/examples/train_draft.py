@@ -217,7 +217,7 @@ def ttt_loss(
 
 def _collate(
     group: list[int], sequences: list[Sequence], features: list[torch.Tensor], steps: int
-) -> tuple[torch.Tensor, ...]:
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     length = max(len(sequences[i].ids) for i in group)
     ids = torch.zeros(len(group), length + steps + 1, dtype=torch.long)
     aux = torch.zeros(len(group), length, features[group[0]].shape[-1], dtype=torch.bfloat16)
