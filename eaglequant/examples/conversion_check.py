@@ -2,8 +2,11 @@
 transformers' from the GGUF file itself, on chat prompts.
 
 Run as a child (``python -m eaglequant.examples.conversion_check TARGET GGUF OUT``);
-it writes one JSON object to OUT: per prompt, both token lists and the first
-position where they differ (None where equal).
+it writes one JSON object to OUT: per prompt, both token lists, the first
+position where they differ (None where equal) and the GGUF's own top-2 logprob
+margin there. Rounding the weights to BF16 may flip a near-tie, so the tokens
+agree when they are equal, or equal up to a position whose margin is below
+validate's tie margin (after which greedy decoding may go either way).
 """
 
 from __future__ import annotations
@@ -31,7 +34,10 @@ def vllm_tokens(target: Path, prompts: tuple[str, ...], max_tokens: int) -> list
     return [list(o.outputs[0].token_ids) for o in outs]
 
 
-def gguf_tokens(gguf: Path, prompts: tuple[str, ...], max_tokens: int) -> list[list[int]]:
+def gguf_tokens(
+    gguf: Path, prompts: tuple[str, ...], max_tokens: int
+) -> list[tuple[list[int], list[float]]]:
+    """transformers' greedy tokens from the GGUF file (float32) and each step's top-2 margin."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -49,8 +55,18 @@ def gguf_tokens(gguf: Path, prompts: tuple[str, ...], max_tokens: int) -> list[l
         )
         ids = rendered["input_ids"]
         with torch.no_grad():
-            out = model.generate(ids, max_new_tokens=max_tokens, do_sample=False)
-        tokens.append(out[0, ids.shape[1] :].tolist())
+            out = model.generate(
+                ids,
+                max_new_tokens=max_tokens,
+                do_sample=False,
+                output_scores=True,
+                return_dict_in_generate=True,
+            )
+        margins = []
+        for scores in out.scores:
+            top = scores[0].float().log_softmax(-1).topk(2).values
+            margins.append(round(float(top[0] - top[1]), 4))
+        tokens.append((out.sequences[0, ids.shape[1] :].tolist(), margins))
     return tokens
 
 
@@ -62,15 +78,25 @@ def first_difference(a: list[int], b: list[int]) -> int | None:
 
 
 def compare(target: Path, gguf: Path) -> dict[str, Any]:
+    from eaglequant.validate.lossless import DEFAULT_TIE_MARGIN
+
     served = vllm_tokens(target, PROMPTS, MAX_TOKENS)
     reference = gguf_tokens(gguf, PROMPTS, MAX_TOKENS)
-    return {
-        "max_tokens": MAX_TOKENS,
-        "prompts": [
-            {"prompt": p, "vllm": s, "gguf": r, "first_difference": first_difference(s, r)}
-            for p, s, r in zip(PROMPTS, served, reference, strict=True)
-        ],
-    }
+    rows = []
+    for prompt, tokens, (expected, margins) in zip(PROMPTS, served, reference, strict=True):
+        at = first_difference(tokens, expected)
+        margin = margins[at] if at is not None and at < len(margins) else None
+        rows.append(
+            {
+                "prompt": prompt,
+                "vllm": tokens,
+                "gguf": expected,
+                "first_difference": at,
+                "gguf_margin_there": margin,
+                "agrees": at is None or (margin is not None and margin < DEFAULT_TIE_MARGIN),
+            }
+        )
+    return {"max_tokens": MAX_TOKENS, "tie_margin": DEFAULT_TIE_MARGIN, "prompts": rows}
 
 
 if __name__ == "__main__":
