@@ -48,7 +48,12 @@ CORE = [
     "eaglequant.capture.store",
 ]
 # Modules of eaglequant/ that may import eaglequant.quantize / eaglequant.validate.
-MAY_DISPATCH = ("eaglequant.cli.", "eaglequant.devtools.", "eaglequant.model.")
+MAY_DISPATCH = (
+    "eaglequant.cli.",
+    "eaglequant.devtools.",
+    "eaglequant.examples.",  # makes and measures example pairs, as devtools makes the toy
+    "eaglequant.model.",
+)
 
 
 def _loaded_after(imports: str) -> set[str]:
