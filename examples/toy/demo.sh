@@ -32,14 +32,6 @@ $EQ card "$OUT/draft-fp8" --base-model example/toy-target --repo-id $REPO_ID \
   --validation "$OUT/validation.json"
 CARD="$OUT/draft-fp8/README.md"
 # The card is published: it must not name this machine's paths or local folder names.
-for local in "$PWD" "$OUT" "$TOY" "draft-fp8"; do
-  if grep -qF -- "$local" "$CARD"; then
-    echo "error: $CARD names the local path '$local'"; exit 1
-  fi
-done
-NO_PATHS='import sys; from eaglequant.provenance import machine_paths as m; p = m(open(sys.argv[1]).read()); sys.exit(f"error: {sys.argv[1]} names the machine path {p[0]}" if p else 0)'
-.venv/bin/python -c "$NO_PATHS" "$CARD"
-grep -F '"model": "'$REPO_ID'"' "$CARD" >/dev/null \
-  || { echo "error: $CARD does not serve $REPO_ID"; exit 1; }
+bash examples/card_is_public.sh "$CARD" $REPO_ID "$PWD" "$OUT" "$TOY" "draft-fp8"
 echo "== eaglequant publish --dry-run (every gate, nothing sent)"
 $EQ publish "$OUT/draft-fp8" --repo-id $REPO_ID --validation "$OUT/validation.json" --dry-run
