@@ -105,7 +105,8 @@ def draft_attention(worker: Any) -> list[DraftAttention]:
     ]
 
 
-def _metrics(llm: Any) -> SpecMetrics:
+def spec_metrics(llm: Any) -> SpecMetrics:
+    """The spec-decode and prefix-cache counters ``llm`` has counted so far (cumulative)."""
     found: dict[str, Any] = {}  # keyed by SPEC_METRICS' values, the fields of SpecMetrics
     for metric in llm.get_metrics():
         key = SPEC_METRICS.get(metric.name)
@@ -223,8 +224,8 @@ def generate(llm: Any, spec: dict[str, Any], kwargs: dict[str, Any]) -> Generate
         "token_ids": [list(o.outputs[0].token_ids) for o in outputs],
         "top_logprobs": [_top_logprobs(o.outputs[0].logprobs) for o in outputs],
         "texts": [o.outputs[0].text for o in outputs],
-        "metrics": _metrics(llm),
-        "per_request": [_request_counts(o.outputs[0]) for o in outputs] if speculative else None,
+        "metrics": spec_metrics(llm),
+        "per_request": [request_counts(o.outputs[0]) for o in outputs] if speculative else None,
         "draft_layers": llm.collective_rpc("eaglequant_draft_layers")[0] if speculative else [],
         "draft_attention": (
             llm.collective_rpc("eaglequant_draft_attention")[0] if speculative else []
@@ -236,7 +237,7 @@ def generate(llm: Any, spec: dict[str, Any], kwargs: dict[str, Any]) -> Generate
     }
 
 
-def _request_counts(completion: Any) -> RequestCounts | None:
+def request_counts(completion: Any) -> RequestCounts | None:
     """One prompt's verify steps: ``histogram[j]`` steps accepted ``j`` drafts, tokens drafted."""
     metrics = completion.spec_decode_metrics
     if metrics is None:

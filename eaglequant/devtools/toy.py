@@ -328,7 +328,7 @@ def make_draft(
     tokenizer = AutoTokenizer.from_pretrained(target_dir)
     tokens = token_stream(tokenizer, corpus_files(held_out=False))
     draft, config, loss = train_draft(target, tokens, settings, log)
-    _save_draft(out, draft, config, verifier)
+    save_draft(out, draft, config, verifier)
     summary = {
         "target": str(target_dir),
         "draft_loss": round(loss, 4),
@@ -383,7 +383,7 @@ def _added_layer_tensor(name: str, like: Any, generator: Any) -> Any:
     return (torch.randn(like.shape, generator=generator) * 0.02).to(like.dtype)
 
 
-def _save_draft(
+def save_draft(
     folder: Path, draft: Any, config: dict[str, Any], verifier: str | None = None
 ) -> None:
     """The trained draft in BF16: EAGLE-3 layout, or the speculators format with ``verifier``."""
@@ -410,7 +410,7 @@ def _save_pair(
 
     target.to(torch.bfloat16).save_pretrained(out / "target")
     tokenizer.save_pretrained(out / "target")
-    _save_draft(out / "draft", draft, config)
+    save_draft(out / "draft", draft, config)
     prompts = held_out_prompts(tokenizer, settings)
     write_text(out / "prompts.jsonl", "".join(json.dumps(p) + "\n" for p in prompts))
     calibration = calibration_records(settings)

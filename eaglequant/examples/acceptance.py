@@ -1,11 +1,11 @@
 """A BF16 EAGLE-3 draft's acceptance in vLLM, by prompt set, category and position.
 
 One speculative engine (greedy, chat template, k drafts) answers every prompt
-of each set, a category at a time; vLLM's own spec-decode counters are read
-before and after each, so every row is vLLM's counting. Mean acceptance
-length is 1 + accepted / drafts (the tokens each verify step emits). Each
-set's 95% interval is a bootstrap over its prompts, from vLLM's per-request
-histograms of accepted drafts per verify step.
+of each set, a category at a time. Every row pools vLLM's per-request
+histograms of accepted drafts per verify step (checked, in sum, against its
+global spec-decode counters). Mean acceptance length is 1 + accepted / verify
+steps (the tokens each step emits). Each set's 95% interval is a bootstrap over
+its prompts.
 
 Run as a child: ``python -m eaglequant.examples.acceptance SPEC OUT`` (SPEC: JSON
 with target, draft, sets, k, max_tokens).
@@ -20,41 +20,31 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
-from eaglequant.validate.stats import PromptCounts, bootstrap_length
-
-COUNTERS = {
-    "vllm:spec_decode_num_drafts": "drafts",
-    "vllm:spec_decode_num_draft_tokens": "draft_tokens",
-    "vllm:spec_decode_num_accepted_tokens": "accepted",
-    "vllm:spec_decode_num_accepted_tokens_per_pos": "per_position",
-}
-
-
-def counters(llm: Any) -> dict[str, Any]:
-    found: dict[str, Any] = {"drafts": 0, "accepted": 0, "per_position": []}
-    for metric in llm.get_metrics():
-        key = COUNTERS.get(metric.name)
-        if key is not None:
-            found[key] = list(metric.values) if hasattr(metric, "values") else metric.value
-    return found
+from eaglequant.validate.engine_run import request_counts, spec_metrics
+from eaglequant.validate.stats import (
+    PromptCounts,
+    bootstrap_length,
+    counts_mismatch,
+    pooled_quantities,
+)
 
 
-def row(after: dict[str, Any], before: dict[str, Any]) -> dict[str, Any]:
-    drafts = after["drafts"] - before["drafts"]
-    accepted = after["accepted"] - before["accepted"]
-    earlier = before["per_position"] or [0] * len(after["per_position"])
-    per_position = [a - b for a, b in zip(after["per_position"], earlier, strict=True)]
+def row(prompts: list[PromptCounts], k: int) -> dict[str, Any]:
+    """Pooled over ``prompts``: verify steps, accepted drafts, mean length, per-position rates."""
+    length, *rates = pooled_quantities(prompts, k)
     return {
-        "drafts": drafts,
-        "accepted": accepted,
-        "mean_acceptance_length": round(1 + accepted / drafts, 4) if drafts else None,
-        "acceptance_by_position": [round(p / drafts, 4) for p in per_position] if drafts else [],
+        "drafts": sum(p.drafts for p in prompts),
+        "accepted": sum(p.accepted for p in prompts),
+        "mean_acceptance_length": round(length, 4),
+        "acceptance_by_position": [round(r, 4) for r in rates],
     }
 
 
 def _prompt_counts(completion: Any) -> PromptCounts:
-    metrics = completion.spec_decode_metrics
-    return PromptCounts(tuple(int(c) for c in metrics.histogram), int(metrics.num_draft_tokens))
+    counts = request_counts(completion)
+    if counts is None:
+        raise RuntimeError("vLLM returned no per-request spec-decode counts for a prompt")
+    return PromptCounts.from_json(counts)
 
 
 def measure(
@@ -76,28 +66,33 @@ def measure(
     )
     params = SamplingParams(temperature=0.0, max_tokens=max_tokens)
     results: dict[str, Any] = {}
+    every: list[PromptCounts] = []
     for name in sets:
         prompts = load_prompts(parse_source(name))
         by_category: dict[str, list[str]] = defaultdict(list)
         for prompt in prompts.prompts[:limit]:
             by_category[prompt.category or name].append(prompt.text)
-        start, first = counters(llm), time.monotonic()
+        first = time.monotonic()
         categories, tokens, per_prompt = {}, 0, []
         for category, texts in sorted(by_category.items()):
-            before = counters(llm)
             outs = llm.chat([[{"role": "user", "content": t}] for t in texts], params)
             tokens += sum(len(o.outputs[0].token_ids) for o in outs)
-            per_prompt += [_prompt_counts(o.outputs[0]) for o in outs]
-            categories[category] = row(counters(llm), before) | {"prompts": len(texts)}
+            counts = [_prompt_counts(o.outputs[0]) for o in outs]
+            categories[category] = row(counts, k) | {"prompts": len(texts)}
+            per_prompt += counts
+        every += per_prompt
         interval = bootstrap_length(per_prompt)
-        results[name] = row(counters(llm), start) | {
+        results[name] = row(per_prompt, k) | {
             "interval_95": [round(interval.low, 4), round(interval.high, 4)],
-            "prompts": sum(len(t) for t in by_category.values()),
+            "prompts": len(per_prompt),
             "sha256": prompts.sha256,
             "generated_tokens": tokens,
             "seconds": round(time.monotonic() - first, 1),
             "categories": categories,
         }
+    mismatch = counts_mismatch(every, spec_metrics(llm))
+    if mismatch:  # the per-prompt counts must be vLLM's own counting, all of it
+        raise RuntimeError(f"per-request counts disagree with vLLM's counters: {mismatch}")
     return {"k": k, "max_tokens": max_tokens, "greedy": True, "chat_template": True} | {
         "sets": results
     }

@@ -70,21 +70,14 @@ def gguf_tokens(
     return tokens
 
 
-def first_difference(a: list[int], b: list[int]) -> int | None:
-    for i, (x, y) in enumerate(zip(a, b, strict=False)):
-        if x != y:
-            return i
-    return None if len(a) == len(b) else min(len(a), len(b))
-
-
 def compare(target: Path, gguf: Path) -> dict[str, Any]:
-    from eaglequant.validate.lossless import DEFAULT_TIE_MARGIN
+    from eaglequant.validate.lossless import DEFAULT_TIE_MARGIN, first_difference
 
     served = vllm_tokens(target, PROMPTS, MAX_TOKENS)
     reference = gguf_tokens(gguf, PROMPTS, MAX_TOKENS)
     rows = []
     for prompt, tokens, (expected, margins) in zip(PROMPTS, served, reference, strict=True):
-        at = first_difference(tokens, expected)
+        at = first_difference(expected, tokens)
         margin = margins[at] if at is not None and at < len(margins) else None
         rows.append(
             {

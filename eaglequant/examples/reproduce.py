@@ -10,7 +10,6 @@ timings, the code's commit).
 
 from __future__ import annotations
 
-import hashlib
 import json
 import subprocess
 import time
@@ -19,6 +18,7 @@ from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
+from eaglequant.devtools.toy import save_draft
 from eaglequant.examples.selfdistill import (
     DataRecipe,
     disjointness,
@@ -26,6 +26,7 @@ from eaglequant.examples.selfdistill import (
     held_out_sets,
     training_prompts,
 )
+from eaglequant.io.packaged import file_sha256
 from eaglequant.io.writer import write_text
 
 RECIPE_FILE = "recipe.json"
@@ -79,14 +80,14 @@ def reproduce(
     mark = time.monotonic()
     summary = td.train(draft, model.model.embed_tokens, sequences, features, train, work, log)
     timings["train_s"] = round(time.monotonic() - mark, 1)
-    td.save_draft(out, draft, config)
+    save_draft(out, draft, config)  # BF16; no embed_tokens: vLLM lends the target's
     record = {
         "data": asdict(data),
         "train": asdict(train),
         "target": _target_record(target),
         "held_out_sets": overlap,
         "answers": {
-            "chunks": [{"file": p.name, "sha256": _sha256(p)} for p in chunks],
+            "chunks": [{"file": p.name, "sha256": file_sha256(p)} for p in chunks],
             "sequences": len(sequences),
             "tokens": sum(len(s.ids) for s in sequences),
             "answer_tokens": sum(len(s.ids) - s.answer_start for s in sequences),
@@ -104,10 +105,6 @@ def reproduce(
 def _target_record(target: Path) -> dict[str, Any]:
     source = target / "eaglequant-source.json"
     return json.loads(source.read_text()) if source.is_file() else {"path": target.name}
-
-
-def _sha256(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
 def _commit() -> str:

@@ -23,8 +23,8 @@ import json
 import math
 import random
 import time
-from collections.abc import Callable, Iterator
-from dataclasses import asdict, dataclass
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -314,22 +314,3 @@ def _resume(draft: Eagle3Draft, optimizer: Any, work: Path) -> int:
         if state:
             optimizer.state[p] = state
     return step
-
-
-def iterate_chunks(work: Path) -> Iterator[Path]:
-    yield from sorted(work.glob("answers-*.jsonl"))
-
-
-def save_draft(folder: Path, draft: Eagle3Draft, config: dict[str, Any]) -> None:
-    """The trained draft in BF16 (no ``embed_tokens``: vLLM lends it the target's)."""
-    from eaglequant.devtools.synthetic import write_draft
-
-    tensors = (
-        (name, t.to(torch.bfloat16) if t.is_floating_point() else t)
-        for name, t in sorted(draft.state_dict().items())
-    )
-    write_draft(folder, config, tensors, 5 * 10**9)
-
-
-def recipe_dict(recipe: TrainRecipe) -> dict[str, Any]:
-    return asdict(recipe)
