@@ -1,13 +1,15 @@
-"""Validate's engines: one engine swapping the drafts against one engine per draft, side by side.
+"""Validate's engines: one target load against two and three, side by side.
 
 For the toy pair and for the deeper toy target (56 zero layers more, so loading
-and running the target weigh as they do beside a real draft), validate's three
-engine runs (target alone, BF16 draft, FP8 draft) are made twice on the same
-prompts: by validate's default runner (the target alone, then both drafts in one
-engine that swaps them) and by ``--engine-per-draft``'s (an engine each). Recorded
-per mode: target loads, wall time, seconds loading (engine start, or the swap)
-and generating, and whether both modes gave the same tokens and spec-decode
-counters. Check 6's capture (one more target load in either mode unless
+and running the target weigh as they do beside a real draft), validate's engine
+runs are made three ways on the same prompts: by validate's default (both drafts
+in one engine that swaps them, check 1 from each run's output scored
+teacher-forced in that engine: one target load), by ``--reference-engine`` (a
+target-alone engine first: two) and by ``--engine-per-draft --reference-engine``
+(an engine each: three). Recorded per mode: target loads, wall time, seconds
+loading (engine start, or the swap), generating and (teacher-forced) scoring,
+check 1's verdict, and whether the modes gave the same tokens and spec-decode
+counters. Check 6's capture (one more target load in any mode unless
 ``--hidden-states`` is given) is not part of this.
 
     python bench/validate_engines_bench.py [--prompts 8] [--max-tokens 32] \
@@ -30,6 +32,7 @@ HERE = Path(__file__).resolve().parent
 TOY = HERE.parent / "examples" / "toy"
 ADDED_LAYERS = 56
 ROLES = ("target", "bf16", "fp8")
+DRAFTS = ROLES[1:]
 
 
 def export_fp8(out: Path) -> Path:
@@ -41,6 +44,7 @@ def export_fp8(out: Path) -> Path:
 
 
 def measure(target: Path, fp8: Path, prompts: list[str], max_tokens: int) -> dict[str, Any]:
+    from eaglequant.validate.lossless import lossless_check, teacher_forced_check
     from eaglequant.validate.single_engine import run_per_draft, run_single
     from eaglequant.validate.validation import ValidateRequest, run_engine
 
@@ -53,35 +57,52 @@ def measure(target: Path, fp8: Path, prompts: list[str], max_tokens: int) -> dic
         engine_timeout_s=900,
     )
     roles = [("target", None), ("bf16", request.baseline), ("fp8", request.draft)]
-    runners = {"single": partial(run_single, request), "per-draft": run_per_draft}
+    runners = {
+        "one-load": (partial(run_single, request), roles[1:]),
+        "reference": (partial(run_single, request), roles),
+        "per-draft": (run_per_draft, roles),
+    }
     modes: dict[str, Any] = {}
     seen = {}
-    for mode, runner in runners.items():
+    for mode, (runner, asked) in runners.items():
         started = time.perf_counter()
-        runs = runner(roles, partial(run_engine, request), lambda m: print(m, file=sys.stderr))
+        runs = runner(asked, partial(run_engine, request), lambda m: print(m, file=sys.stderr))
         wall = time.perf_counter() - started
         engines = runs.engines
-        failed = [r for r in ROLES if not engines[r]["ok"]]
+        ran = [r for r, _ in asked]
+        failed = [r for r in ran if not engines[r]["ok"]]
         if failed:
             raise SystemExit(
                 f"{target.name} {mode}: {failed} failed:\n{engines[failed[0]]['log'][-2000:]}"
             )
-        results = {r: engines[r]["result"] for r in ROLES}
-        seen[mode] = {r: (results[r]["token_ids"], results[r]["metrics"]) for r in ROLES}
+        results = {r: engines[r]["result"] for r in ran}
+        seen[mode] = {r: (results[r]["token_ids"], results[r]["metrics"]) for r in DRAFTS}
+        if "target" in results:
+            target_run = results["target"]
+            drafts = {r: results[r]["token_ids"] for r in DRAFTS}
+            check = lossless_check(target_run["token_ids"], target_run["top_logprobs"], drafts)
+        else:
+            forced = {r: (results[r]["token_ids"], results[r]["teacher_forced"]) for r in DRAFTS}
+            check = teacher_forced_check(forced)
         modes[mode] = {
             "mode_ran": runs.mode,
             "fallback": runs.fallback,
             "target_loads": runs.target_loads,
             "wall_s": round(wall, 1),
-            "load_s": {r: results[r]["load_s"] for r in ROLES},
-            "generate_s": {r: results[r]["generate_s"] for r in ROLES},
+            "load_s": {r: results[r]["load_s"] for r in ran},
+            "generate_s": {r: results[r]["generate_s"] for r in ran},
+            "score_s": {r: results[r].get("score_s", 0.0) for r in ran},
+            "check_1": {"passed": check.passed, "detail": check.detail},
         }
+    per_draft = modes["per-draft"]["wall_s"]
     return {
         "modes": modes,
-        "wall_ratio_single_over_per_draft": round(
-            modes["single"]["wall_s"] / modes["per-draft"]["wall_s"], 3
+        "wall_ratio_one_load_over_reference": round(
+            modes["one-load"]["wall_s"] / modes["reference"]["wall_s"], 3
         ),
-        "same_outputs_and_counters": seen["single"] == seen["per-draft"],
+        "wall_ratio_one_load_over_per_draft": round(modes["one-load"]["wall_s"] / per_draft, 3),
+        "same_outputs_and_counters": seen["one-load"] == seen["reference"] == seen["per-draft"],
+        "same_check_1_verdict": len({m["check_1"]["passed"] for m in modes.values()}) == 1,
     }
 
 

@@ -37,9 +37,12 @@ def draft_kv_cache_dtype(asked: str | None, draft_config: dict[str, Any]) -> str
     return SCALED_KV_CACHE_DTYPE if export.get("kv_cache_group") else None
 
 
-def speculative_config(draft: str, k: int, kv_cache_dtype: str | None = None) -> dict[str, Any]:
+def speculative_config(
+    draft: str, k: int, kv_cache_dtype: str | None = None, *, attention_backend: str | None = None
+) -> dict[str, Any]:
     """``--speculative-config`` for an EAGLE-3 draft proposing ``k`` tokens (its KV cache in
-    ``kv_cache_dtype``, else the target's)."""
+    ``kv_cache_dtype``, else the target's; its attention in vLLM's backend
+    ``attention_backend``, else the one vLLM picks for the draft, never the target's)."""
     config: dict[str, Any] = {
         "model": draft,
         "method": "eagle3",
@@ -48,6 +51,8 @@ def speculative_config(draft: str, k: int, kv_cache_dtype: str | None = None) ->
     }
     if kv_cache_dtype is not None:
         config["kv_cache_dtype"] = kv_cache_dtype
+    if attention_backend is not None:
+        config["attention_backend"] = attention_backend
     return config
 
 

@@ -56,6 +56,11 @@ MLA = {
 # What a real CPU engine runs: vLLM-CPU's MLA decode kernel takes only kv_lora_rank 512 and
 # qk_rope_head_dim 64 (cpu_mla.py); the toy draft's fields (hidden 256, 8 heads) stay.
 MLA_ENGINE = MLA | {"kv_lora_rank": 512, "qk_rope_head_dim": 64, "qk_nope_head_dim": 32}
+# ... and that reference backend is named, for the target and (vLLM never lets a draft inherit
+# it) the draft: on an AMX CPU vLLM prefers its AMX MLA backend, which takes BF16 only and packs
+# weights in tiles these toy heads do not fill ("invalid weight out features 24"). The tests are
+# about the draft's math and layers, not the attention kernel.
+MLA_REFERENCE_BACKEND = "CPU_MLA"
 TOY = REPO / "examples" / "toy"
 VOCAB = 512
 # The deeper toy target: 60 layers, so a target step costs many draft steps, as with a real one.

@@ -74,11 +74,14 @@ def main() -> None:
     kwargs = platform_defaults(
         {
             "model": spec["target"],
-            "speculative_config": speculative_config(spec["draft"], spec["k"]),
+            "speculative_config": speculative_config(
+                spec["draft"], spec["k"], attention_backend=spec.get("attention_backend")
+            ),
             "dtype": "float32",
             "max_model_len": 512,
             "seed": 0,
-        },
+        }
+        | ({"attention_backend": spec["attention_backend"]} if "attention_backend" in spec else {}),
         on_cpu,
     )
     llm = LLM(**kwargs, worker_extension_cls="tests.draft_recorder.DraftRecorder")

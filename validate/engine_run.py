@@ -36,6 +36,7 @@ from eaglequant.engine.result import (
     SpecMetrics,
     TopLogprobs,
 )
+from eaglequant.validate.lossless import TEACHER_FORCED_KEY
 
 PRELOAD = VLLM_PRELOAD  # imported once by a fork server
 SPEC_METRICS = {
@@ -219,6 +220,11 @@ def generate(llm: Any, spec: dict[str, Any], kwargs: dict[str, Any]) -> Generate
         tokenization_kwargs={"add_special_tokens": spec.get("add_special_tokens", True)},
     )
     speculative = kwargs.get("speculative_config") is not None
+    scored: dict[str, Any] = {}
+    if speculative and spec.get(TEACHER_FORCED_KEY):
+        began = time.perf_counter()
+        scored = {"teacher_forced": teacher_forced(llm, outputs, spec[TEACHER_FORCED_KEY])}
+        scored["score_s"] = round(time.perf_counter() - began, 2)
     return {
         "schema_version": ENGINE_RESULT_SCHEMA,
         "token_ids": [list(o.outputs[0].token_ids) for o in outputs],
@@ -234,7 +240,30 @@ def generate(llm: Any, spec: dict[str, Any], kwargs: dict[str, Any]) -> Generate
         "kernels": loaded_kernel_libraries(),
         "plugin_active": bool(llm.collective_rpc("eaglequant_plugin_active")[0]),
         "engine_config": engine_record(kwargs),
+        **scored,  # type: ignore[typeddict-item]
     }
+
+
+def teacher_forced(llm: Any, outputs: Any, ranks: int) -> list[TopLogprobs]:
+    """Each prompt with its own generated tokens, scored in one prefill of the same engine:
+    per generated position the target's ``ranks`` best tokens and the generated one, by rank.
+
+    The prefill is the target's forward pass alone (a draft proposes only after it), so a
+    generated token ranked first there is the target's greedy choice given its prefix.
+    """
+    from vllm import SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    prompts = [
+        TokensPrompt(prompt_token_ids=[*o.prompt_token_ids, *o.outputs[0].token_ids])
+        for o in outputs
+    ]
+    params = SamplingParams(temperature=0.0, max_tokens=1, prompt_logprobs=ranks)
+    scored = llm.generate(prompts, params, use_tqdm=False)
+    return [
+        _top_logprobs(s.prompt_logprobs[len(o.prompt_token_ids) :])
+        for o, s in zip(outputs, scored, strict=True)
+    ]
 
 
 def request_counts(completion: Any) -> RequestCounts | None:

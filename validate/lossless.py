@@ -18,7 +18,7 @@ TP=2). Any other divergence fails. ``strict`` requires equality.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -28,6 +28,10 @@ MODES = ("near-tie", "strict")
 DEFAULT_MODE = "near-tie"
 DEFAULT_TIE_MARGIN = 0.1
 TOP_LOGPROBS = 5
+# Teacher-forced scoring (the engine child's spec key): the target's best tokens asked at every
+# generated position, besides the generated one (vLLM adds it): two give the top-2 margin.
+TEACHER_FORCED_KEY = "teacher_forced"
+TEACHER_FORCED_RANKS = 2
 
 TopLogprobs = Sequence[Sequence[Sequence[float]]]  # position -> rank -> (token, logprob)
 
@@ -79,11 +83,14 @@ def judge(
 
 
 def _margin(ranked: Sequence[Sequence[float]] | None, chosen: int | None) -> float | None:
-    """How far below the target's best token the chosen one was (None: not among the top)."""
+    """How far below the target's best logprob the chosen token's was (0: tied for best; None:
+    not among the ranked). Searched at every rank: vLLM ranks exactly tied tokens alike, so
+    the chosen one may come first in the list however the tie was broken."""
     if not ranked or chosen is None:
         return None
-    found = [float(logprob) for token, logprob in ranked[1:] if int(token) == chosen]
-    return float(ranked[0][1]) - found[0] if found else None
+    best = max(float(logprob) for _, logprob in ranked)
+    found = [float(logprob) for token, logprob in ranked if int(token) == chosen]
+    return best - found[0] if found else None
 
 
 def lossless_check(
@@ -110,6 +117,80 @@ def lossless_check(
         "divergences": [asdict(d) for d in divergences],
     }
     return Check("1 lossless", not failed, _detail(divergences, failed, mode), numbers)
+
+
+def teacher_forced_check(
+    runs: Mapping[str, tuple[Sequence[Sequence[int]], Sequence[TopLogprobs | None]]],
+    mode: str = DEFAULT_MODE,
+    tie_margin: float = DEFAULT_TIE_MARGIN,
+) -> Check:
+    """Check 1 from teacher-forced scores (``runs``: draft -> (token ids, scores per prompt)):
+    every generated token must be the target's argmax given its own prefix, scored by the
+    same engine's prefill; by induction on the position the output is then the target's
+    greedy output. Each position is judged on its own (no cascade after a near-tie flip);
+    A token tied exactly with the best is a greedy choice in both modes; beyond that
+    ``near-tie`` passes a token within ``tie_margin`` nats of the best, ``strict`` none.
+    A run without a score at some generated position fails: nothing observed passes nothing.
+    """
+    divergences: list[Divergence] = []
+    closest: dict[str, float | None] = {}
+    positions = 0
+    for draft, (outputs, scores) in runs.items():
+        closest[draft] = None
+        if len(scores) != len(outputs):
+            divergences.append(Divergence(draft, -1, -1, None, None, None, "fail"))
+            continue
+        for prompt, (tokens, scored) in enumerate(zip(outputs, scores, strict=True)):
+            if scored is None or len(scored) != len(tokens):
+                divergences.append(Divergence(draft, prompt, 0, None, None, None, "fail", False))
+                continue
+            for position, (token, ranked) in enumerate(zip(tokens, scored, strict=True)):
+                positions += 1
+                gap, seen = _top2_gap(ranked), closest[draft]
+                if gap is not None and (seen is None or gap < seen):
+                    closest[draft] = gap
+                margin = _margin(ranked, token)
+                if margin is not None and margin <= 0.0:
+                    continue  # the best, or tied exactly with it: a greedy choice either way
+                tie = mode == "near-tie" and margin is not None and margin <= tie_margin
+                best = int(ranked[0][0]) if ranked else None
+                divergences.append(
+                    Divergence(
+                        draft, prompt, position, best, token, margin, "tie" if tie else "fail"
+                    )
+                )
+    failed = [d for d in divergences if d.verdict == "fail"]
+    numbers: dict[str, Any] = {
+        "mode": mode,
+        "tie_margin": tie_margin,
+        "reference": "teacher-forced",
+        "positions": positions,
+        "smallest_top2_margin": closest,
+        "divergences": [asdict(d) for d in divergences],
+    }
+    if not failed and positions == 0:
+        return Check("1 lossless", False, "no generated token was scored", numbers)
+    return Check("1 lossless", not failed, _forced_detail(divergences, failed, mode), numbers)
+
+
+def _top2_gap(ranked: Sequence[Sequence[float]]) -> float | None:
+    """The target's best logprob minus its second best at one position (None: one ranked)."""
+    values = sorted((float(lp) for _, lp in ranked), reverse=True)
+    return values[0] - values[1] if len(values) > 1 else None
+
+
+def _forced_detail(divergences: list[Divergence], failed: list[Divergence], mode: str) -> str:
+    if not divergences:
+        return (
+            "every generated token of target + each draft is the target's greedy choice "
+            "(teacher-forced in the same engine)"
+        )
+    shown = failed or divergences
+    listed = ", ".join(_describe(d) for d in shown[:4]) + (" ..." if len(shown) > 4 else "")
+    if failed:
+        count = len(failed)
+        return f"{count} generated token(s) not the target's greedy choice ({mode}): {listed}"
+    return f"the target's greedy choice except {len(divergences)} near-tie(s): {listed}"
 
 
 def _detail(divergences: list[Divergence], failed: list[Divergence], mode: str) -> str:

@@ -46,6 +46,7 @@ from eaglequant.engine.result import (
 from eaglequant.io.checkpoint import read_checkpoint
 from eaglequant.io.output import write_text_atomic
 from eaglequant.speculative import speculative_config
+from eaglequant.validate.lossless import TEACHER_FORCED_KEY, TEACHER_FORCED_RANKS
 
 if TYPE_CHECKING:
     from eaglequant.prompts.chat import RenderedPrompts
@@ -191,13 +192,15 @@ def shared_spec(
 ) -> dict[str, Any]:
     """The engine child's input: the engine (built with the first draft), each draft, prompts
     as the target-alone run gets them."""
-    speculative = [speculative_config(str(d), request.k) for d in drafts]
+    backend = request.draft_attention_backend
+    speculative = [speculative_config(str(d), request.k, attention_backend=backend) for d in drafts]
     return {
         "llm": llm_kwargs(request.engine, str(request.target), speculative[0]),
         "drafts": speculative,
         "prompts": rendered.texts,
         "add_special_tokens": rendered.add_special_tokens,
         "max_tokens": request.max_tokens,
+        TEACHER_FORCED_KEY: TEACHER_FORCED_RANKS,
     }
 
 

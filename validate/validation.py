@@ -60,6 +60,7 @@ from eaglequant.draft import (
 )
 from eaglequant.engine.config import (
     EngineOptions,
+    check_attention_backend,
     check_engine_args,
     check_kv_cache_dtype,
     llm_kwargs,
@@ -99,8 +100,11 @@ from eaglequant.validate.check import Check
 from eaglequant.validate.lossless import (
     DEFAULT_MODE,
     DEFAULT_TIE_MARGIN,
+    TEACHER_FORCED_KEY,
+    TEACHER_FORCED_RANKS,
     TOP_LOGPROBS,
     lossless_check,
+    teacher_forced_check,
 )
 from eaglequant.validate.regression import NAME as REGRESSION
 from eaglequant.validate.regression import RunCounts, check_comparable, regression_check
@@ -130,6 +134,7 @@ class ValidateRequest:
     capture: CaptureEngine = field(default_factory=CaptureEngine)
     hidden_states: Path | None = None
     draft_kv_cache_dtype: str | None = None  # the validated draft's KV cache (the BF16 one: auto)
+    draft_attention_backend: str | None = None  # both drafts' (vLLM's name); None: vLLM picks
     categories: list[str] | None = None  # one per prompt
     min_category_drafts: int = ValidationSpec.min_category_drafts
     prompt_set: dict[str, Any] | None = None  # the prompts' source and sha256
@@ -139,6 +144,9 @@ class ValidateRequest:
     seed: int = DEFAULT_SEED
     command: str | None = None  # how it was invoked, path-free (eaglequant.provenance)
     engine_per_draft: bool = False
+    # Check 1 against a target-alone engine (a second target load) instead of teacher-forced
+    # scores from the speculative engine itself.
+    reference_engine: bool = False
 
 
 @dataclass
@@ -169,6 +177,7 @@ class ValidationReport:
     target_loads: int = 0
     load_s: float = 0.0
     generate_s: float = 0.0
+    score_s: float = 0.0  # of generate_s: check 1's teacher-forced scoring
 
     @property
     def passed(self) -> bool:
@@ -231,6 +240,7 @@ def check_inputs(request: ValidateRequest) -> dict[str, Any]:
     install = probe_vllm(sys.executable)
     check_engine_args(request.engine.engine_args, install.engine_args)
     check_kv_cache_dtype(request.draft_kv_cache_dtype, install, kv_source(request.draft))
+    check_attention_backend(request.draft_attention_backend, install, "--draft-attention-backend")
     if request.hidden_states is not None:
         check_capture(request.hidden_states, dims[request.baseline])
     else:
@@ -258,6 +268,8 @@ def validate_draft(
         return run_engine(request, draft, rendered, kv)
 
     roles = [("target", None), ("bf16", request.baseline), ("fp8", request.draft)]
+    if not request.reference_engine and "target" not in engines:
+        roles = roles[1:]  # check 1 from teacher-forced scores in the speculative engine
     missing = [(r, d) for r, d in roles if r not in engines]
     per_draft = request.engine_per_draft or request.draft_kv_cache_dtype is not None
     if missing and request.draft_kv_cache_dtype is not None and not request.engine_per_draft:
@@ -265,12 +277,17 @@ def validate_draft(
     runner = run_per_draft if per_draft else partial(run_single, request, rendered)
     runs = runner(missing, run_one, progress)
     engines |= runs.engines
+    unscored = _unscored(engines)
+    if "target" not in engines and unscored:
+        progress(f"{unscored}: a target-alone engine for check 1 instead")
+        runs.engines["target"] = engines["target"] = run_one(None)
+        runs.target_loads += 1
     checks = _engine_checks(request, engines)
     categories = _categories(request, engines)
     if categories is not None:
         checks += category_checks(categories)
     progress("scale plausibility ...")
-    checks.append(scale_plausibility(request, engines["target"], rendered))
+    checks.append(scale_plausibility(request, engines.get("target", engines["bf16"]), rendered))
     if request.against is not None:
         checks += _regression(request, engines["fp8"])
     fp8 = engines["fp8"].get("result")
@@ -300,6 +317,7 @@ def validate_draft(
         target_loads=runs.target_loads + (request.hidden_states is None),
         load_s=_total(runs.engines, "load_s"),
         generate_s=_total(runs.engines, "generate_s"),
+        score_s=_total(runs.engines, "score_s"),
     )
 
 
@@ -351,9 +369,9 @@ def calibration_overlap(draft: Path, prompts: list[str]) -> dict[str, Any] | Non
     return {"calibration": data.get("source"), "shared": shared, "prompts": len(prompts)}
 
 
-def _total(engines: dict[str, EngineRun], key: Literal["load_s", "generate_s"]) -> float:
+def _total(engines: dict[str, EngineRun], key: Literal["load_s", "generate_s", "score_s"]) -> float:
     """Seconds over this run's engines (a shared engine's load counted once, its swaps each)."""
-    return round(sum(e["result"][key] for e in engines.values() if "result" in e), 2)
+    return round(sum(e["result"].get(key, 0.0) for e in engines.values() if "result" in e), 2)
 
 
 def run_engine(
@@ -368,13 +386,21 @@ def run_engine(
     with tempfile.TemporaryDirectory(prefix="eaglequant-engine-") as scratch:
         spec_path, out_path = Path(scratch) / "spec.json", Path(scratch) / "out.json"
         log_path = Path(scratch) / "engine.log"
-        speculative = speculative_config(str(draft), request.k, kv_cache_dtype) if draft else None
+        speculative = None
+        if draft:
+            speculative = speculative_config(
+                str(draft),
+                request.k,
+                kv_cache_dtype,
+                attention_backend=request.draft_attention_backend,
+            )
         spec = {
             "llm": llm_kwargs(request.engine, str(request.target), speculative),
             "prompts": rendered.texts,
             "add_special_tokens": rendered.add_special_tokens,
             "max_tokens": request.max_tokens,
             "logprobs": None if draft else TOP_LOGPROBS,
+            TEACHER_FORCED_KEY: TEACHER_FORCED_RANKS if draft else None,
         }
         spec_path.write_text(json.dumps(spec))
         env = dict(os.environ)
@@ -433,6 +459,31 @@ def acceptance(metrics: Mapping[str, Any]) -> dict[str, Any]:
     }
 
 
+def _unscored(engines: dict[str, EngineRun]) -> str | None:
+    """Why check 1 cannot come from teacher-forced scores (None: both drafts' runs have them)."""
+    for role in ROLES:
+        result = engines[role].get("result")
+        if engines[role]["ok"] and result is not None and TEACHER_FORCED_KEY not in result:
+            return f"the {role} run has no teacher-forced scores (this vLLM gave none)"
+    return None
+
+
+def _lossless(request: ValidateRequest, engines: dict[str, EngineRun]) -> Check:
+    """Check 1: against the target-alone engine when it ran, else teacher-forced."""
+    results = {role: engines[role]["result"] for role in ROLES}
+    if "target" in engines:
+        target = engines["target"]["result"]
+        return lossless_check(
+            target["token_ids"],
+            target["top_logprobs"],
+            {role: r["token_ids"] for role, r in results.items()},
+            request.lossless,
+            request.tie_margin,
+        )
+    scored = {role: (r["token_ids"], r.get("teacher_forced", [])) for role, r in results.items()}
+    return teacher_forced_check(scored, request.lossless, request.tie_margin)
+
+
 def _engine_checks(request: ValidateRequest, engines: dict[str, EngineRun]) -> list[Check]:
     failed = [role for role, e in engines.items() if not e["ok"]]
     if failed:
@@ -447,16 +498,9 @@ def _engine_checks(request: ValidateRequest, engines: dict[str, EngineRun]) -> l
                 {"log_tail": tails},
             )
         ]
-    target = engines["target"]["result"]
     acceptance_check, per_position = engine_acceptance_checks(engines, _thresholds(request))
     return [
-        lossless_check(
-            target["token_ids"],
-            target["top_logprobs"],
-            {role: engines[role]["result"]["token_ids"] for role in ("bf16", "fp8")},
-            request.lossless,
-            request.tie_margin,
-        ),
+        _lossless(request, engines),
         acceptance_check,
         layers_check(
             engines["fp8"]["result"]["draft_layers"],
@@ -658,7 +702,9 @@ def _regression(request: ValidateRequest, fp8: EngineRun) -> list[Check]:
 def scale_plausibility(
     request: ValidateRequest, target_engine: EngineRun, rendered: RenderedPrompts
 ) -> Check:
-    """Check 6 on the validation sequences: each prompt and the target's own continuation."""
+    """Check 6 on the validation sequences: each prompt and the target's own continuation
+    (``target_engine``'s outputs: the target alone's, or the BF16 draft run's, which check 1
+    proves are the target's greedy outputs)."""
     from eaglequant.validate.plausibility import PlausibilityInputs
     from eaglequant.validate.plausibility import scale_plausibility as check
 

@@ -75,6 +75,12 @@ if TYPE_CHECKING:
 )
 @engine_options
 @draft_kv_cache_option
+@click.option(
+    "--draft-attention-backend",
+    metavar="NAME",
+    help="vLLM's attention backend for both drafts, e.g. CPU_MLA (default: vLLM picks for the "
+    "draft; it never inherits the target's).",
+)
 @engine_choice("--capture-engine", "check 6's hidden states")
 @click.option(
     "--hidden-states",
@@ -97,6 +103,12 @@ if TYPE_CHECKING:
     help="Logprob gap (nats) under which a token counts as tied with the target's best.",
 )
 @engine_per_draft_option
+@click.option(
+    "--reference-engine",
+    is_flag=True,
+    help="Check 1 against a target-alone engine (a second target load) instead of scoring "
+    "each draft run's output teacher-forced in its own speculative engine.",
+)
 @click.option(
     "--against",
     type=PATH,
@@ -124,11 +136,13 @@ def validate(
     tensor_parallel_size: int,
     engine_args: tuple[str, ...],
     draft_kv_cache_dtype: str | None,
+    draft_attention_backend: str | None,
     capture_engine: str | None,
     hidden_states: Path | None,
     lossless: str,
     tie_margin: float,
     engine_per_draft: bool,
+    reference_engine: bool,
     against: Path | None,
     json_path: Path | None,
     markdown_path: Path | None,
@@ -179,7 +193,9 @@ def validate(
         ),
         hidden_states=hidden_states,
         engine_per_draft=engine_per_draft,
+        reference_engine=reference_engine,
         draft_kv_cache_dtype=draft_kv_cache_dtype,
+        draft_attention_backend=draft_attention_backend,
         against=read_previous(against) if against else None,
         command=invocation(),
     )

@@ -91,6 +91,7 @@ class VllmInstall:
     device_env: str = ""
     device_count: int = 0
     fp8_kv_cache_refusal: str = ""  # vLLM's reason it cannot run an FP8 KV cache here
+    attention_backends: frozenset[str] = frozenset()  # AttentionBackendEnum's names
 
     @property
     def on_cpu(self) -> bool:
@@ -111,10 +112,19 @@ def check_kv_cache_dtype(kv_cache_dtype: str | None, install: VllmInstall, sourc
         )
 
 
+def check_attention_backend(name: str | None, install: VllmInstall, source: str) -> None:
+    """Refuse an attention backend this vLLM does not name, before any engine starts."""
+    if name is None or name.upper() in install.attention_backends:
+        return
+    known = ", ".join(sorted(install.attention_backends))
+    raise InputError(f"{source} {name!r}: not one of vLLM's attention backends ({known})")
+
+
 PROBE = """
 import dataclasses, json
 from vllm.engine.arg_utils import EngineArgs
 from vllm.platforms import current_platform
+from vllm.v1.attention.backends.registry import AttentionBackendEnum
 fields = [f.name for f in dataclasses.fields(EngineArgs)]
 cpu = current_platform.is_cpu()
 count = 0 if cpu else current_platform.device_count()
@@ -127,7 +137,8 @@ if cpu:  # vLLM's own test, as its CPU attention backend asks it for a draft's h
         _get_attn_isa(torch.bfloat16, 32, 128, "fp8")
     except NotImplementedError as exc:
         fp8_kv = str(exc)
-print(json.dumps([current_platform.device_type, fields, device_env, count, fp8_kv]))
+backends = [b.name for b in AttentionBackendEnum]
+print(json.dumps([current_platform.device_type, fields, device_env, count, fp8_kv, backends]))
 """
 
 
@@ -145,9 +156,14 @@ def probe_vllm(python: str) -> VllmInstall:
     if done.returncode != 0 or not lines:
         tail = done.stderr.strip().splitlines()[-1:] or [f"exit code {done.returncode}"]
         raise InputError(f"vLLM cannot be imported here ({tail[0]}); install eaglequant[vllm]")
-    device_type, fields, device_env, count, fp8_kv = json.loads(lines[-1])
+    device_type, fields, device_env, count, fp8_kv, backends = json.loads(lines[-1])
     return VllmInstall(
-        str(device_type), frozenset(fields), str(device_env), int(count), str(fp8_kv)
+        str(device_type),
+        frozenset(fields),
+        str(device_env),
+        int(count),
+        str(fp8_kv),
+        frozenset(backends),
     )
 
 

@@ -105,6 +105,10 @@ class Generated(TypedDict):
     kernels: list[str]
     plugin_active: bool
     engine_config: EngineRecord
+    # Per prompt, per generated position: the target's ranked logprobs when the prompt and the
+    # run's own output are scored in one prefill of the same engine (``prompt_logprobs``).
+    teacher_forced: NotRequired[list[TopLogprobs]]
+    score_s: NotRequired[float]  # seconds of that scoring
 
 
 class EngineResult(Generated):

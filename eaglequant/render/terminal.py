@@ -128,10 +128,13 @@ def _num(value: float | None) -> str:
 
 
 def engines_line(report: dict[str, Any]) -> str:
-    """How the engines ran: the mode, target loads, seconds loading against generating."""
+    """How the engines ran: the mode, target loads, seconds loading against generating (and,
+    of that, scoring check 1 teacher-forced)."""
+    scoring = f", {report['score_s']:.1f}s of it scoring" if report.get("score_s") else ""
     return (
         f"engines: {report['engine_mode']}, target loaded {report['target_loads']}x "
-        f"({report['load_s']:.1f}s loading in engines, {report['generate_s']:.1f}s generating)"
+        f"({report['load_s']:.1f}s loading in engines, {report['generate_s']:.1f}s generating"
+        f"{scoring})"
     )
 
 

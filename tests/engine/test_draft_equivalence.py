@@ -33,6 +33,7 @@ from eaglequant.model.eagle3 import Eagle3Draft, MidLayer
 from eaglequant.model.load import load_draft_module
 from tests.conftest import (
     MLA_ENGINE,
+    MLA_REFERENCE_BACKEND,
     MLA_YARN,
     PYTHON,
     REPO,
@@ -47,11 +48,16 @@ TOLERANCE = 1e-4
 PROMPT = "def function_12(x):\n    return x * 12 + 5\n\ndef function_13(x):"
 
 
-def _record(draft: Path, tmp_path: Path, target: Path = TOY / "target") -> dict[str, torch.Tensor]:
+def _record(
+    draft: Path, tmp_path: Path, target: Path = TOY / "target", attention_backend: str | None = None
+) -> dict[str, torch.Tensor]:
+    """The drafter's records (the target's and the draft's attention in ``attention_backend``,
+    else as vLLM picks)."""
     spec = tmp_path / "spec.json"
-    spec.write_text(
-        json.dumps({"target": str(target), "draft": str(draft), "prompt": PROMPT, "k": 2})
-    )
+    request = {"target": str(target), "draft": str(draft), "prompt": PROMPT, "k": 2}
+    if attention_backend is not None:
+        request["attention_backend"] = attention_backend
+    spec.write_text(json.dumps(request))
     out = tmp_path / "records.safetensors"
     run_child([PYTHON, "-m", "tests.draft_recorder", str(spec), str(out)], cwd=REPO)
     return load_file(str(out))
@@ -199,7 +205,7 @@ def test_mla_module_equals_vllms_drafter(mla_target: Path, tmp_path: Path, case:
     absorbed for step 1): the module's plain MLA math agrees to float32 rounding, and
     skipping the kv norm, the YaRN mscale or a variant fails by far."""
     draft = _mla_draft(tmp_path / "draft", **MLA_CASES[case])
-    records = _record(draft, tmp_path, mla_target)
+    records = _record(draft, tmp_path, mla_target, MLA_REFERENCE_BACKEND)
     diffs = _module_outputs(draft, records)
     assert max(diffs) <= TOLERANCE, diffs
     for change in [{"mutate": _skip("kv_a_layernorm")}, *MLA_BREAKS[case]]:
@@ -232,6 +238,7 @@ def test_exported_draft_loads_as_inspect_predicts(
     from click.testing import CliRunner
 
     from eaglequant.cli import main
+    from eaglequant.engine.config import EngineOptions
     from eaglequant.validate.validation import (
         ValidateRequest,
         expected_schemes,
@@ -250,7 +257,15 @@ def test_exported_draft_loads_as_inspect_predicts(
     mla = "kv_lora_rank" in form
     target = request.getfixturevalue("mla_target") if mla else TOY / "target"
     validating = ValidateRequest(
-        target=target, draft=out, baseline=draft, prompts=[PROMPT], max_tokens=8
+        target=target,
+        draft=out,
+        baseline=draft,
+        prompts=[PROMPT],
+        max_tokens=8,
+        engine=EngineOptions(
+            engine_args={"attention_backend": MLA_REFERENCE_BACKEND} if mla else {}
+        ),
+        draft_attention_backend=MLA_REFERENCE_BACKEND if mla else None,
     )
     engine = run_engine(validating, out)
     assert engine["ok"], engine["log"][-3000:]

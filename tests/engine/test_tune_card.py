@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import shutil
 from pathlib import Path
-from statistics import fmean
 
 import pytest
 import yaml
@@ -93,16 +92,16 @@ def test_tune_runs_servers_and_writes_results(tune_out: Path) -> None:
     assert not servers_running()
 
 
-def test_where_speculation_loses_no_speculation_is_recommended(tune_out: Path) -> None:
+def test_the_recommendation_follows_the_measured_runs(tune_out: Path) -> None:
+    """k=2 is recommended at a concurrency only where its slowest run beat no speculation's
+    fastest; where nothing is, the serve line has no speculative config. Which way it goes is
+    the machine's: the FP8 draft through the CPU plugin loses at concurrency 1 on an AVX2 or
+    AVX-512 CPU (the issue's 0.60x case) and wins on an AMX one."""
     summary = json.loads((tune_out / "results.json").read_text())
     runs = {(r["k"], r["concurrency"]): r["runs"] for r in summary["results"]}
-    # Measured, not assumed: the FP8 draft through the CPU plugin is slower on average than no
-    # speculation at concurrency 1 on this machine (the issue's 0.60x case).
-    assert fmean(runs[2, 1]) < fmean(runs[0, 1]), runs
-    assert summary["recommended_k"]["1"] == 0
     for concurrency in (1, 4):
         beats = min(runs[2, concurrency]) > max(runs[0, concurrency])
-        assert summary["recommended_k"][str(concurrency)] == (2 if beats else 0)
+        assert summary["recommended_k"][str(concurrency)] == (2 if beats else 0), runs
     if not any(summary["recommended_k"].values()):
         assert summary["recommendation"]["choice"] == "none"
         assert "--speculative-config" not in summary["serve_command"]

@@ -39,8 +39,8 @@ from tests.conftest import TOY, toy_prompts_file
 from tests.exported import rerecord
 from tests.share import built_once
 
-PROMPTS = 8
-MAX_TOKENS = 32
+PROMPTS = 16
+MAX_TOKENS = 64
 
 
 @pytest.fixture(scope="module")
@@ -157,6 +157,37 @@ def test_good_fp8_draft_passes(good_fp8: Path, good_report: tuple, tp1_runs: Pat
     text = (good_fp8 / "README.md").read_text()
     assert f"| FP8 | {fp8:.3f} |" in text and f"| BF16 | {bf16:.3f} |" in text
     assert "| 6 scale plausibility | PASS |" in text
+
+
+def test_one_target_load_check_one_teacher_forced_agrees_with_the_target_alone(
+    good_fp8: Path,
+    shared_engines: dict,
+    validation_states: Path,
+    good_report: tuple,
+    tp1_runs: Path,
+) -> None:
+    """Without a target-alone engine (the default): both drafts in one engine, check 1 from
+    each run's output scored in that engine's prefill. Its verdict agrees with the
+    target-alone engine's on every prompt, and one changed token is caught where it is."""
+    from eaglequant.validate.lossless import teacher_forced_check
+
+    report = validate_draft(_request(good_fp8, hidden_states=validation_states))
+    assert report.target_loads == 1 and set(report.engines) == {"bf16", "fp8"}
+    lossless = report.checks[0]
+    assert lossless.passed and lossless.numbers["reference"] == "teacher-forced", lossless.detail
+    assert lossless.numbers["positions"] == 2 * PROMPTS * MAX_TOKENS
+    reference = good_report[0].checks[0]  # the same draft against the target-alone engine
+    assert reference.passed and reference.numbers["divergences"] == []  # agree, every prompt
+    fp8 = json.loads((tp1_runs / "engines.json").read_text())["fp8"]["result"]
+    alone = shared_engines["target"]["result"]["token_ids"]
+    assert fp8["token_ids"] == alone
+    scores = fp8["teacher_forced"]
+    assert [len(s) for s in scores] == [MAX_TOKENS] * PROMPTS
+    assert teacher_forced_check({"fp8": (alone, scores)}, "strict").passed
+    mutant = [list(ids) for ids in alone]
+    mutant[3][5] = int(scores[3][5][1][0])  # the target's second choice there
+    caught = teacher_forced_check({"fp8": (mutant, scores)}, "strict")
+    assert not caught.passed and "fp8 prompt 3 at token 5" in caught.detail
 
 
 def test_per_prompt_counts_sum_to_vllms_counters_and_give_the_intervals(
@@ -301,7 +332,7 @@ def test_tensor_parallel_two_gives_the_same_outputs_and_acceptance(
     args += ["--max-tokens", str(MAX_TOKENS), "--tensor-parallel-size", "2", "--lossless", "strict"]
     args += ["--engine-arg", "max_num_seqs=8", "--json", str(report_path)]
     args += ["--against", str(good_report), "--junit-xml", str(junit_path)]
-    args += ["--hidden-states", str(tp1_runs / "states")]
+    args += ["--hidden-states", str(tp1_runs / "states"), "--reference-engine"]
     result = CliRunner().invoke(main, args)
     report = json.loads(report_path.read_text())
     # FP8 against BF16 at TP=2 on 8 prompts: nothing fails, but an interval may not decide

@@ -6,6 +6,8 @@ import pytest
 
 from eaglequant.engine.config import (
     EngineOptions,
+    VllmInstall,
+    check_attention_backend,
     check_engine_args,
     cpu_thread_binding,
     llm_kwargs,
@@ -79,3 +81,16 @@ def test_serve_line_is_the_equivalent_vllm_serve_command() -> None:
         '"eagle3", "num_speculative_tokens": 3, "draft_tensor_parallel_size": 1}\' '
         "--tensor-parallel-size 4 --gpu-memory-utilization 0.9 --no-enforce-eager"
     )
+
+
+def test_a_draft_attention_backend_is_named_in_the_speculative_config_and_checked() -> None:
+    """vLLM never lets a draft inherit the target's attention backend: it is asked in the
+    speculative config, and a name vLLM does not have is refused before any engine starts."""
+    spec = speculative_config("/d", 3, attention_backend="CPU_MLA")
+    assert spec["attention_backend"] == "CPU_MLA"
+    assert "attention_backend" not in speculative_config("/d", 3)
+    install = VllmInstall("cpu", frozenset(), attention_backends=frozenset({"CPU_MLA", "AMX_MLA"}))
+    check_attention_backend(None, install, "--draft-attention-backend")
+    check_attention_backend("cpu_mla", install, "--draft-attention-backend")
+    with pytest.raises(InputError, match=r"--draft-attention-backend 'FLASH_MLA': not one of .*"):
+        check_attention_backend("FLASH_MLA", install, "--draft-attention-backend")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from eaglequant.validate.lossless import first_difference, lossless_check
+from eaglequant.validate.lossless import first_difference, lossless_check, teacher_forced_check
 
 TARGET = [[5, 6, 7, 8], [1, 2, 3, 4]]
 # top logprobs of the target run per prompt and position: [[token, logprob], …] by rank
@@ -104,3 +104,59 @@ def test_a_missing_prompt_output_fails() -> None:
 )
 def test_first_difference(a: list[int], b: list[int], expected: int | None) -> None:
     assert first_difference(a, b) == expected
+
+
+def _forced(fp8: list[list[int]], mode: str = "near-tie", scores=TOP):
+    """Teacher-forced scores of each run's own output: TOP is what the target ranked there."""
+    return teacher_forced_check(
+        {"bf16": (TARGET, TOP), "fp8": (fp8, scores)}, mode=mode, tie_margin=0.1
+    )
+
+
+def test_teacher_forced_greedy_outputs_pass_and_give_the_closest_call() -> None:
+    check = _forced(TARGET)
+    assert check.passed and check.numbers["divergences"] == []
+    assert check.numbers["positions"] == 16 and check.numbers["reference"] == "teacher-forced"
+    assert check.numbers["smallest_top2_margin"]["fp8"] == pytest.approx(0.02)
+    assert "teacher-forced" in check.detail
+
+
+def test_teacher_forced_near_tie_passes_each_position_judged_on_its_own() -> None:
+    """Token 11 at prompt 0's position 1 was 0.02 nats below the target's best: a near-tie
+    (no cascade: the later positions are scored on this run's own prefix)."""
+    flipped = [[5, 11, 7, 8], TARGET[1]]
+    check = _forced(flipped)
+    assert check.passed, check.detail
+    (tie,) = check.numbers["divergences"]
+    assert (tie["prompt"], tie["position"], tie["verdict"]) == (0, 1, "tie")
+    assert not _forced(flipped, mode="strict").passed
+
+
+def test_teacher_forced_catches_one_changed_token_and_names_where() -> None:
+    mutant = [TARGET[0], [1, 2, 1, 4]]  # prompt 1's position 2: 1.1 nats below the best
+    check = _forced(mutant)
+    assert not check.passed
+    (failed,) = check.numbers["divergences"]
+    assert (failed["draft"], failed["prompt"], failed["position"]) == ("fp8", 1, 2)
+    assert "fp8 prompt 1 at token 2 (3 -> 1, margin 1.1, fail)" in check.detail
+    unranked = _forced([TARGET[0], [1, 2, 99, 4]])
+    assert "not among the target's top tokens" in unranked.detail and not unranked.passed
+
+
+def test_teacher_forced_without_scores_fails() -> None:
+    """A run whose positions were not all scored, or that scored nothing, cannot pass."""
+    assert not _forced(TARGET, scores=[TOP[0], None]).passed
+    assert not _forced(TARGET, scores=[TOP[0], TOP[1][:2]]).passed
+    assert not _forced(TARGET, scores=[TOP[0]]).passed
+    empty = teacher_forced_check({"fp8": ([[]], [[]])})
+    assert not empty.passed and empty.detail == "no generated token was scored"
+
+
+def test_an_exact_tie_listed_first_is_a_tie_not_unranked() -> None:
+    """vLLM ranks exactly tied tokens alike, so the run's token may head the target's list
+    (measured on the toy target: tokens 12 and 304 both at -0.8452)."""
+    top = [[[[304, -0.8452], [12, -0.8452], [83, -3.03]]]]
+    check = lossless_check([[12]], top, {"tp2": [[304]]}, mode="near-tie", tie_margin=0.1)
+    assert check.passed and check.numbers["divergences"][0]["margin"] == 0.0
+    forced = teacher_forced_check({"fp8": ([[304]], top)}, mode="strict")
+    assert forced.passed and forced.numbers["divergences"] == []
