@@ -24,6 +24,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import replace
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -45,8 +46,9 @@ def export_fp8(out: Path) -> Path:
 
 def measure(target: Path, fp8: Path, prompts: list[str], max_tokens: int) -> dict[str, Any]:
     from eaglequant.validate.lossless import lossless_check, teacher_forced_check
+    from eaglequant.validate.request import ValidateRequest, engine_prompts
     from eaglequant.validate.single_engine import run_per_draft, run_single
-    from eaglequant.validate.validation import ValidateRequest, run_engine
+    from eaglequant.validate.validation import run_engine
 
     request = ValidateRequest(
         target=target,
@@ -57,16 +59,18 @@ def measure(target: Path, fp8: Path, prompts: list[str], max_tokens: int) -> dic
         engine_timeout_s=900,
     )
     roles = [("target", None), ("bf16", request.baseline), ("fp8", request.draft)]
+    reference = replace(request, reference_engine=True)  # the drafts' runs score nothing
+    rendered = engine_prompts(request)
     runners = {
-        "one-load": (partial(run_single, request), roles[1:]),
-        "reference": (partial(run_single, request), roles),
-        "per-draft": (run_per_draft, roles),
+        "one-load": (request, partial(run_single, request, rendered), roles[1:]),
+        "reference": (reference, partial(run_single, reference, rendered), roles),
+        "per-draft": (reference, run_per_draft, roles),
     }
     modes: dict[str, Any] = {}
     seen = {}
-    for mode, (runner, asked) in runners.items():
+    for mode, (asking, runner, asked) in runners.items():
         started = time.perf_counter()
-        runs = runner(asked, partial(run_engine, request), lambda m: print(m, file=sys.stderr))
+        runs = runner(asked, partial(run_engine, asking), lambda m: print(m, file=sys.stderr))
         wall = time.perf_counter() - started
         engines = runs.engines
         ran = [r for r, _ in asked]

@@ -5,9 +5,10 @@ recommended.
 check (recipes, inputs, output; nothing heavy) -> capture the target's hidden states once
 (or take a capture folder) -> export each candidate from that capture in this process (the
 module-flow recipes share one Quark import) -> the engines, on every prompt set's prompts
-at once: the target alone in one, the BF16 draft and every candidate swapped into one more
-(``validate.single_engine``; a candidate with its own draft KV-cache dtype, or
-``engine_per_draft``, gets an engine of its own) -> per prompt set, each run's part of it
+at once: the BF16 draft and every candidate swapped into one engine, each run's output scored
+teacher-forced in it for check 1 (``validate.single_engine``; a candidate with its own draft
+KV-cache dtype, or ``engine_per_draft``, gets an engine of its own; ``reference_engine`` adds
+the target alone in one more) -> per prompt set, each run's part of it
 and the six checks under each candidate's recipe thresholds (check 6 on the same capture)
 -> one row per candidate and prompt set -> ``compare.json`` and ``compare.md``.
 """
@@ -35,14 +36,10 @@ from eaglequant.recipe import Recipe
 from eaglequant.render.reports import COMPARE_JSON, COMPARE_MD, COMPARE_SCHEMA_VERSION
 from eaglequant.speculative import SCALED_KV_CACHE_DTYPE, draft_kv_cache_dtype
 from eaglequant.validate.acceptance import ACCEPTANCE, PER_POSITION, prompt_counts
+from eaglequant.validate.request import ValidateRequest, engine_prompts
 from eaglequant.validate.single_engine import EngineRuns, run_per_draft, run_single
 from eaglequant.validate.stats import PromptCounts, pooled_counts
-from eaglequant.validate.validation import (
-    ValidateRequest,
-    engine_prompts,
-    run_engine,
-    validate_draft,
-)
+from eaglequant.validate.validation import run_engine, validate_draft
 
 BF16_ROLE, TARGET_ROLE = "bf16", "target"
 CAPTURE_DIR, CANDIDATES_DIR = "capture", "candidates"
@@ -67,6 +64,7 @@ class CompareRequest:
     engine_timeout_s: float = 600.0
     max_shard_size: int = 5 * 10**9
     engine_per_draft: bool = False
+    reference_engine: bool = False  # check 1 against a target-alone engine (one more load)
     chat_template: bool = True  # render with the target's chat template when it has one
     overwrite: bool = False
 
@@ -152,6 +150,8 @@ def slice_run(run: EngineRun, start: int, stop: int) -> EngineRun:
     part["token_ids"] = result["token_ids"][start:stop]
     part["top_logprobs"] = result["top_logprobs"][start:stop]
     part["texts"] = result["texts"][start:stop]
+    if "teacher_forced" in result:
+        part["teacher_forced"] = result["teacher_forced"][start:stop]
     if result["per_request"] is not None:
         part["per_request"] = result["per_request"][start:stop]
         try:
@@ -195,6 +195,8 @@ def run_engines(
         return run_engine(request, draft, rendered, kv)
 
     roles: list[tuple[str, Path | None]] = [(TARGET_ROLE, None), (BF16_ROLE, base.baseline)]
+    if not base.reference_engine:
+        roles = roles[1:]  # check 1 teacher-forced in each draft's own engine
     own_kv = [(n, c.draft) for n, c in candidates.items() if c.draft_kv_cache_dtype is not None]
     swapped = [(n, c.draft) for n, c in candidates.items() if c.draft_kv_cache_dtype is None]
     if per_draft:
@@ -294,7 +296,7 @@ def compare(
             report = validate_draft(
                 checked,
                 progress=lambda m, label=label: progress(f"{label}: {m}"),
-                reuse={role: engines[role] for role in (TARGET_ROLE, BF16_ROLE)}
+                reuse={role: engines[role] for role in (TARGET_ROLE, BF16_ROLE) if role in engines}
                 | {"fp8": engines[recipe.name]},
             )
             rows.append(_row(request, recipe, checked, report.to_json()))
@@ -314,7 +316,7 @@ def _part(run: EngineRun, start: int, stop: int, request: CompareRequest) -> Eng
 
 
 def _set_summary(prompt_set: PromptSet, bf16_run: EngineRun) -> PromptSetSummary:
-    from eaglequant.validate.validation import acceptance
+    from eaglequant.validate.engine_summary import acceptance
 
     result = bf16_run.get("result")
     bf16 = acceptance(result["metrics"] if result else {})
@@ -393,6 +395,7 @@ def _validate_request(
         draft_kv_cache_dtype=draft_kv_cache_dtype(
             request.draft_kv_cache_dtype, read_checkpoint(draft).config
         ),
+        reference_engine=request.reference_engine,
     )
 
 

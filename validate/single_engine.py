@@ -50,9 +50,7 @@ from eaglequant.validate.lossless import TEACHER_FORCED_KEY, TEACHER_FORCED_RANK
 
 if TYPE_CHECKING:
     from eaglequant.prompts.chat import RenderedPrompts
-
-# ``request`` below is validate's ``ValidateRequest`` (not imported: validate imports this).
-ValidateRequest = Any
+    from eaglequant.validate.request import ValidateRequest
 
 SINGLE, PER_DRAFT = "single", "per-draft"
 PRELOAD = VLLM_PRELOAD  # imported once by a fork server
@@ -200,7 +198,7 @@ def shared_spec(
         "prompts": rendered.texts,
         "add_special_tokens": rendered.add_special_tokens,
         "max_tokens": request.max_tokens,
-        TEACHER_FORCED_KEY: TEACHER_FORCED_RANKS,
+        TEACHER_FORCED_KEY: None if request.reference_engine else TEACHER_FORCED_RANKS,
     }
 
 

@@ -17,6 +17,7 @@ from eaglequant.cli.options import (
     engine_options,
     engine_per_draft_option,
     engine_settings,
+    reference_engine_option,
 )
 from eaglequant.cli.options import capture_engine as capture_engine_for
 from eaglequant.errors import InputError
@@ -58,6 +59,7 @@ if TYPE_CHECKING:
 @engine_options
 @draft_kv_cache_option
 @engine_per_draft_option
+@reference_engine_option
 @engine_choice("--capture-engine", "the calibration capture")
 @click.option("--overwrite", is_flag=True)
 def compare(
@@ -77,6 +79,7 @@ def compare(
     engine_args: tuple[str, ...],
     draft_kv_cache_dtype: str | None,
     engine_per_draft: bool,
+    reference_engine: bool,
     capture_engine: str | None,
     overwrite: bool,
 ) -> None:
@@ -112,6 +115,7 @@ def compare(
         ),
         engine_timeout_s=engine_timeout,
         engine_per_draft=engine_per_draft,
+        reference_engine=reference_engine,
         overwrite=overwrite,
     )
     report = run(request, progress=lambda m: click.echo(f"[eaglequant] {m}", err=True))

@@ -54,6 +54,13 @@ engine_per_draft_option = click.option(
     "in one engine.",
 )
 
+reference_engine_option = click.option(
+    "--reference-engine",
+    is_flag=True,
+    help="Check 1 against a target-alone engine (one more target load) instead of scoring "
+    "each draft run's output teacher-forced in its own speculative engine.",
+)
+
 SETS_HELP = "a prompt set mt-bench, humaneval or sharegpt (NAME:N: its first N)"
 
 

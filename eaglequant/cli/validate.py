@@ -19,6 +19,7 @@ from eaglequant.cli.options import (
     engine_per_draft_option,
     engine_settings,
     invocation,
+    reference_engine_option,
 )
 from eaglequant.cli.options import capture_engine as capture_engine_for
 
@@ -103,12 +104,7 @@ if TYPE_CHECKING:
     help="Logprob gap (nats) under which a token counts as tied with the target's best.",
 )
 @engine_per_draft_option
-@click.option(
-    "--reference-engine",
-    is_flag=True,
-    help="Check 1 against a target-alone engine (a second target load) instead of scoring "
-    "each draft run's output teacher-forced in its own speculative engine.",
-)
+@reference_engine_option
 @click.option(
     "--against",
     type=PATH,
@@ -158,7 +154,7 @@ def validate(
     from eaglequant.render.reports import validation_markdown
     from eaglequant.render.terminal import print_validation
     from eaglequant.validate.regression import read_previous
-    from eaglequant.validate.validation import ValidateRequest, validation_spec
+    from eaglequant.validate.request import ValidateRequest, validation_spec
     from eaglequant.validate.validation import validate_draft as run
 
     for path in filter(None, (json_path, markdown_path, junit_path)):

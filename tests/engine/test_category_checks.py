@@ -20,7 +20,8 @@ from safetensors.torch import load_file, save_file
 
 from eaglequant.capture.run import CaptureEngine
 from eaglequant.prompts.format import read_prompts
-from eaglequant.validate.validation import ValidateRequest, run_engine, validate_draft
+from eaglequant.validate.request import ValidateRequest
+from eaglequant.validate.validation import run_engine, validate_draft
 from tests.conftest import TOY
 from tests.exported import rerecord
 

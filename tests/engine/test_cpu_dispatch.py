@@ -21,7 +21,8 @@ import torch
 
 from eaglequant.engine.config import EngineOptions, llm_kwargs
 from eaglequant.speculative import speculative_config
-from eaglequant.validate.validation import acceptance, read_prompts
+from eaglequant.validate.engine_summary import acceptance
+from eaglequant.validate.validation import read_prompts
 from tests.conftest import PYTHON, TOY, run_child
 
 # path -> (AVX-512 reported, AVX-512 BF16 reported, the library vLLM must load)

@@ -239,12 +239,9 @@ def test_exported_draft_loads_as_inspect_predicts(
 
     from eaglequant.cli import main
     from eaglequant.engine.config import EngineOptions
-    from eaglequant.validate.validation import (
-        ValidateRequest,
-        expected_schemes,
-        layers_check,
-        run_engine,
-    )
+    from eaglequant.validate.layers import expected_schemes, layers_check
+    from eaglequant.validate.request import ValidateRequest
+    from eaglequant.validate.validation import run_engine
 
     config = json.loads((TOY / "draft" / "config.json").read_text())
     verifier = str(TOY / "target") if in_speculators else None

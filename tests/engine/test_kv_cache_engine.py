@@ -13,7 +13,7 @@ from click.testing import CliRunner
 
 from eaglequant.cli import main
 from eaglequant.engine.config import probe_vllm
-from eaglequant.validate.validation import checkpoint_kv_scales
+from eaglequant.validate.layers import checkpoint_kv_scales
 from tests.conftest import TOY, toy_prompts_file
 
 

@@ -25,13 +25,9 @@ from safetensors.torch import load_file, save_file
 
 from eaglequant.cli import main
 from eaglequant.engine.config import EngineOptions
+from eaglequant.validate.request import ValidateRequest, engine_prompts
 from eaglequant.validate.single_engine import run_shared, run_single, shared_spec
-from eaglequant.validate.validation import (
-    ValidateRequest,
-    engine_prompts,
-    read_prompts,
-    run_engine,
-)
+from eaglequant.validate.validation import read_prompts, run_engine
 from tests.conftest import PYTHON, REPO, TOY, run_child
 
 BLOCK_SIZE = 32

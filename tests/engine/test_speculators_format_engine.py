@@ -18,7 +18,8 @@ def test_trained_speculators_draft_with_norm_before_residual_validates(tmp_path:
     """The committed toy draft trained with norm_before_residual, in the speculators format:
     exported (format kept), then every validate check in real vLLM against its BF16 self."""
     from eaglequant.capture.run import CaptureEngine
-    from eaglequant.validate.validation import ValidateRequest, read_prompts, validate_draft
+    from eaglequant.validate.request import ValidateRequest
+    from eaglequant.validate.validation import read_prompts, validate_draft
 
     bf16 = TOY / "draft-speculators"
     assert read_checkpoint(bf16).config["norm_before_residual"]

@@ -20,15 +20,13 @@ from safetensors.torch import load_file, save_file
 
 from eaglequant.cli import main
 from eaglequant.validate.acceptance import prompt_counts
+from eaglequant.validate.engine_summary import acceptance, outputs_digest
 from eaglequant.validate.lossless import DEFAULT_TIE_MARGIN, lossless_check
 from eaglequant.validate.regression import RunCounts, read_previous, regression_check
+from eaglequant.validate.request import ValidateRequest, engine_prompts
 from eaglequant.validate.stats import PromptCounts, counts_mismatch
 from eaglequant.validate.validation import (
-    ValidateRequest,
     ValidationReport,
-    acceptance,
-    engine_prompts,
-    outputs_digest,
     read_prompts,
     run_engine,
     scale_plausibility,

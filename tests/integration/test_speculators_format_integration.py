@@ -59,7 +59,7 @@ def test_export_keeps_the_speculators_format_and_quantizes_identically(
     code, output = invoke(["inspect", str(outs["spec"]), "--target-layers", "4"])
     assert code == 0 and "no problems found" in output, output
     # validate's checks before any engine, and the card, read the format as vLLM does
-    from eaglequant.validate.validation import ValidateRequest, check_inputs
+    from eaglequant.validate.request import ValidateRequest, check_inputs
 
     request = ValidateRequest(
         target=pair["target"], draft=outs["spec"], baseline=spec, prompts=["x"], max_tokens=4

@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 
 from eaglequant.manifest import MANIFEST_FILE, MANIFEST_SCHEMA
-from eaglequant.validate.validation import validation_spec
+from eaglequant.validate.request import validation_spec
 from tests.conftest import REPO
 
 MANIFEST_HEAD = {"tool": "eaglequant", "schema_version": MANIFEST_SCHEMA}

@@ -9,7 +9,7 @@ from eaglequant.capture.sequences import tokenize_data
 from eaglequant.manifest import MANIFEST_FILE
 from eaglequant.prompts.format import read_prompts, text_hash
 from eaglequant.prompts.source import PromptSource
-from eaglequant.validate.validation import calibration_overlap
+from eaglequant.validate.request import calibration_overlap
 from tests.conftest import TOY, toy_prompts_file
 
 

@@ -16,7 +16,7 @@ from eaglequant.provenance import command_string, machine_paths
 from eaglequant.render.reports import PLOTS
 from eaglequant.tune.report import write_reports
 from eaglequant.tune.sweep import TuneRequest, TuneResult, summarize
-from eaglequant.validate.validation import ValidateRequest, check_inputs
+from eaglequant.validate.request import ValidateRequest, check_inputs
 from tests.conftest import TOY
 from tests.exported import LOCAL_NAMES, Exported, flip_byte, make_exported
 

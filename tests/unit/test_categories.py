@@ -7,9 +7,9 @@ import pytest
 from eaglequant.render.reports import category_markdown
 from eaglequant.validate.acceptance import AcceptanceThresholds
 from eaglequant.validate.categories import by_category, category_checks, category_regression
+from eaglequant.validate.engine_summary import acceptance
 from eaglequant.validate.regression import RunCounts
 from eaglequant.validate.stats import PromptCounts
-from eaglequant.validate.validation import acceptance
 
 THRESHOLDS = AcceptanceThresholds(min_acceptance_ratio=0.98, min_position_ratio=0.95)
 

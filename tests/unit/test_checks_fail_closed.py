@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from eaglequant.validate.validation import _log_check, kv_cache_problems, layers_check
+from eaglequant.validate.layers import kv_cache_problems, layers_check, log_check
 
 EXPECTED: dict[str, str | None] = {
     "self_attn.qkv_proj": "QuarkW8A8Fp8",
@@ -69,6 +69,6 @@ def test_kv_scales_with_no_attention_layer_observed_are_a_problem() -> None:
 
 
 def test_an_empty_engine_log_fails_check_4() -> None:
-    assert not _log_check("").passed
-    assert not _log_check("  \n").passed
-    assert _log_check("INFO engine started\n").passed
+    assert not log_check("").passed
+    assert not log_check("  \n").passed
+    assert log_check("INFO engine started\n").passed

@@ -145,10 +145,11 @@ def test_validate_passes_its_parallelism_and_engine_args_to_check_6s_capture(
 ) -> None:
     """The engines that check 6 captures with are validate's own: TP size and engine args."""
     from eaglequant.validate import validation
+    from eaglequant.validate.request import ValidateRequest
 
     seen = []
 
-    def stop(request: validation.ValidateRequest, **_: object) -> None:
+    def stop(request: ValidateRequest, **_: object) -> None:
         seen.append(request)
         raise SystemExit(3)
 

@@ -20,7 +20,7 @@ from eaglequant.errors import InputError
 from eaglequant.io.checkpoint import read_checkpoint
 from eaglequant.recipe import load_recipe, recipe_from_dict
 from eaglequant.speculative import draft_kv_cache_dtype
-from eaglequant.validate.validation import checkpoint_kv_scales, kv_cache_problems
+from eaglequant.validate.layers import checkpoint_kv_scales, kv_cache_problems
 
 REFUSAL = "FP8 KV cache on CPU requires x86 with AVX-512 or AMX."
 

@@ -70,7 +70,7 @@ def test_an_engine_ending_during_a_draft_keeps_earlier_runs_and_reruns_later_dra
     from eaglequant.engine.process import ChildRun
     from eaglequant.prompts.chat import RenderedPrompts
     from eaglequant.validate import single_engine
-    from eaglequant.validate.validation import ValidateRequest
+    from eaglequant.validate.request import ValidateRequest
 
     drafts = [write_random_draft(tmp_path / n, draft_config(), seed=0) for n in "abc"]
     first = engine_result({"num_drafts": 4}, None)

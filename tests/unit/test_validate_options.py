@@ -12,7 +12,7 @@ from eaglequant.cli import main
 from eaglequant.errors import InputError
 from eaglequant.manifest import MANIFEST_FILE, MANIFEST_SCHEMA
 from eaglequant.recipe import ValidationSpec
-from eaglequant.validate.validation import validation_spec
+from eaglequant.validate.request import validation_spec
 from tests.conftest import TOY
 
 BASE = ["validate", "--target", str(TOY / "target"), "--draft", str(TOY / "draft")]

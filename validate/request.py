@@ -1,0 +1,139 @@
+"""What ``validate`` is asked: the request, its thresholds, and every check of its inputs that
+can be made before any engine starts (``check_inputs``); the prompts as the engines get them."""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from eaglequant.binding import binding
+from eaglequant.capture.run import CaptureEngine, check_engine
+from eaglequant.capture.store import check_capture
+from eaglequant.draft import check_target_fits, dims_from_config, structure_problems
+from eaglequant.engine.config import (
+    EngineOptions,
+    check_attention_backend,
+    check_engine_args,
+    check_kv_cache_dtype,
+    probe_vllm,
+)
+from eaglequant.errors import InputError
+from eaglequant.io.checkpoint import read_checkpoint
+from eaglequant.manifest import MANIFEST_FILE, read_json_object, read_manifest
+from eaglequant.prompts.chat import RenderedPrompts, render_for_target
+from eaglequant.prompts.source import text_hashes
+from eaglequant.recipe import ValidationSpec, load_recipe
+from eaglequant.speculative import kv_source
+from eaglequant.validate.lossless import DEFAULT_MODE, DEFAULT_TIE_MARGIN
+from eaglequant.validate.regression import RunCounts, check_comparable
+from eaglequant.validate.stats import DEFAULT_RESAMPLES, DEFAULT_SEED
+
+
+@dataclass(frozen=True, kw_only=True)
+class ValidateRequest:
+    target: Path
+    draft: Path
+    baseline: Path
+    prompts: list[str]
+    k: int = 3
+    max_tokens: int = 48
+    min_acceptance_ratio: float = ValidationSpec.min_acceptance_ratio
+    min_position_ratio: float = ValidationSpec.min_position_ratio
+    max_regression: float = ValidationSpec.max_regression
+    scale_tolerance: float = ValidationSpec.scale_tolerance
+    engine_timeout_s: float = 600.0
+    engine: EngineOptions = field(default_factory=EngineOptions)
+    lossless: str = DEFAULT_MODE
+    tie_margin: float = DEFAULT_TIE_MARGIN
+    capture: CaptureEngine = field(default_factory=CaptureEngine)
+    hidden_states: Path | None = None
+    draft_kv_cache_dtype: str | None = None  # the validated draft's KV cache (the BF16 one: auto)
+    draft_attention_backend: str | None = None  # both drafts' (vLLM's name); None: vLLM picks
+    categories: list[str] | None = None  # one per prompt
+    min_category_drafts: int = ValidationSpec.min_category_drafts
+    prompt_set: dict[str, Any] | None = None  # the prompts' source and sha256
+    chat_template: bool = True  # render with the target's chat template when it has one
+    against: RunCounts | None = None
+    resamples: int = DEFAULT_RESAMPLES
+    seed: int = DEFAULT_SEED
+    command: str | None = None  # how it was invoked, path-free (eaglequant.provenance)
+    engine_per_draft: bool = False
+    # Check 1 against a target-alone engine (a second target load) instead of teacher-forced
+    # scores from the speculative engine itself.
+    reference_engine: bool = False
+
+
+def validation_spec(draft: Path, recipe: str | None) -> ValidationSpec:
+    """Thresholds: the named recipe's, else the exported-with recipe's (manifest), else default."""
+    if recipe is not None:
+        return load_recipe(recipe).validation
+    manifest = draft / MANIFEST_FILE
+    if not manifest.is_file():
+        return load_recipe().validation
+    block = read_manifest(draft).get("recipe", {}).get("validation")
+    try:
+        if not isinstance(block, dict):
+            raise TypeError(block)
+        return ValidationSpec(**block)
+    except TypeError as exc:
+        raise InputError(
+            f"{manifest}: recipe.validation is not a validation block ({block!r}); "
+            "re-export the draft or name the recipe to validate with"
+        ) from exc
+
+
+def check_inputs(request: ValidateRequest) -> dict[str, Any]:
+    """Everything that can be checked before any engine starts; the files it will validate."""
+    if not request.target.is_dir():
+        raise InputError(f"{request.target}: no such target folder; pass the target model's folder")
+    if request.categories is not None and len(request.categories) != len(request.prompts):
+        raise InputError(
+            f"{len(request.categories)} categories for {len(request.prompts)} prompts; "
+            "give one category per prompt"
+        )
+    files = {"draft": binding(request.draft), "baseline": binding(request.baseline)}
+    dims = {}
+    for folder in (request.draft, request.baseline):
+        ckpt = read_checkpoint(folder)  # as vLLM reads it, in any draft format
+        problems = [p for p in structure_problems(ckpt) if not p.loadable]
+        if problems:
+            raise InputError(str(problems[0]))
+        dims[folder] = dims_from_config(ckpt.config, str(folder / "config.json"))
+        check_target_fits(request.target, dims[folder])
+        if folder == request.draft and "quantization_config" not in ckpt.config:
+            raise InputError(
+                f"{request.draft}: has no quantization_config; pass the FP8 draft to validate"
+            )
+    if request.against is not None:
+        check_comparable(request.against, request.k)
+    install = probe_vllm(sys.executable)
+    check_engine_args(request.engine.engine_args, install.engine_args)
+    check_kv_cache_dtype(request.draft_kv_cache_dtype, install, kv_source(request.draft))
+    check_attention_backend(request.draft_attention_backend, install, "--draft-attention-backend")
+    if request.hidden_states is not None:
+        check_capture(request.hidden_states, dims[request.baseline])
+    else:
+        check_engine(request.capture)
+    return files
+
+
+def engine_prompts(request: ValidateRequest) -> RenderedPrompts:
+    """The prompts as every engine gets them: through the target's chat template, if asked."""
+    return render_for_target(request.target, request.prompts, request.chat_template)
+
+
+def calibration_overlap(draft: Path, prompts: list[str]) -> dict[str, Any] | None:
+    """How many validation prompts the draft was calibrated on (its manifest's text hashes);
+    None when the manifest records none."""
+    manifest = draft / MANIFEST_FILE
+    if not manifest.is_file():
+        return None
+    calibration = read_json_object(manifest, "export manifest").get("calibration") or {}
+    data = calibration.get("data") or (calibration.get("capture") or {}).get("data")
+    if not isinstance(data, dict) or not data.get("text_hashes"):
+        return None
+    calibrated = set(data["text_hashes"])
+    shared = sum(1 for digest in text_hashes(prompts) if digest in calibrated)
+    return {"calibration": data.get("source"), "shared": shared, "prompts": len(prompts)}
