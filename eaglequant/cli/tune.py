@@ -79,6 +79,12 @@ if TYPE_CHECKING:
     help="Measure this num_speculative_tokens_per_batch_size, e.g. '[[1,4,6],[5,64,3]]', "
     "instead of the one built from the winners.",
 )
+@click.option(
+    "--predict",
+    is_flag=True,
+    help="Serve no speculation and the largest k, predict every other point, then serve only "
+    "the predicted best k and its neighbours at each concurrency.",
+)
 @click.option("--serve-arg", "serve_args", multiple=True, help="Passed to vllm serve (repeatable).")
 @engine_options
 @draft_kv_cache_option
@@ -99,6 +105,7 @@ def tune(
     num_prompts: int | None,
     repeats: int,
     schedule: str | None,
+    predict: bool,
     serve_args: tuple[str, ...],
     tensor_parallel_size: int,
     engine_args: tuple[str, ...],
@@ -140,6 +147,7 @@ def tune(
         server_timeout_s=server_timeout,
         draft_kv_cache_dtype=draft_kv_cache_dtype,
         command=invocation(),
+        predict=predict,
     )
 
     def progress(message: str) -> None:

@@ -88,8 +88,10 @@ def schedule_misses(
 
 
 def best_single(sweep: Mapping[int, Mapping[int, Runs]], options: Iterable[int]) -> int:
-    """The one k for every concurrency (``sweep``: concurrency -> k -> repeats)."""
+    """The one k for every concurrency (``sweep``: concurrency -> k -> repeats), among the
+    options measured at every concurrency (``tune --predict`` serves some ks at some only)."""
     winners = {c: winner(runs) for c, runs in sweep.items()}
+    options = [k for k in options if all(k in runs for runs in sweep.values())]
 
     def score(k: int) -> tuple[int, float, int]:
         matched = sum(not beats(runs[winners[c]], runs[k]) for c, runs in sweep.items())

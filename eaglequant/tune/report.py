@@ -67,8 +67,34 @@ def write_reports(out: Path, summary: Mapping[str, Any]) -> None:
     )
     if summary["schedule"]["serve_command"] and not summary["recommendation"]["schedule"]:
         text += f"\nThe schedule's serve line: `{summary['schedule']['serve_command']}`\n"
+    if summary.get("prediction"):
+        text += "\n" + prediction_markdown(summary["prediction"])
     write_text(out / "results.md", text)
     plot(out, summary)
+
+
+def prediction_markdown(prediction: Mapping[str, Any]) -> str:
+    """``tune --predict``: every point predicted, beside what was measured there."""
+    fitted = ", ".join(f"k={k}" if k else "no speculation" for k in prediction["fitted_on"])
+    error = prediction["median_abs_error"]
+    lines = [
+        f"### Predicted from {fitted} (`tune --predict`)",
+        "",
+        f"{prediction['server_starts']} server starts against the full sweep's "
+        f"{prediction['full_sweep_server_starts']}; median error where a prediction was then "
+        f"measured: {'-' if error is None else f'{error:.1%}'}.",
+        "",
+        "| k | concurrency | predicted tok/s [interval] | measured tok/s | |",
+        "|---|---|---|---|---|",
+    ]
+    for p in prediction["points"]:
+        measured = "only predicted" if p["measured"] is None else f"{p['measured']:.1f}"
+        note = "fitted" if p["fitted"] else ("extrapolated" if p["extrapolated"] else "")
+        lines.append(
+            f"| {p['k']} | {p['concurrency']} | {p['point']:.1f} [{p['low']:.1f}-{p['high']:.1f}]"
+            f" | {measured} | {note} |"
+        )
+    return "\n".join(lines) + "\n"
 
 
 def title(summary: Mapping[str, Any]) -> str:
@@ -102,18 +128,20 @@ def plot(out: Path, summary: Mapping[str, Any]) -> None:
 
 def _bars(
     summary: Mapping[str, Any], k: int | None, speedup: bool
-) -> tuple[list[float], list[Any]]:
-    """Means and min-max error bars of one configuration by concurrency (speedup: over no
-    speculation)."""
-    values, low, high = [], [], []
+) -> tuple[list[int], list[float], list[Any]]:
+    """Concurrencies measured, means and min-max error bars of one configuration (speedup:
+    over no speculation; ``tune --predict`` serves some ks at some concurrencies only)."""
+    levels, values, low, high = [], [], [], []
     for c in summary["concurrencies"]:
         row, baseline = point(summary, k, c), point(summary, 0, c)
-        assert row is not None and baseline is not None, "every configuration runs at every level"
+        if row is None or baseline is None:
+            continue
         scale = 1 / baseline["output_throughput"] if speedup else 1.0
+        levels.append(c)
         values.append(row["output_throughput"] * scale)
         low.append((row["output_throughput"] - row["throughput_min"]) * scale)
         high.append((row["throughput_max"] - row["output_throughput"]) * scale)
-    return values, [low, high]
+    return levels, values, [low, high]
 
 
 def _concurrency_plot(path: Path, summary: Mapping[str, Any], speedup: bool) -> None:
@@ -125,9 +153,11 @@ def _concurrency_plot(path: Path, summary: Mapping[str, Any], speedup: bool) -> 
     for label, k, recommended in series(summary):
         if speedup and k == 0:
             continue
-        values, bars = _bars(summary, k, speedup)
+        levels, values, bars = _bars(summary, k, speedup)
+        if not levels:
+            continue  # a k tune --predict only predicted
         axes.errorbar(
-            concurrencies,
+            levels,
             values,
             yerr=bars,
             marker="*" if recommended else "o",

@@ -69,6 +69,9 @@ class TuneRequest:
     bench_timeout_s: float = 1800.0
     command: str | None = None  # how it was invoked, path-free (eaglequant.provenance)
     draft_kv_cache_dtype: str | None = None  # None: the draft's KV cache as the target's
+    # Serve no speculation and the largest k, predict the rest (eaglequant.tune.predict) and
+    # serve only the ks the recommendation rests on.
+    predict: bool = False
 
 
 def _max_model_len(request: TuneRequest) -> int | None:
@@ -117,6 +120,13 @@ def check_request(request: TuneRequest) -> int:
             raise InputError(
                 "a baseline comparison measures single ks; drop the schedule or the baseline"
             )
+    if request.predict and request.baseline is not None:
+        raise InputError("--predict predicts a k sweep; drop --predict or --baseline")
+    if request.predict and len(set(request.concurrencies)) < 2:
+        raise InputError(
+            "--predict fits the target's step time over concurrencies: give 2 or more, "
+            "e.g. --concurrency 1,8"
+        )
     if request.prompts is not None and not request.prompts.is_file():
         raise InputError(f"{request.prompts}: no such prompts file")
     if request.dataset is not None and request.dataset not in DATASETS:

@@ -9,9 +9,12 @@ rounds). ``check_summary`` turns an older or foreign file into one line.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any, Literal, TypedDict, cast
+from typing import TYPE_CHECKING, Any, Literal, TypedDict, cast
 
 from eaglequant.errors import InputError
+
+if TYPE_CHECKING:
+    from typing import NotRequired
 
 SCHEMA_VERSION = 2
 SWEEP: Literal["sweep"] = "sweep"
@@ -127,6 +130,7 @@ class SweepSummary(Workload):
     recommendation: dict[str, Any]
     serve_command: str
     environment: dict[str, Any] | None
+    prediction: NotRequired[dict[str, Any]]  # tune --predict: predicted beside measured
 
 
 class ComparisonSummary(Workload):

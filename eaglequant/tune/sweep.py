@@ -15,7 +15,9 @@ from __future__ import annotations
 
 import sys
 import tempfile
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
+from functools import partial
 from pathlib import Path
 from statistics import fmean
 from typing import Any
@@ -34,6 +36,7 @@ from eaglequant.tune.choice import (
     schedule_misses,
     winner,
 )
+from eaglequant.tune.predict import Point, Prediction, confirmation_plan, predict
 from eaglequant.tune.report import write_reports
 from eaglequant.tune.request import (
     TuneRequest,
@@ -105,8 +108,10 @@ def measure(
     scratch: Path,
     progress: Any,
     bench: BenchClient,
+    concurrencies: Sequence[int] | None = None,
 ) -> list[TuneResult]:
-    """Serve one configuration and bench it ``repeats`` times at every concurrency."""
+    """Serve one configuration and bench it ``repeats`` times at every concurrency (or at
+    ``concurrencies``)."""
     server = Server(
         model=str(request.target),
         flags=engine_flags(request, config.spec, max_len),
@@ -116,7 +121,7 @@ def measure(
     progress(f"vllm serve {config.label} on port {server.port} ...")
     results = []
     with serving(server, request.server_timeout_s):
-        for concurrency in request.concurrencies:
+        for concurrency in concurrencies or request.concurrencies:
             raws = []
             for repeat in range(request.repeats):
                 result = scratch / f"{config.label}-c{concurrency}-r{repeat}.json"
@@ -149,21 +154,68 @@ def tune(request: TuneRequest, progress: Any = lambda _m: None) -> SweepSummary:
         tempfile.TemporaryDirectory(prefix="eaglequant-tune-") as scratch,
         BenchClient(Path(scratch) / "bench-client.log") as bench,
     ):
-        for config in configs:
-            results += measure(request, config, env, max_len, Path(scratch), progress, bench)
+        run = partial(
+            measure, request, env=env, max_len=max_len, scratch=Path(scratch), progress=progress
+        )
+        if request.predict:
+            results, prediction = predicted_sweep(request, configs, partial(run, bench=bench))
+        else:
+            for config in configs:
+                results += run(config, bench=bench)
         ranges, skipped = planned_schedule(request, sweep_runs(results))
         if skipped is None:
             spec = schedule_config(draft, ranges, request.draft_kv_cache_dtype)
             config = Configuration(
                 label="schedule", k=spec["num_speculative_tokens"], spec=spec, schedule=True
             )
-            results += measure(request, config, env, max_len, Path(scratch), progress, bench)
+            results += run(config, bench=bench)
         else:
             progress(f"no schedule run: {skipped}")
     on_cpu = probe_vllm(sys.executable).on_cpu
     summary = summarize(request, results, max_len, environment(environ=env, gpus=not on_cpu))
+    if request.predict:
+        summary["prediction"] = prediction_block(prediction, results, request)
     write_reports(request.out, summary)
     return summary
+
+
+def predicted_sweep(
+    request: TuneRequest, configs: list[Configuration], run: Callable[..., list[TuneResult]]
+) -> tuple[list[TuneResult], list[Prediction]]:
+    """No speculation and the largest k at every concurrency; every other (k, concurrency)
+    predicted from them; then served only where the recommendation rests on it."""
+    largest = max(request.ks)
+    results = [r for c in configs if c.k in (0, largest) for r in run(c)]
+    points = [Point(r.k, r.concurrency, tuple(r.runs), tuple(r.per_position)) for r in results]
+    prediction = predict(points, request.ks)
+    plan = confirmation_plan(prediction, {(r.k, r.concurrency) for r in results})
+    for config in configs:
+        at = sorted(c for k, c in plan if k == config.k)
+        if at:
+            results += run(config, concurrencies=at)
+    return results, prediction
+
+
+def prediction_block(
+    prediction: list[Prediction], results: list[TuneResult], request: TuneRequest
+) -> dict[str, Any]:
+    """results.json's ``prediction``: each (k, concurrency) predicted, with what was measured
+    there (None: only predicted), and the server starts spent against the full sweep's."""
+    measured = {(r.k, r.concurrency): r.output_throughput for r in results if not r.schedule}
+    fitted = {0, max(request.ks)}
+    rows = [
+        asdict(p) | {"measured": measured.get((p.k, p.concurrency)), "fitted": p.k in fitted}
+        for p in prediction
+    ]
+    checked = [r for r in rows if r["measured"] is not None and not r["fitted"]]
+    errors = sorted(abs(r["point"] / r["measured"] - 1) for r in checked)
+    return {
+        "fitted_on": sorted(fitted),
+        "points": rows,
+        "median_abs_error": errors[len(errors) // 2] if errors else None,
+        "server_starts": len({r.k for r in results if not r.schedule}),
+        "full_sweep_server_starts": 1 + len(request.ks),
+    }
 
 
 def sweep_runs(results: list[TuneResult]) -> dict[int, dict[int, Runs]]:

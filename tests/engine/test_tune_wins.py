@@ -133,3 +133,46 @@ def test_the_card_carries_the_release_table(comparison_out: Path, fp8_toy_draft:
         "schema_version 2 (sweep or comparison); re-run eaglequant tune"
     )
     assert (fp8_toy_draft / "README.md").read_text() == text
+
+
+@pytest.fixture(scope="module")
+def predicted_out(
+    tmp_path_factory: pytest.TempPathFactory, deep_target: Path, lean_servers: None
+) -> Path:
+    """``tune --predict`` on the deeper target with the BF16 toy draft: k 1, 2, 3 at
+    concurrency 1 and 4, 2 repeats."""
+    out = tmp_path_factory.mktemp("tune-predict") / "results"
+    prompts = toy_prompts_file(out.parent / "prompts.jsonl", 8)
+    args = ["tune", "--target", str(deep_target), "--draft", str(TOY / "draft"), "--predict"]
+    args += ["--k", "1,2,3", "--concurrency", "1,4", "--isl", "64", "--osl", "32"]
+    args += ["--prompts", str(prompts), "--num-prompts", "8", "--repeats", "2"]
+    args += ["--serve-arg", "--enforce-eager", "--engine-arg", "max_num_seqs=8"]
+    result = CliRunner().invoke(main, [*args, "--out", str(out)], catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    return out
+
+
+def test_predict_serves_the_fit_and_then_only_its_plan(predicted_out: Path) -> None:
+    """No speculation and k=3 served at both concurrencies, every point predicted from them,
+    then exactly the confirmation plan of those predictions served (the predicted best k and
+    its neighbours); every recommendation rests on measured points. How many servers that
+    saves depends on the measurements, so the bench records it, not this test."""
+    from eaglequant.tune.predict import Prediction, confirmation_plan
+
+    summary = json.loads((predicted_out / "results.json").read_text())
+    prediction = summary["prediction"]
+    assert prediction["fitted_on"] == [0, 3] and prediction["full_sweep_server_starts"] == 4
+    measured = {(r["k"], r["concurrency"]) for r in summary["results"]}
+    fit = {(k, c) for k in (0, 3) for c in (1, 4)}
+    assert fit <= measured
+    fields = ("k", "concurrency", "point", "low", "high", "extrapolated")
+    predicted = [Prediction(**{f: p[f] for f in fields}) for p in prediction["points"]]
+    assert measured - fit == confirmation_plan(predicted, fit)
+    assert prediction["server_starts"] == len({k for k, _ in measured})
+    assert all(p["low"] <= p["point"] <= p["high"] for p in prediction["points"])
+    for p in prediction["points"]:
+        assert (p["measured"] is not None) == ((p["k"], p["concurrency"]) in measured), p
+    for concurrency, k in summary["recommended_k"].items():
+        assert (k, int(concurrency)) in measured
+    text = (predicted_out / "results.md").read_text()
+    assert "(`tune --predict`)" in text and f"{prediction['server_starts']} server starts" in text

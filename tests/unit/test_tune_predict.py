@@ -93,3 +93,41 @@ def test_the_confirmation_plan_is_the_predicted_best_and_its_neighbours() -> Non
     measured = {(0, 1), (6, 1), (0, 16), (6, 16)}
     # c=1: best 4, neighbours 2 and 6 (6 measured); c=16: no speculation best, and k=2
     assert confirmation_plan(predictions, measured) == {(2, 1), (4, 1), (2, 16)}
+
+
+def test_tune_predict_serves_the_fit_then_only_the_plan(tmp_path: Path) -> None:
+    """The sweep's orchestration on the recorded deeper-toy sweep standing in for servers:
+    no speculation and k=3 at every concurrency, then only the planned (k, concurrency)
+    points; results.json and results.md carry predicted beside measured."""
+    from eaglequant.tune.report import prediction_markdown
+    from eaglequant.tune.request import TuneRequest
+    from eaglequant.tune.sweep import Configuration, TuneResult, predicted_sweep, prediction_block
+
+    rows = json.loads(DEEP.read_text())["results"]
+    served: list[tuple[int, tuple[int, ...]]] = []
+
+    def run(config: Configuration, concurrencies: list[int] | None = None) -> list[TuneResult]:
+        at = tuple(concurrencies or (1, 4, 8))
+        served.append((config.k, at))
+        return [
+            TuneResult(r["k"], r["concurrency"], r["runs"], None, None, r["per_position"])
+            for r in rows
+            if r["k"] == config.k and r["concurrency"] in at
+        ]
+
+    request = TuneRequest(
+        target=tmp_path, draft=tmp_path, ks=(2, 3), concurrencies=(1, 4, 8), predict=True
+    )
+    configs = [Configuration(label=f"k{k}", k=k, spec=None) for k in (0, 2, 3)]
+    results, prediction = predicted_sweep(request, configs, run)
+    planned = confirmation_plan(prediction, {(k, c) for k in (0, 3) for c in (1, 4, 8)})
+    assert served[:2] == [(0, (1, 4, 8)), (3, (1, 4, 8))]
+    assert served[2:] == [(2, tuple(sorted(c for _, c in planned)))] and planned
+    block = prediction_block(prediction, results, request)
+    assert block["server_starts"] == 3 and block["full_sweep_server_starts"] == 3
+    assert block["median_abs_error"] is not None and block["median_abs_error"] <= 0.10
+    k2 = [p for p in block["points"] if p["k"] == 2]
+    assert {p["concurrency"] for p in k2 if p["measured"] is not None} == {c for _, c in planned}
+    text = prediction_markdown(block)
+    assert "3 server starts against the full sweep's 3" in text
+    assert "| 3 | 1 |" in text and "fitted" in text
