@@ -13,8 +13,14 @@ target: the toy draft's static FP8 export (run through the CPU FP8 plugin) again
 BF16 toy draft and no speculation, served in the target's BF16 (vLLM's quark method takes
 no float32), servers restarted in every round unless ``--keep-servers``.
 
+``--predict`` checks ``tune --predict`` on the deeper target: the full sweep and the
+predicted one, side by side in one run; recorded (``predict.json``) are the prediction's
+error at every point the full sweep measured, the server starts each spent, and whether
+both recommend the same k at every concurrency.
+
     python bench/tune_bench.py [--k 2,3] [--concurrency 1,4,8] [--repeats 3] [--out DIR]
     python bench/tune_bench.py --baseline [--k 3] [--concurrency 1,4] [--keep-servers]
+    python bench/tune_bench.py --predict [--k 1,2,3] [--concurrency 1,4,8] [--out DIR]
 """
 
 from __future__ import annotations
@@ -31,14 +37,14 @@ CACHE = HERE / ".cache"
 ADDED_LAYERS = 56
 
 
-def sweep(target: Path, out: Path, prompts: Path, args: argparse.Namespace) -> dict:
+def sweep(target: Path, out: Path, prompts: Path, args: argparse.Namespace, *extra: str) -> dict:
     eaglequant = Path(sys.executable).parent / "eaglequant"
     cmd = [str(eaglequant), "tune", "--target", str(target), "--draft", str(TOY / "draft")]
     cmd += ["--k", args.k, "--concurrency", args.concurrency, "--repeats", str(args.repeats)]
     cmd += ["--isl", "64", "--osl", str(args.osl), "--prompts", str(prompts)]
     cmd += ["--num-prompts", str(args.num_prompts), "--serve-arg", "--enforce-eager"]
     cmd += ["--engine-arg", "dtype=float32", "--engine-arg", "max_num_seqs=8", "--out", str(out)]
-    subprocess.run(cmd, check=True)
+    subprocess.run([*cmd, *extra], check=True)
     return json.loads((out / "results.json").read_text())
 
 
@@ -64,6 +70,38 @@ def comparison(target: Path, out: Path, prompts: Path, args: argparse.Namespace)
     subprocess.run(cmd + ["--keep-servers"] * args.keep_servers, check=True)
 
 
+def predicted_against_full(deep: Path, prompts: Path, args: argparse.Namespace) -> dict:
+    """The full sweep, then ``--predict``: each prediction against the full sweep's point."""
+    full = sweep(deep, args.out / "full", prompts, args)
+    predicted = sweep(deep, args.out / "predicted", prompts, args, "--predict")
+    measured = {(r["k"], r["concurrency"]): r["output_throughput"] for r in full["results"]}
+    points = []
+    for p in predicted["prediction"]["points"]:
+        truth = measured[p["k"], p["concurrency"]]
+        points.append(
+            {
+                "k": p["k"],
+                "concurrency": p["concurrency"],
+                "predicted": round(p["point"], 1),
+                "interval": [round(p["low"], 1), round(p["high"], 1)],
+                "full_sweep": round(truth, 1),
+                "error": round(p["point"] / truth - 1, 4),
+                "fitted": p["fitted"],
+            }
+        )
+    errors = sorted(abs(p["error"]) for p in points if not p["fitted"])
+    return {
+        "points": points,
+        "median_abs_error": errors[len(errors) // 2] if errors else None,
+        "server_starts": {
+            "full": 1 + len(full["ks"]),
+            "predict": predicted["prediction"]["server_starts"],
+        },
+        "recommended_k": {"full": full["recommended_k"], "predict": predicted["recommended_k"]},
+        "same_recommendation": full["recommended_k"] == predicted["recommended_k"],
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--k", default=None, help="default: 2,3 (sweep), 3 (--baseline)")
@@ -73,6 +111,7 @@ def main() -> None:
     parser.add_argument("--osl", type=int, default=32)
     parser.add_argument("--baseline", action="store_true", help="the FP8 vs BF16 release table")
     parser.add_argument("--keep-servers", action="store_true")
+    parser.add_argument("--predict", action="store_true", help="tune --predict vs the full sweep")
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
     from eaglequant.devtools.toy import deepen_target
@@ -87,6 +126,13 @@ def main() -> None:
         out = (args.out or HERE / "results-tune-baseline") / "deep-target"
         comparison(deep, out, prompts, args)
         print("\n" + (out / "results.md").read_text())
+        return
+    if args.predict:
+        args.k, args.concurrency = args.k or "1,2,3", args.concurrency or "1,4,8"
+        args.out = args.out or HERE / "results-tune-predict"
+        record = predicted_against_full(deep, prompts, args)
+        (args.out / "predict.json").write_text(json.dumps(record, indent=2) + "\n")
+        print(json.dumps(record, indent=2))
         return
     args.k, args.concurrency = args.k or "2,3", args.concurrency or "1,4,8"
     args.out = args.out or HERE / "results-tune"
