@@ -300,7 +300,7 @@ def _unscored(engines: dict[str, EngineRun]) -> str | None:
     """Why check 1 cannot come from teacher-forced scores (None: both drafts' runs have them)."""
     for role in ROLES:
         result = engines[role].get("result")
-        if engines[role]["ok"] and result is not None and TEACHER_FORCED_KEY not in result:
+        if engines[role]["ok"] and result is not None and "teacher_forced" not in result:
             return f"the {role} run has no teacher-forced scores (this vLLM gave none)"
     return None
 

@@ -160,3 +160,18 @@ def test_an_exact_tie_listed_first_is_a_tie_not_unranked() -> None:
     assert check.passed and check.numbers["divergences"][0]["margin"] == 0.0
     forced = teacher_forced_check({"fp8": ([[304]], top)}, mode="strict")
     assert forced.passed and forced.numbers["divergences"] == []
+
+
+def test_a_run_without_teacher_forced_scores_asks_for_the_target_alone() -> None:
+    """validate starts the target-alone engine for check 1 when a finished draft run came back
+    without scores (a vLLM that gave none), and says which."""
+    from eaglequant.validate.validation import _unscored
+
+    scored = {"ok": True, "result": {"token_ids": [[1]], "teacher_forced": [[[[1, -0.1]]]]}}
+    bare = {"ok": True, "result": {"token_ids": [[1]]}}
+    failed = {"ok": False}
+    assert _unscored({"bf16": scored, "fp8": scored}) is None
+    assert _unscored({"bf16": scored, "fp8": failed}) is None  # the engine check fails instead
+    assert _unscored({"bf16": scored, "fp8": bare}) == (
+        "the fp8 run has no teacher-forced scores (this vLLM gave none)"
+    )
