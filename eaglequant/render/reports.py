@@ -11,6 +11,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from eaglequant.environment import environment_markdown, reproducing_env
+from eaglequant.render.prediction import prediction_markdown
 from eaglequant.tune.summary import (
     BASELINE,
     COMPARISON,
@@ -184,6 +185,8 @@ def tune_markdown(summary: Mapping[str, Any]) -> str:
     if check_summary(summary) == COMPARISON:
         return comparison_markdown(as_comparison(summary))
     text = sweep_markdown(summary)
+    if summary.get("prediction"):
+        text += "\n" + prediction_markdown(summary["prediction"])
     if summary.get("environment"):
         text += "\nEnvironment:\n\n" + environment_markdown(summary["environment"])
     return text

@@ -67,34 +67,8 @@ def write_reports(out: Path, summary: Mapping[str, Any]) -> None:
     )
     if summary["schedule"]["serve_command"] and not summary["recommendation"]["schedule"]:
         text += f"\nThe schedule's serve line: `{summary['schedule']['serve_command']}`\n"
-    if summary.get("prediction"):
-        text += "\n" + prediction_markdown(summary["prediction"])
     write_text(out / "results.md", text)
     plot(out, summary)
-
-
-def prediction_markdown(prediction: Mapping[str, Any]) -> str:
-    """``tune --predict``: every point predicted, beside what was measured there."""
-    fitted = ", ".join(f"k={k}" if k else "no speculation" for k in prediction["fitted_on"])
-    error = prediction["median_abs_error"]
-    lines = [
-        f"### Predicted from {fitted} (`tune --predict`)",
-        "",
-        f"{prediction['server_starts']} server starts against the full sweep's "
-        f"{prediction['full_sweep_server_starts']}; median error where a prediction was then "
-        f"measured: {'-' if error is None else f'{error:.1%}'}.",
-        "",
-        "| k | concurrency | predicted tok/s [interval] | measured tok/s | |",
-        "|---|---|---|---|---|",
-    ]
-    for p in prediction["points"]:
-        measured = "only predicted" if p["measured"] is None else f"{p['measured']:.1f}"
-        note = "fitted" if p["fitted"] else ("extrapolated" if p["extrapolated"] else "")
-        lines.append(
-            f"| {p['k']} | {p['concurrency']} | {p['point']:.1f} [{p['low']:.1f}-{p['high']:.1f}]"
-            f" | {measured} | {note} |"
-        )
-    return "\n".join(lines) + "\n"
 
 
 def title(summary: Mapping[str, Any]) -> str:

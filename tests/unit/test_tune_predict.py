@@ -99,7 +99,7 @@ def test_tune_predict_serves_the_fit_then_only_the_plan(tmp_path: Path) -> None:
     """The sweep's orchestration on the recorded deeper-toy sweep standing in for servers:
     no speculation and k=3 at every concurrency, then only the planned (k, concurrency)
     points; results.json and results.md carry predicted beside measured."""
-    from eaglequant.tune.report import prediction_markdown
+    from eaglequant.render.reports import tune_markdown
     from eaglequant.tune.request import TuneRequest
     from eaglequant.tune.sweep import Configuration, TuneResult, predicted_sweep, prediction_block
 
@@ -128,6 +128,9 @@ def test_tune_predict_serves_the_fit_then_only_the_plan(tmp_path: Path) -> None:
     assert block["median_abs_error"] is not None and block["median_abs_error"] <= 0.10
     k2 = [p for p in block["points"] if p["k"] == 2]
     assert {p["concurrency"] for p in k2 if p["measured"] is not None} == {c for _, c in planned}
-    text = prediction_markdown(block)
-    assert "3 server starts against the full sweep's 3" in text
+    # results.md and the model card both render the table (render.reports.tune_markdown)
+    recorded = json.loads(DEEP.read_text())  # written before results.json had a schema version
+    summary = recorded | {"schema_version": 2, "kind": "sweep", "prediction": block}
+    text = tune_markdown(summary)
+    assert "(`tune --predict`)" in text and "3 server starts against the full sweep's 3" in text
     assert "| 3 | 1 |" in text and "fitted" in text
