@@ -75,11 +75,15 @@ def judge(
     draft_token = got[position] if position < len(got) else None
     ranked = top[position] if top is not None and position < len(top) else None
     margin = _margin(ranked, draft_token)
-    tie = mode == "near-tie" and margin is not None and margin <= tie_margin
-    verdict = "tie" if tie else "fail"
+    verdict = _verdict(margin, mode, tie_margin)
     return Divergence(
         draft, prompt, position, target_token, draft_token, margin, verdict, ranked is not None
     )
+
+
+def _verdict(margin: float | None, mode: str, tie_margin: float) -> str:
+    """A token other than the target's best: "tie" within the tie margin in near-tie mode."""
+    return "tie" if mode == "near-tie" and margin is not None and margin <= tie_margin else "fail"
 
 
 def _margin(ranked: Sequence[Sequence[float]] | None, chosen: int | None) -> float | None:
@@ -152,12 +156,10 @@ def teacher_forced_check(
                 margin = _margin(ranked, token)
                 if margin is not None and margin <= 0.0:
                     continue  # the best, or tied exactly with it: a greedy choice either way
-                tie = mode == "near-tie" and margin is not None and margin <= tie_margin
                 best = int(ranked[0][0]) if ranked else None
+                verdict = _verdict(margin, mode, tie_margin)
                 divergences.append(
-                    Divergence(
-                        draft, prompt, position, best, token, margin, "tie" if tie else "fail"
-                    )
+                    Divergence(draft, prompt, position, best, token, margin, verdict)
                 )
     failed = [d for d in divergences if d.verdict == "fail"]
     numbers: dict[str, Any] = {
@@ -185,8 +187,7 @@ def _forced_detail(divergences: list[Divergence], failed: list[Divergence], mode
             "every generated token of target + each draft is the target's greedy choice "
             "(teacher-forced in the same engine)"
         )
-    shown = failed or divergences
-    listed = ", ".join(_describe(d) for d in shown[:4]) + (" ..." if len(shown) > 4 else "")
+    listed = _listed(failed or divergences)
     if failed:
         count = len(failed)
         return f"{count} generated token(s) not the target's greedy choice ({mode}): {listed}"
@@ -196,11 +197,15 @@ def _forced_detail(divergences: list[Divergence], failed: list[Divergence], mode
 def _detail(divergences: list[Divergence], failed: list[Divergence], mode: str) -> str:
     if not divergences:
         return "greedy outputs of target + each draft equal the target alone"
-    shown = failed or divergences
-    listed = ", ".join(_describe(d) for d in shown[:4]) + (" ..." if len(shown) > 4 else "")
+    listed = _listed(failed or divergences)
     if failed:
         return f"{len(failed)} run(s) diverge from the target alone ({mode}): {listed}"
     return f"equal to the target alone except {len(divergences)} near-tie flip(s): {listed}"
+
+
+def _listed(shown: list[Divergence]) -> str:
+    """The first four divergences described, "..." for more."""
+    return ", ".join(_describe(d) for d in shown[:4]) + (" ..." if len(shown) > 4 else "")
 
 
 def _describe(d: Divergence) -> str:
