@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import subprocess
 import sys
 import tempfile
 import time
@@ -32,19 +31,13 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
+from toy_pair import TOY, export_fp8  # a sibling module: bench/ is on the path
+
 HERE = Path(__file__).resolve().parent
-TOY = HERE.parent / "examples" / "toy"
+
 ADDED_LAYERS = 56
 ROLES = ("target", "bf16", "fp8")
 DRAFTS = ROLES[1:]
-
-
-def export_fp8(out: Path) -> Path:
-    eaglequant = Path(sys.executable).parent / "eaglequant"
-    args = [str(eaglequant), "export", str(TOY / "draft"), str(out)]
-    args += ["--calib-target", str(TOY / "target"), "--calib-data", str(TOY / "calibration.jsonl")]
-    subprocess.run(args, check=True, capture_output=True)
-    return out
 
 
 def measure(target: Path, fp8: Path, prompts: list[str], max_tokens: int) -> dict[str, Any]:

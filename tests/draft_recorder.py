@@ -18,6 +18,7 @@ import os
 import sys
 from typing import Any
 
+from eaglequant.engine import vllm_internals
 from eaglequant.engine.child import VLLM_PRELOAD
 
 CALLS = 2
@@ -28,7 +29,7 @@ class DraftRecorder:
     """Worker extension: records the drafter's inputs and outputs (``collective_rpc`` by name)."""
 
     def eaglequant_record(self, calls: int) -> None:
-        drafter = self.model_runner.drafter.model  # type: ignore[attr-defined]
+        drafter = vllm_internals.draft_model(self)
         records: dict[str, Any] = {}
         self._eaglequant_records = records
 

@@ -36,7 +36,7 @@ from eaglequant.recipe import Recipe
 from eaglequant.render.reports import COMPARE_JSON, COMPARE_MD, COMPARE_SCHEMA_VERSION
 from eaglequant.speculative import SCALED_KV_CACHE_DTYPE, draft_kv_cache_dtype
 from eaglequant.validate.acceptance import ACCEPTANCE, PER_POSITION, prompt_counts
-from eaglequant.validate.request import ValidateRequest, engine_prompts
+from eaglequant.validate.request import ValidateRequest, engine_prompts, require_layer_inspection
 from eaglequant.validate.single_engine import EngineRuns, run_per_draft, run_single
 from eaglequant.validate.stats import PromptCounts, pooled_counts
 from eaglequant.validate.validation import run_engine, validate_draft
@@ -199,6 +199,9 @@ def run_engines(
         roles = roles[1:]  # check 1 teacher-forced in each draft's own engine
     own_kv = [(n, c.draft) for n, c in candidates.items() if c.draft_kv_cache_dtype is not None]
     swapped = [(n, c.draft) for n, c in candidates.items() if c.draft_kv_cache_dtype is None]
+    if not per_draft and (no_swap := probe_vllm(sys.executable).gate("draft swap")):
+        progress(f"{no_swap}: one engine per draft")
+        per_draft = True
     if per_draft:
         return run_per_draft([*roles, *swapped, *own_kv], run_one, progress)
     runs = run_single(base, rendered, [*roles, *swapped], run_one, progress)
@@ -240,10 +243,10 @@ def check_request(request: CompareRequest) -> None:
             for r in request.recipes
             if r.kv_cache.scaled
         ]
-    if any(kv and kv.startswith("fp8") for _, kv in asked):  # only then ask vLLM
-        install = probe_vllm(sys.executable)
-        for source, kv in asked:
-            check_kv_cache_dtype(kv, install, source)
+    install = probe_vllm(sys.executable)
+    require_layer_inspection(install, "compare")
+    for source, kv in asked:
+        check_kv_cache_dtype(kv, install, source)
 
 
 def compare(

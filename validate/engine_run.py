@@ -24,6 +24,7 @@ import os
 import time
 from typing import Any, cast
 
+from eaglequant.engine import vllm_internals
 from eaglequant.engine.child import VLLM_PRELOAD
 from eaglequant.engine.result import (
     ENGINE_RESULT_SCHEMA,
@@ -36,6 +37,7 @@ from eaglequant.engine.result import (
     SpecMetrics,
     TopLogprobs,
 )
+from eaglequant.validate.draft_ranges import DRAFT_RANGES_KEY
 from eaglequant.validate.lossless import TEACHER_FORCED_KEY
 
 PRELOAD = VLLM_PRELOAD  # imported once by a fork server
@@ -52,15 +54,11 @@ SPEC_METRICS = {
 
 
 def draft_layers(worker: Any) -> list[DraftLayer]:
-    """On the worker: every linear of the drafter, with its quant method, scheme and scales."""
+    """On the worker: every linear of the draft, with its quant method, scheme and scales."""
     import torch
 
-    drafter = getattr(worker.model_runner, "drafter", None)
-    model = getattr(drafter, "model", None)
-    if model is None:
-        return []
     layers = []
-    for name, module in model.named_modules():
+    for name, module in vllm_internals.draft_model(worker).named_modules():
         method = getattr(module, "quant_method", None)
         weight = getattr(module, "weight", None)
         if method is None or not isinstance(weight, torch.Tensor):
@@ -89,21 +87,22 @@ def draft_layers(worker: Any) -> list[DraftLayer]:
 
 
 def draft_attention(worker: Any) -> list[DraftAttention]:
-    """On the worker: every attention layer of the drafter, its KV cache dtype and K/V scales."""
-    drafter = getattr(worker.model_runner, "drafter", None)
-    model = getattr(drafter, "model", None)
-    if model is None:
-        return []
-    return [
-        {
-            "name": name,
-            "kv_cache_dtype": str(module.kv_cache_dtype),
-            "k_scale": float(module._k_scale_float),
-            "v_scale": float(module._v_scale_float),
-        }
-        for name, module in model.named_modules()
-        if hasattr(module, "kv_cache_dtype") and hasattr(module, "_k_scale_float")
-    ]
+    """On the worker: every attention layer of the draft, its KV cache dtype and K/V scales."""
+    found: list[DraftAttention] = []
+    model = vllm_internals.draft_model(worker)
+    for name, module in vllm_internals.attention_layers(model):
+        if not hasattr(module, "kv_cache_dtype"):
+            continue  # not a KV-cached attention (none in an EAGLE-3 draft)
+        k_scale, v_scale = vllm_internals.kv_scales(module)
+        found.append(
+            {
+                "name": name,
+                "kv_cache_dtype": str(module.kv_cache_dtype),
+                "k_scale": k_scale,
+                "v_scale": v_scale,
+            }
+        )
+    return found
 
 
 def spec_metrics(llm: Any) -> SpecMetrics:
@@ -137,6 +136,16 @@ class DraftInspector:
         from eaglequant.engine.swap import swap_draft
 
         return swap_draft(self, speculative)
+
+    def eaglequant_watch_ranges(self) -> int:
+        from eaglequant.validate.draft_ranges import watch
+
+        return watch(self)
+
+    def eaglequant_draft_ranges(self) -> dict[str, dict[str, Any]]:
+        from eaglequant.validate.draft_ranges import collect
+
+        return collect(self)
 
     def eaglequant_plugin_active(self) -> bool:
         from eaglequant.engine.cpu_fp8_plugin import ACTIVE_ENV
@@ -213,17 +222,24 @@ def generate(llm: Any, spec: dict[str, Any], kwargs: dict[str, Any]) -> Generate
         ignore_eos=True,
         logprobs=spec.get("logprobs"),
     )
+    speculative = kwargs.get("speculative_config") is not None
+    ranged = speculative and bool(spec.get(DRAFT_RANGES_KEY))
+    if ranged:
+        llm.collective_rpc("eaglequant_watch_ranges")
     outputs = llm.generate(
         spec["prompts"],
         params,
         use_tqdm=False,
         tokenization_kwargs={"add_special_tokens": spec.get("add_special_tokens", True)},
     )
-    speculative = kwargs.get("speculative_config") is not None
     scored: dict[str, Any] = {}
+    if ranged:  # the first worker that holds the draft (it runs at draft TP 1)
+        scored["draft_ranges"] = next(
+            (r for r in llm.collective_rpc("eaglequant_draft_ranges") if r), {}
+        )
     if speculative and spec.get(TEACHER_FORCED_KEY):
         began = time.perf_counter()
-        scored = {"teacher_forced": teacher_forced(llm, outputs, spec[TEACHER_FORCED_KEY])}
+        scored["teacher_forced"] = teacher_forced(llm, outputs, spec[TEACHER_FORCED_KEY])
         scored["score_s"] = round(time.perf_counter() - began, 2)
     return {
         "schema_version": ENGINE_RESULT_SCHEMA,

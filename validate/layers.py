@@ -1,4 +1,4 @@
-"""Checks 3 and 4: the drafter vLLM built, against what ``inspect`` predicts, and its log.
+"""Checks 3 and 4: the draft model vLLM built, against what ``inspect`` predicts, and its log.
 
 3. layers: vLLM built ``fc`` and ``lm_head`` unquantized and every draft-layer
    projection with the Quark scheme ``inspect`` predicts from the draft's config
@@ -53,11 +53,11 @@ def checkpoint_kv_scales(draft: Path) -> list[tuple[float, float]]:
 def kv_cache_problems(
     attention: list[DraftAttention], scales: list[tuple[float, float]]
 ) -> tuple[list[str], str]:
-    """vLLM's drafter attention against the checkpoint's K/V scales: problems, and a note."""
+    """vLLM's draft model attention against the checkpoint's K/V scales: problems, and a note."""
     fp8 = [a for a in attention if a["kv_cache_dtype"].startswith("fp8")]
     if scales and not attention:  # nothing observed: the K/V scales cannot be said to be held
         return [
-            f"vLLM reported no drafter attention layer for the checkpoint's {len(scales)} K/V "
+            f"vLLM reported no draft model attention layer for the checkpoint's {len(scales)} K/V "
             "scale pair(s)"
         ], ""
     if not scales:
@@ -83,9 +83,9 @@ def layers_check(
     expected: dict[str, str | None],
     kv_cache: tuple[list[DraftAttention], list[tuple[float, float]]] = ([], []),
 ) -> Check:
-    """vLLM's drafter as built: fc, lm_head unquantized, every draft-layer linear with the
+    """vLLM's draft model as built: fc, lm_head unquantized, every draft-layer linear with the
     scheme ``expected`` names for it (None: unquantized) and finite positive scales (E8M0
-    exponent bytes: none NaN); with ``kv_cache`` (vLLM's drafter attention, the checkpoint's
+    exponent bytes: none NaN); with ``kv_cache`` (vLLM's draft model attention, the checkpoint's
     K/V scales), an FP8 draft KV cache holding the checkpoint's scales."""
     problems, kv_note = kv_cache_problems(*kv_cache)
     problems += unobserved(layers, expected)
@@ -127,7 +127,7 @@ def unobserved(layers: list[DraftLayer], expected: dict[str, str | None]) -> lis
     """What check 3 expected to see and vLLM did not report: no layer at all, a predicted
     draft-layer linear, or any scale on the quantized ones (nothing observed never passes)."""
     if not layers:
-        return ["vLLM reported no drafter linear layer (nothing observed)"]
+        return ["vLLM reported no draft model linear layer (nothing observed)"]
     seen = {layer["name"].split(".", 3)[3] for layer in layers if ".layers." in layer["name"]}
     missing = sorted(w for w in expected if w not in seen)
     problems = [f"vLLM reported no {', '.join(missing)} in any draft layer"] if missing else []

@@ -17,6 +17,7 @@ point, so a scale 1000x too large leaves acceptance unchanged, and a missing
 from __future__ import annotations
 
 import tempfile
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -26,6 +27,9 @@ from eaglequant.errors import InputError
 from eaglequant.io.checkpoint import read_checkpoint
 from eaglequant.recipe import E8M0_NAN, FP8_E4M3_MAX, MX_BLOCK
 from eaglequant.validate.check import Check
+from eaglequant.validate.draft_ranges import checkpoint_ranges
+
+ENGINE_RANGES, CAPTURED_RANGES = "engine", "capture"  # where check 6's ranges came from
 
 if TYPE_CHECKING:
     from eaglequant.capture.run import CaptureEngine
@@ -46,11 +50,16 @@ class PlausibilityInputs:
     capture: CaptureEngine
     hidden_states: Path | None = None
     add_special_tokens: bool = True
+    # The BF16 draft's linears as vLLM ran them in validate's own engine (``draft_ranges``):
+    # the measured ranges without a capture, where they cover every linear.
+    engine_ranges: Mapping[str, Mapping[str, Any]] | None = None
 
 
-def scale_plausibility(inputs: PlausibilityInputs) -> Check:
+def scale_plausibility(
+    inputs: PlausibilityInputs, progress: Callable[[str], None] = lambda _m: None
+) -> Check:
     """Check 6: the FP8 artifact's scales against ranges the BF16 draft really produces."""
-    problems, numbers = plausibility_problems(inputs)
+    problems, numbers = plausibility_problems(inputs, progress)
     detail = (
         f"every scale within {inputs.tolerance}x of the measured range"
         if not problems
@@ -59,28 +68,18 @@ def scale_plausibility(inputs: PlausibilityInputs) -> Check:
     return Check("6 scale plausibility", not problems, detail, numbers)
 
 
-def plausibility_problems(inputs: PlausibilityInputs) -> tuple[list[str], dict[str, Any]]:
-    import torch
-
+def plausibility_problems(
+    inputs: PlausibilityInputs, progress: Callable[[str], None] = lambda _m: None
+) -> tuple[list[str], dict[str, Any]]:
     from eaglequant.draft import check_target_fits
     from eaglequant.model.load import load_draft_module
-    from eaglequant.model.ranges import input_amax
 
     fp8 = read_checkpoint(inputs.draft)
     baseline = read_checkpoint(inputs.baseline)
     dims = dims_from_config(baseline.config)
     aux_ids = check_target_fits(inputs.target, dims)
     model = load_draft_module(baseline)
-    data = _target_states(inputs, aux_ids, dims)
-    if model.embed_tokens is None:
-        if data.embed_tokens is None:
-            raise InputError(
-                f"{inputs.hidden_states}: the draft has no embed_tokens and the capture holds "
-                "none; capture with --embeddings"
-            )
-        model.embed_tokens = torch.nn.Embedding.from_pretrained(data.embed_tokens, freeze=True)
-    outputs: dict[str, float] = {}
-    measured = input_amax(model, data.batches(1), inputs.k, outputs)
+    measured, outputs, source = _measured_ranges(inputs, model, dims, aux_ids, progress)
     static_inputs = _static_inputs(fp8.config)
     problems: list[str] = []
     numbers: dict[str, Any] = {}
@@ -92,7 +91,39 @@ def plausibility_problems(inputs: PlausibilityInputs) -> tuple[list[str], dict[s
             problems += _check_input_scale(fp8, name, measured[name], inputs.tolerance, row)
         numbers[name] = row
     problems += _check_kv_scales(fp8, dims.linears, outputs, inputs.tolerance, numbers)
-    return problems, {"layers": numbers, "tolerance": inputs.tolerance}
+    return problems, {"layers": numbers, "tolerance": inputs.tolerance, "ranges_from": source}
+
+
+def _measured_ranges(
+    inputs: PlausibilityInputs,
+    model: Any,
+    dims: DraftDims,
+    aux_ids: tuple[int, ...],
+    progress: Callable[[str], None],
+) -> tuple[dict[str, float], dict[str, float], str]:
+    """Each linear's input and output ranges, and where they come from: vLLM's own run of
+    the BF16 draft (``engine``), else the draft module on the target's states (``capture``
+    made now, or the given ``hidden_states``)."""
+    import torch
+
+    from eaglequant.model.ranges import input_amax
+
+    if inputs.hidden_states is None and inputs.engine_ranges is not None:
+        mapped = checkpoint_ranges(inputs.engine_ranges, dims.linears)
+        if not isinstance(mapped, str):
+            return *mapped, ENGINE_RANGES
+        progress(f"check 6: {mapped}; capturing the target's states instead")
+    data = _target_states(inputs, aux_ids, dims)
+    if model.embed_tokens is None:
+        if data.embed_tokens is None:
+            raise InputError(
+                f"{inputs.hidden_states}: the draft has no embed_tokens and the capture holds "
+                "none; capture with --embeddings"
+            )
+        model.embed_tokens = torch.nn.Embedding.from_pretrained(data.embed_tokens, freeze=True)
+    outputs: dict[str, float] = {}
+    measured = input_amax(model, data.batches(1), inputs.k, outputs)
+    return measured, outputs, "hidden_states" if inputs.hidden_states else CAPTURED_RANGES
 
 
 def _check_kv_scales(

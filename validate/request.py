@@ -14,6 +14,7 @@ from eaglequant.capture.store import check_capture
 from eaglequant.draft import check_target_fits, dims_from_config, structure_problems
 from eaglequant.engine.config import (
     EngineOptions,
+    VllmInstall,
     check_attention_backend,
     check_engine_args,
     check_kv_cache_dtype,
@@ -109,6 +110,7 @@ def check_inputs(request: ValidateRequest) -> dict[str, Any]:
     if request.against is not None:
         check_comparable(request.against, request.k)
     install = probe_vllm(sys.executable)
+    require_layer_inspection(install, "validate")
     check_engine_args(request.engine.engine_args, install.engine_args)
     check_kv_cache_dtype(request.draft_kv_cache_dtype, install, kv_source(request.draft))
     check_attention_backend(request.draft_attention_backend, install, "--draft-attention-backend")
@@ -117,6 +119,13 @@ def check_inputs(request: ValidateRequest) -> dict[str, Any]:
     else:
         check_engine(request.capture)
     return files
+
+
+def require_layer_inspection(install: VllmInstall, command: str) -> None:
+    """Refuse ``command`` before any engine starts where this vLLM cannot show the layers it
+    built or their K/V scales (check 3 would observe nothing)."""
+    install.require(command, "layer inspection (V1 runner)", "layer inspection (Model Runner V2)")
+    install.require(command, "K/V-scale check")
 
 
 def engine_prompts(request: ValidateRequest) -> RenderedPrompts:

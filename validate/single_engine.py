@@ -46,6 +46,7 @@ from eaglequant.engine.result import (
 from eaglequant.io.checkpoint import read_checkpoint
 from eaglequant.io.output import write_text_atomic
 from eaglequant.speculative import speculative_config
+from eaglequant.validate.draft_ranges import DRAFT_RANGES_KEY
 from eaglequant.validate.lossless import TEACHER_FORCED_KEY, TEACHER_FORCED_RANKS
 
 if TYPE_CHECKING:
@@ -199,6 +200,7 @@ def shared_spec(
         "add_special_tokens": rendered.add_special_tokens,
         "max_tokens": request.max_tokens,
         TEACHER_FORCED_KEY: None if request.reference_engine else TEACHER_FORCED_RANKS,
+        DRAFT_RANGES_KEY: request.hidden_states is None,  # check 6 from these runs
     }
 
 

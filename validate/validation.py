@@ -17,7 +17,7 @@ checks, each reported with its numbers:
    paired-bootstrap 95% interval over prompts (``stats.py``): PASS when the
    interval clears the recipe's ratio, FAIL when it lies wholly below,
    otherwise INCONCLUSIVE (about how many prompts would decide);
-3. and 4. (``layers.py``): vLLM built every drafter linear with the scheme
+3. and 4. (``layers.py``): vLLM built every draft model linear with the scheme
    ``inspect`` predicts and finite positive scales; the engine log names no FP8
    weight it could not load (a bad exclusion);
 5. per-position acceptance: each position's FP8/BF16 acceptance-rate ratio,
@@ -41,14 +41,13 @@ import json
 import os
 import sys
 import tempfile
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field, replace
 from functools import partial
 from pathlib import Path
 from typing import Any, Literal
 
-from eaglequant.engine.config import (
-    llm_kwargs,
-)
+from eaglequant.engine.config import llm_kwargs, probe_vllm
 from eaglequant.engine.process import ChildRun, log_tail, run_child
 from eaglequant.engine.result import (
     EngineRun,
@@ -72,6 +71,7 @@ from eaglequant.validate.categories import (
     category_regression,
 )
 from eaglequant.validate.check import Check
+from eaglequant.validate.draft_ranges import DRAFT_RANGES_KEY
 from eaglequant.validate.engine_summary import acceptance, engine_summary, outputs_digest
 from eaglequant.validate.layers import (
     checkpoint_kv_scales,
@@ -86,6 +86,7 @@ from eaglequant.validate.lossless import (
     lossless_check,
     teacher_forced_check,
 )
+from eaglequant.validate.plausibility import CAPTURED_RANGES
 from eaglequant.validate.regression import NAME as REGRESSION
 from eaglequant.validate.regression import RunCounts, regression_check
 from eaglequant.validate.request import (
@@ -167,9 +168,12 @@ def validate_draft(
     if not request.reference_engine and "target" not in engines:
         roles = roles[1:]  # check 1 from teacher-forced scores in the speculative engine
     missing = [(r, d) for r, d in roles if r not in engines]
-    per_draft = request.engine_per_draft or request.draft_kv_cache_dtype is not None
+    no_swap = probe_vllm(sys.executable).gate("draft swap")
+    per_draft = request.engine_per_draft or request.draft_kv_cache_dtype is not None or no_swap
     if missing and request.draft_kv_cache_dtype is not None and not request.engine_per_draft:
         progress("a draft KV-cache dtype is set: one engine per draft (a swap keeps the KV cache)")
+    elif missing and no_swap and not request.engine_per_draft:
+        progress(f"{no_swap}: one engine per draft")
     runner = run_per_draft if per_draft else partial(run_single, request, rendered)
     runs = runner(missing, run_one, progress)
     engines |= runs.engines
@@ -183,7 +187,8 @@ def validate_draft(
     if categories is not None:
         checks += category_checks(categories)
     progress("scale plausibility ...")
-    checks.append(scale_plausibility(request, engines.get("target", engines["bf16"]), rendered))
+    plausibility = scale_plausibility(request, engines, rendered, progress)
+    checks.append(plausibility)
     if request.against is not None:
         checks += _regression(request, engines["fp8"])
     fp8 = engines["fp8"].get("result")
@@ -210,7 +215,8 @@ def validate_draft(
         min_category_drafts=request.min_category_drafts if request.categories else None,
         prompt_categories=request.categories,
         engine_mode=runs.mode,
-        target_loads=runs.target_loads + (request.hidden_states is None),
+        target_loads=runs.target_loads
+        + (plausibility.numbers.get("ranges_from") == CAPTURED_RANGES),
         load_s=_total(runs.engines, "load_s"),
         generate_s=_total(runs.engines, "generate_s"),
         score_s=_total(runs.engines, "score_s"),
@@ -277,6 +283,7 @@ def run_engine(
             "max_tokens": request.max_tokens,
             "logprobs": None if draft else TOP_LOGPROBS,
             TEACHER_FORCED_KEY: TEACHER_FORCED_RANKS if scored else None,
+            DRAFT_RANGES_KEY: bool(draft) and request.hidden_states is None,  # check 6
         }
         spec_path.write_text(json.dumps(spec))
         env = dict(os.environ)
@@ -396,15 +403,20 @@ def _regression(request: ValidateRequest, fp8: EngineRun) -> list[Check]:
 
 
 def scale_plausibility(
-    request: ValidateRequest, target_engine: EngineRun, rendered: RenderedPrompts
+    request: ValidateRequest,
+    engines: Mapping[str, EngineRun],
+    rendered: RenderedPrompts,
+    progress: Callable[[str], None] = lambda _m: None,
 ) -> Check:
-    """Check 6 on the validation sequences: each prompt and the target's own continuation
-    (``target_engine``'s outputs: the target alone's, or the BF16 draft run's, which check 1
-    proves are the target's greedy outputs)."""
+    """Check 6 on the validation sequences: the BF16 draft's linears as vLLM ran them in the
+    BF16 engine (``draft_ranges``), else each prompt and the target's own continuation
+    captured (the target alone's outputs, or the BF16 draft run's, which check 1 proves are
+    the target's greedy outputs) and replayed through the draft module."""
     from eaglequant.validate.plausibility import PlausibilityInputs
     from eaglequant.validate.plausibility import scale_plausibility as check
 
-    target_result = target_engine.get("result")
+    target_result = engines.get("target", engines["bf16"]).get("result")
+    bf16_result = engines["bf16"].get("result")
     inputs = PlausibilityInputs(
         target=request.target,
         draft=request.draft,
@@ -418,9 +430,10 @@ def scale_plausibility(
         if request.capture.timeout_s is not None
         else replace(request.capture, timeout_s=request.engine_timeout_s),
         hidden_states=request.hidden_states,
+        engine_ranges=bf16_result.get("draft_ranges") if bf16_result else None,
     )
     try:
-        return check(inputs)
+        return check(inputs, progress)
     except EngineFailed as exc:
         return Check(
             "6 scale plausibility", False, f"could not capture the target's hidden states: {exc}"

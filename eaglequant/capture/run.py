@@ -74,6 +74,8 @@ def check_engine(engine: CaptureEngine) -> VllmInstall | None:
             )
         return None
     install = probe_vllm(sys.executable)
+    if install.on_cpu and (line := install.gate("CPU capture connector")):
+        raise InputError(f"capture with vLLM on this CPU needs {line}; use the transformers engine")
     check_engine_args(engine.options.engine_args, install.engine_args, CAPTURE_RESERVED)
     return install
 

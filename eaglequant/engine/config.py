@@ -21,6 +21,7 @@ from __future__ import annotations
 import difflib
 import functools
 import json
+import logging
 import os
 import shlex
 import subprocess
@@ -28,10 +29,12 @@ from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from eaglequant.engine.vllm_internals import W8A16_KERNEL, gate, version_warning
 from eaglequant.errors import InputError
 
 CPU_KVCACHE_SPACE_GIB = "1"
 CPU_MAX_MODEL_LEN = 1024
+DISABLED_KERNELS = "VLLM_DISABLED_KERNELS"  # vLLM's own switch for kernels it must not pick
 # Set by the tool itself from its own options or inputs; the message names what to use instead.
 RESERVED_ARGS = {
     "model": "the target folder",
@@ -92,6 +95,19 @@ class VllmInstall:
     device_count: int = 0
     fp8_kv_cache_refusal: str = ""  # vLLM's reason it cannot run an FP8 KV cache here
     attention_backends: frozenset[str] = frozenset()  # AttentionBackendEnum's names
+    version: str = ""
+    # Per feature, the vLLM internals it needs that this vLLM lacks (vllm_internals.FEATURES).
+    missing_hooks: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+
+    def gate(self, feature: str) -> str:
+        """Empty when ``feature`` is on here; else one line naming what this vLLM lacks."""
+        return gate(self.missing_hooks, feature)
+
+    def require(self, command: str, *features: str) -> None:
+        """Refuse ``command`` before any engine starts when all of ``features`` are off."""
+        lines = [self.gate(f) for f in features]
+        if all(lines):
+            raise InputError(f"{command} needs {lines[0]}")
 
     @property
     def on_cpu(self) -> bool:
@@ -125,20 +141,20 @@ import dataclasses, json
 from vllm.engine.arg_utils import EngineArgs
 from vllm.platforms import current_platform
 from vllm.v1.attention.backends.registry import AttentionBackendEnum
+from eaglequant.engine.vllm_internals import cpu_fp8_kv_refusal, gate, missing_by_feature
 fields = [f.name for f in dataclasses.fields(EngineArgs)]
 cpu = current_platform.is_cpu()
 count = 0 if cpu else current_platform.device_count()
 device_env = current_platform.device_control_env_var
-fp8_kv = ""
-if cpu:  # vLLM's own test, as its CPU attention backend asks it for a draft's head size
-    import torch
-    from vllm.v1.attention.backends.cpu_attn import _get_attn_isa
-    try:
-        _get_attn_isa(torch.bfloat16, 32, 128, "fp8")
-    except NotImplementedError as exc:
-        fp8_kv = str(exc)
+missing = missing_by_feature()
+# vLLM's own test, as its CPU attention backend asks it for a draft's head size
+# (unprobed counts as refused)
+fp8_kv = (gate(missing, "CPU FP8 KV-cache probe") or cpu_fp8_kv_refusal()) if cpu else ""
 backends = [b.name for b in AttentionBackendEnum]
-print(json.dumps([current_platform.device_type, fields, device_env, count, fp8_kv, backends]))
+import vllm
+version = vllm.__version__
+print(json.dumps([current_platform.device_type, fields, device_env, count, fp8_kv, backends,
+                  version, missing]))
 """
 
 
@@ -156,15 +172,23 @@ def probe_vllm(python: str) -> VllmInstall:
     if done.returncode != 0 or not lines:
         tail = done.stderr.strip().splitlines()[-1:] or [f"exit code {done.returncode}"]
         raise InputError(f"vLLM cannot be imported here ({tail[0]}); install eaglequant[vllm]")
-    device_type, fields, device_env, count, fp8_kv, backends = json.loads(lines[-1])
-    return VllmInstall(
+    device_type, fields, device_env, count, fp8_kv, backends, version, missing = json.loads(
+        lines[-1]
+    )
+    install = VllmInstall(
         str(device_type),
         frozenset(fields),
         str(device_env),
         int(count),
         str(fp8_kv),
         frozenset(backends),
+        str(version),
+        {str(k): tuple(v) for k, v in missing.items()},
     )
+    warning = version_warning(install.version)
+    if warning:
+        logging.getLogger("eaglequant").warning(warning)
+    return install
 
 
 def llm_kwargs(options: EngineOptions, target: str, speculative: dict[str, Any] | None) -> dict:
@@ -190,13 +214,18 @@ def platform_defaults(kwargs: dict[str, Any], on_cpu: bool) -> dict[str, Any]:
 def platform_env(
     env: Mapping[str, str], on_cpu: bool, workers: int, cores: list[int]
 ) -> dict[str, str]:
-    """Environment variables to add for the CPU platform (none elsewhere, none the user set)."""
+    """Environment variables to add for the CPU platform (none elsewhere, none the user set;
+    vLLM's W8A16 AMX FP8 kernel added to the kernels the user switched off, so a static FP8
+    draft quantizes its inputs as it does on a GPU)."""
     if not on_cpu:
         return {}
     added = {"VLLM_CPU_KVCACHE_SPACE": CPU_KVCACHE_SPACE_GIB}
     if workers > 1 and "VLLM_CPU_OMP_THREADS_BIND" not in env:
         added["VLLM_CPU_OMP_THREADS_BIND"] = cpu_thread_binding(cores, workers)
-    return {k: v for k, v in added.items() if k not in env}
+    disabled = [k for k in env.get(DISABLED_KERNELS, "").split(",") if k]
+    if W8A16_KERNEL not in disabled:
+        added[DISABLED_KERNELS] = ",".join([*disabled, W8A16_KERNEL])
+    return {k: v for k, v in added.items() if k not in env or k == DISABLED_KERNELS}
 
 
 def worker_count(kwargs: Mapping[str, Any]) -> int:

@@ -27,7 +27,7 @@ SCALE_NAMES: tuple[ScaleName, ...] = ("weight_scale", "input_scale")
 
 
 class ScaleStats(TypedDict):
-    """One scale tensor of a drafter linear, as vLLM holds it."""
+    """One scale tensor of a draft model linear, as vLLM holds it."""
 
     dtype: str
     count: int
@@ -37,7 +37,7 @@ class ScaleStats(TypedDict):
 
 
 class DraftLayer(TypedDict):
-    """One linear of the drafter as vLLM built it: its quant method, scheme and scales."""
+    """One linear of the draft model as vLLM built it: its quant method, scheme and scales."""
 
     name: str
     module: str
@@ -49,7 +49,7 @@ class DraftLayer(TypedDict):
 
 
 class DraftAttention(TypedDict):
-    """One attention layer of the drafter: its KV cache dtype and the K/V scales vLLM holds
+    """One attention layer of the draft model: its KV cache dtype and the K/V scales vLLM holds
     (1.0 where the checkpoint has none)."""
 
     name: str
@@ -109,6 +109,9 @@ class Generated(TypedDict):
     # run's own output are scored in one prefill of the same engine (``prompt_logprobs``).
     teacher_forced: NotRequired[list[TopLogprobs]]
     score_s: NotRequired[float]  # seconds of that scoring
+    # Per draft linear as vLLM built it: calls, largest |input| and largest |output| per fused
+    # part, seen while generating (check 6's ranges; ``eaglequant.validate.draft_ranges``).
+    draft_ranges: NotRequired[dict[str, dict[str, Any]]]
 
 
 class EngineResult(Generated):

@@ -14,16 +14,9 @@ allocated cache or the target's hidden-state outputs depend on, when the draft
 runs under CUDA graphs or ``torch.compile`` (captured graphs keep the old
 weights), or when vLLM lacks a hook this relies on.
 
-What it relies on in vLLM (re-check on an upgrade): ``SpeculativeConfig(**dict,
-target_model_config=, target_parallel_config=)`` building the draft's
-``draft_model_config``; ``get_draft_quant_config`` (``model_executor/models/utils.py``)
-reading the quantization from ``speculative_config.draft_model_config`` at build
-time; ``SpecDecodeBaseProposer.load_model(target_model)``,
-``._draft_attn_layer_names`` and ``.initialize_attn_backend(kv_cache_config,
-kernel_block_sizes)`` (``v1/spec_decode/llm_base_proposer.py``); attention layers
-registering by name in ``compilation_config.static_forward_context`` and
-``AttentionLayerBase.bind_kv_cache``; the runner's ``drafter``, ``model``,
-``kv_cache_config`` and ``_kernel_block_sizes`` (``v1/worker/gpu_model_runner.py``).
+What it relies on in vLLM is reached through :mod:`eaglequant.engine.vllm_internals`
+(the V1 runner's proposer, its attention layer names, the forward context, the KV-cache
+binding); under Model Runner V2 the swap is refused there, by name.
 """
 
 from __future__ import annotations
@@ -32,9 +25,8 @@ import gc
 import time
 from typing import Any
 
-# The proposer attributes and runner state the swap reads or replaces.
-PROPOSER_HOOKS = ("load_model", "initialize_attn_backend", "_draft_attn_layer_names", "model")
-RUNNER_HOOKS = ("drafter", "model", "kv_cache_config", "_kernel_block_sizes")
+from eaglequant.engine import vllm_internals as internals
+
 # The speculative settings the engine was planned with; a swap keeps them.
 KEPT_SETTINGS = ("method", "num_speculative_tokens", "draft_tensor_parallel_size")
 
@@ -56,9 +48,12 @@ def swap_draft(worker: Any, speculative: dict[str, Any]) -> dict[str, Any]:
 def _swap(worker: Any, speculative: dict[str, Any]) -> None:
     from vllm.config import SpeculativeConfig, set_current_vllm_config
 
-    runner = worker.model_runner
+    runner = internals.runner_of(worker)
+    try:
+        proposer = internals.draft_proposer(runner)
+    except internals.MissingHook as exc:
+        raise SwapRefused(str(exc)) from exc
     config = runner.vllm_config
-    _check_hooks(runner)
     _check_eager(config)
     current = config.speculative_config
     for key in KEPT_SETTINGS:
@@ -74,33 +69,22 @@ def _swap(worker: Any, speculative: dict[str, Any]) -> None:
         raise SwapRefused(f"vLLM refuses the draft: {exc}") from exc
     _check_same_shape(current.draft_model_config.hf_config, following.draft_model_config.hf_config)
 
-    drafter = runner.drafter
-    forward = config.compilation_config.static_forward_context
-    names = sorted(drafter._draft_attn_layer_names)
+    forward = internals.forward_context(config)
+    names = internals.draft_attention_names(proposer)
     specs = {n: forward[n].get_kv_cache_spec(config) for n in names}
     caches = {n: forward[n].kv_cache for n in names}
-    saved = _Saved(current, drafter, forward, names)
-    _install(current, drafter, following)
+    saved = _Saved(current, proposer, forward, names)
+    _install(current, proposer, following)
     try:
         with set_current_vllm_config(config):
-            drafter.load_model(runner.model)
-        _check_same_layers(drafter, forward, config, specs)
+            internals.rebuild_draft(runner, proposer)
+        _check_same_layers(proposer, forward, config, specs)
     except Exception as exc:
         saved.restore(forward)
         raise SwapRefused(f"the rebuilt draft does not fit the engine: {exc}") from exc
-    for name in names:
-        forward[name].bind_kv_cache(caches[name])
-    drafter.initialize_attn_backend(runner.kv_cache_config, runner._kernel_block_sizes)
+    internals.bind_draft_attention(runner, proposer, caches)
     del saved
     gc.collect()
-
-
-def _check_hooks(runner: Any) -> None:
-    missing = [h for h in RUNNER_HOOKS if not hasattr(runner, h)]
-    drafter = getattr(runner, "drafter", None)
-    missing += [f"drafter.{h}" for h in PROPOSER_HOOKS if not hasattr(drafter, h)]
-    if missing:
-        raise SwapRefused(f"this vLLM lacks {', '.join(missing)}")
 
 
 def _check_eager(config: Any) -> None:
@@ -141,16 +125,16 @@ def _check_same_shape(current: Any, following: Any) -> None:
             raise SwapRefused(f"the drafts differ in {key} ({before!r} vs {after!r})")
 
 
-def _install(current: Any, drafter: Any, following: Any) -> None:
+def _install(current: Any, proposer: Any, following: Any) -> None:
     """The engine's speculative config (runner, proposer and loader share it) names the next."""
     current.model = following.model
     current.quantization = following.quantization
     current.draft_model_config = following.draft_model_config
-    drafter.draft_model_config = following.draft_model_config
+    proposer.draft_model_config = following.draft_model_config
 
 
-def _check_same_layers(drafter: Any, forward: dict, config: Any, specs: dict) -> None:
-    names = sorted(drafter._draft_attn_layer_names)
+def _check_same_layers(proposer: Any, forward: dict, config: Any, specs: dict) -> None:
+    names = internals.draft_attention_names(proposer)
     if names != sorted(specs):
         raise SwapRefused(f"attention layers {names} differ from {sorted(specs)}")
     for name in names:
@@ -161,13 +145,13 @@ def _check_same_layers(drafter: Any, forward: dict, config: Any, specs: dict) ->
 class _Saved:
     """What a refused rebuild puts back: the old model, its config and its attention layers."""
 
-    def __init__(self, current: Any, drafter: Any, forward: dict, names: list[str]) -> None:
-        self.current, self.drafter = current, drafter
+    def __init__(self, current: Any, proposer: Any, forward: dict, names: list[str]) -> None:
+        self.current, self.proposer = current, proposer
         self.layers = {n: forward.pop(n) for n in names}
         self.target_names = set(forward)
         self.values = {k: getattr(current, k) for k in ("model", "quantization")}
         self.model_config = current.draft_model_config
-        self.model = drafter.model
+        self.model = proposer.model
         self.names = set(names)
 
     def restore(self, forward: dict[str, Any]) -> None:
@@ -177,6 +161,6 @@ class _Saved:
         for key, value in self.values.items():
             setattr(self.current, key, value)
         self.current.draft_model_config = self.model_config
-        self.drafter.draft_model_config = self.model_config
-        self.drafter.model = self.model
-        self.drafter._draft_attn_layer_names = self.names
+        self.proposer.draft_model_config = self.model_config
+        self.proposer.model = self.model
+        internals.set_draft_attention_names(self.proposer, self.names)

@@ -68,11 +68,11 @@ class DraftForm:
     """One draft form. Class attributes describe it; methods default to the Llama layer."""
 
     family = "Llama"
-    # vLLM's drafter classes for this form (after its eagle3 rename of plain names).
+    # vLLM's draft model classes for this form (after its eagle3 rename of plain names).
     architectures: tuple[str, ...] = ()
     # Tensors a plain config must hold to be read as an EAGLE-3 draft of this form.
     markers: tuple[str, ...] = ()
-    # Forward-variant flags of vLLM's drafter that the torch module implements for this form.
+    # Forward-variant flags of vLLM's draft model that the torch module implements for this form.
     variants: tuple[str, ...] = ()
     # Decoder-layer linears vLLM must run unquantized (export adds them to Quark's exclude).
     kept_bf16: tuple[str, ...] = ()

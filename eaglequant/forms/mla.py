@@ -9,7 +9,7 @@ and values) and one RoPE key for all heads; RoPE is interleaved (GPT-J style) on
 the last ``qk_rope_head_dim`` of each query and on that key, with DeepSeek's
 YaRN (cos/sin scaled by ``mscale``, the softmax scale by
 ``mscale(mscale_all_dim)**2``). Only YaRN RoPE (what DeepSeek-V3 and Kimi use) is
-handled: with plain RoPE vLLM-CPU's drafter disagreed with the module
+handled: with plain RoPE vLLM-CPU's draft model disagreed with the module
 (docs/known-issues.md).
 
 Fates: vLLM fuses ``q_a_proj`` and ``kv_a_proj_with_mqa`` into one
@@ -23,10 +23,10 @@ every decode weight by that rounding.
 Only one-layer drafts with model_type ``deepseek_v2`` and q LoRA are handled. vLLM
 also serves ``num_hidden_layers > 1`` (its later layers run MLA over hidden-size
 inputs with the fused add-norm of ``llama_eagle3.py``); eaglequant refuses that
-until its module's later MLA layers are proved against vLLM's drafter. vLLM
+until its module's later MLA layers are proved against vLLM's draft model. vLLM
 0.32's speculative config rewrites any draft whose model_type is ``deepseek_v3`` into
 ``DeepSeekMTPModel`` (then ``Eagle3DeepSeekMTPModel``, which it refuses); and its
-MLA drafter's weight mapper renames ``kv_a_proj_with_mqa`` to ``fused_qkv_a_proj``
+MLA draft model's weight mapper renames ``kv_a_proj_with_mqa`` to ``fused_qkv_a_proj``
 unconditionally, a module that exists only with ``q_lora_rank`` set (without it
 vLLM builds ``q_proj`` and ``kv_a_proj_with_mqa`` and fails to load the weights,
 seen with a real engine).
@@ -41,10 +41,10 @@ from typing import Any, ClassVar
 from eaglequant.errors import InputError
 from eaglequant.forms.base import DraftDims, DraftForm, register
 
-# vLLM's MLA drafters (a plain DeepseekV2/V3ForCausalLM config is renamed to them).
+# vLLM's MLA draft models (a plain DeepseekV2/V3ForCausalLM config is renamed to them).
 ARCHITECTURES = ("Eagle3DeepseekV2ForCausalLM", "Eagle3DeepseekV3ForCausalLM")
 MODEL_TYPE = "deepseek_v2"
-# DeepseekV2Config's defaults (transformers), which vLLM's drafter reads through getattr.
+# DeepseekV2Config's defaults (transformers), which vLLM's draft model reads through getattr.
 DEFAULTS = {
     "q_lora_rank": 1536,
     "kv_lora_rank": 512,
@@ -52,7 +52,7 @@ DEFAULTS = {
     "qk_rope_head_dim": 64,
     "v_head_dim": 128,
 }
-# The forward variants vLLM's MLA drafter implements (no input_norm, no attention biases).
+# The forward variants vLLM's MLA draft model implements (no input_norm, no attention biases).
 VARIANTS = ("norm_before_residual", "norm_output", "fc_norm")
 UNSUPPORTED_FLAGS = ("norm_before_fc", "attention_bias")
 ATTN = "midlayer.self_attn"
@@ -128,7 +128,7 @@ def rope_from_config(config: dict[str, Any], where: str) -> Rope:
     if kind != "yarn":
         raise InputError(
             f"{where}: rope type {kind!r} in an MLA draft is not handled yet (only YaRN "
-            "RoPE is proved against vLLM's MLA drafter); quantize MLA drafts with yarn RoPE"
+            "RoPE is proved against vLLM's MLA draft model); quantize MLA drafts with yarn RoPE"
         )
     missing = [k for k in ("factor", "original_max_position_embeddings") if k not in params]
     if missing:
@@ -156,7 +156,7 @@ def config_problem(config: dict[str, Any]) -> tuple[str, str] | None:
         )
     if "q_lora_rank" in config and config["q_lora_rank"] is None:
         return (
-            "q_lora_rank is null: vLLM 0.32's MLA drafter then builds q_proj and "
+            "q_lora_rank is null: vLLM 0.32's MLA draft model then builds q_proj and "
             "kv_a_proj_with_mqa, but its weight mapper renames kv_a_proj_with_mqa to "
             "fused_qkv_a_proj, so loading fails (no module or parameter named "
             "'layers.0.self_attn.fused_qkv_a_proj')",
@@ -168,7 +168,7 @@ def config_problem(config: dict[str, Any]) -> tuple[str, str] | None:
             f"num_hidden_layers is {layers}: a multi-layer MLA draft, which vLLM's "
             "deepseek_eagle3.py serves (later layers: MLA over hidden-size inputs, fused "
             "add-norm) but eaglequant does not handle yet (its module's later MLA layers are "
-            "not proved against vLLM's drafter)",
+            "not proved against vLLM's draft model)",
             "quantize it with another tool, or pass a single-layer MLA draft",
         )
     if config.get("hidden_act", "silu") != "silu":
@@ -180,7 +180,7 @@ def config_problem(config: dict[str, Any]) -> tuple[str, str] | None:
     flags = [f for f in UNSUPPORTED_FLAGS if eagle_config.get(f, config.get(f))]
     if flags:
         return (
-            f"'{flags[0]}' is set, but vLLM's MLA drafter (deepseek_eagle3.py) does not "
+            f"'{flags[0]}' is set, but vLLM's MLA draft model (deepseek_eagle3.py) does not "
             "implement it and would run the draft without it",
             "remove the flag (or retrain without it)",
         )
@@ -242,7 +242,7 @@ class MlaForm(DraftForm):
         return config_problem(config)
 
     def dims_fields(self, config: dict[str, Any], where: str) -> dict[str, Any]:
-        # vLLM's MLA drafter implements neither input_norm nor attention biases.
+        # vLLM's MLA draft model implements neither input_norm nor attention biases.
         return {
             "mla": mla_dims(config, where),
             "norm_before_fc": False,

@@ -1,7 +1,7 @@
 """The EAGLE-3 Qwen3 form (vLLM's ``qwen3_eagle3.py``): Llama's layer plus per-head RMSNorms
 on queries and keys (``q_norm``, ``k_norm``) before RoPE.
 
-vLLM's Qwen3 drafter maps no ``midlayer.`` names, so its tensors are ``layers.0.*`` in every
+vLLM's Qwen3 draft model maps no ``midlayer.`` names, so its tensors are ``layers.0.*`` in every
 format (read as ``midlayer.*`` internally). ``head_dim`` is required (vLLM would take
 Qwen3Config's 128, not hidden / heads), and a sliding window is refused (vLLM would build
 sliding-window layers, the module has none).

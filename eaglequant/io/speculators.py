@@ -10,7 +10,7 @@ defaulting to *true*, the architecture chosen by the layer config's
 one (vLLM's ``get_config`` sets it from the raw file after the flattening),
 else the layer config's.
 Tensors are stored as ``layers.0.*`` where the EAGLE-3 layout has ``midlayer.*``
-(a Qwen3 draft too, in either format: vLLM's Qwen3 drafter has no other name).
+(a Qwen3 draft too, in either format: vLLM's Qwen3 draft model has no other name).
 
 :func:`flat_config` gives vLLM's view, :func:`layer_prefix`, :func:`canonical_name`
 and :func:`stored_name` translate tensor names, :func:`with_quantization_config`

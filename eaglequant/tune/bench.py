@@ -23,14 +23,16 @@ from typing import Any
 
 from eaglequant.engine.process import LOG_TAIL_CHARS, kill_group
 from eaglequant.engine.server import HOST
+from eaglequant.engine.vllm_internals import BENCH_MODULE, BENCH_PARSER
 from eaglequant.errors import CheckFailed
 from eaglequant.tune.request import TuneRequest, dataset_name
 
+BENCH_IMPORTS = (
+    f"from {BENCH_MODULE} import add_cli_args, main\n"
+    f"from {BENCH_PARSER} import FlexibleArgumentParser\n"
+)
 BENCH_SCRIPT = (
-    "import sys\n"
-    "from vllm.benchmarks.serve import add_cli_args, main\n"
-    "from vllm.utils.argparse_utils import FlexibleArgumentParser\n"
-    "parser = FlexibleArgumentParser()\n"
+    "import sys\n" + BENCH_IMPORTS + "parser = FlexibleArgumentParser()\n"
     "add_cli_args(parser)\n"
     "main(parser.parse_args(sys.argv[1:]))\n"
 )
@@ -38,10 +40,7 @@ BENCH_SCRIPT = (
 # file]); "ok" or the traceback goes to the done file (whole, by a rename) once the run ended.
 BENCH_LOOP = (
     "import json, os, sys, traceback\n"
-    "from pathlib import Path\n"
-    "from vllm.benchmarks.serve import add_cli_args, main\n"
-    "from vllm.utils.argparse_utils import FlexibleArgumentParser\n"
-    "for line in sys.stdin:\n"
+    "from pathlib import Path\n" + BENCH_IMPORTS + "for line in sys.stdin:\n"
     "    argv, done = json.loads(line)\n"
     "    try:\n"
     "        parser = FlexibleArgumentParser()\n"

@@ -140,6 +140,7 @@ def check_request(request: TuneRequest) -> int:
     if request.schedule is not None and (problem := schedule_problem(request.schedule)):
         raise InputError(f"schedule {list(request.schedule)}: {problem}")
     install = probe_vllm(sys.executable)
+    install.require("tune", "benchmark client")
     check_engine_args(request.engine.engine_args, install.engine_args)
     check_kv_cache_dtype(request.draft_kv_cache_dtype, install, kv_source(request.draft))
     # A schedule built from the winners uses the ks; a given one may go beyond them.

@@ -169,8 +169,13 @@ def test_one_target_load_check_one_teacher_forced_agrees_with_the_target_alone(
     target-alone engine's on every prompt, and one changed token is caught where it is."""
     from eaglequant.validate.lossless import teacher_forced_check
 
-    report = validate_draft(_request(good_fp8, hidden_states=validation_states))
+    report = validate_draft(_request(good_fp8))  # no capture given: check 6 from the engine
     assert report.target_loads == 1 and set(report.engines) == {"bf16", "fp8"}
+    plausibility = next(c for c in report.checks if c.name.startswith("6"))
+    assert plausibility.passed and plausibility.numbers["ranges_from"] == "engine"
+    reference = next(c for c in good_report[0].checks if c.name.startswith("6")).numbers["layers"]
+    for name, row in plausibility.numbers["layers"].items():  # the same inputs, as vLLM ran them
+        assert 0.5 < row["input_amax"] / reference[name]["input_amax"] < 2, name
     lossless = report.checks[0]
     assert lossless.passed and lossless.numbers["reference"] == "teacher-forced", lossless.detail
     assert lossless.numbers["positions"] == 2 * PROMPTS * MAX_TOKENS
@@ -251,6 +256,7 @@ def test_bare_exclude_fails_acceptance_layers_and_log(
         ("input_scale removed", lambda t: t.pop("midlayer.mlp.down_proj.input_scale")),
     ],
 )
+@pytest.mark.parametrize("source", ["engine", "hidden_states"])
 def test_corrupted_scales_fail_plausibility(
     good_fp8: Path,
     shared_engines: dict,
@@ -258,14 +264,18 @@ def test_corrupted_scales_fail_plausibility(
     tmp_path: Path,
     label: str,
     edit: Any,
+    source: str,
 ) -> None:
-    """Check 6 fed by the vLLM capture of the validation sequences, as validate runs it on
-    the target's run; the check reads the scales from the files, so no FP8 engine is run for
-    each variant (that vLLM serves such a draft without complaint is the point of check 6)."""
+    """Check 6 fed by the BF16 draft's linears as vLLM ran them in validate's own engine (no
+    capture), and by the vLLM capture of the validation sequences replayed through the draft
+    module; the check reads the scales from the files, so no FP8 engine is run for each
+    variant (that vLLM serves such a draft without complaint is the point of check 6)."""
     variant = _variant(good_fp8, tmp_path, edit)
-    request = _request(variant, hidden_states=validation_states)
-    check = scale_plausibility(request, shared_engines["target"], engine_prompts(request))
+    states = validation_states if source == "hidden_states" else None
+    request = _request(variant, hidden_states=states)
+    check = scale_plausibility(request, shared_engines, engine_prompts(request))
     assert check.name.startswith("6") and not check.passed, (label, check.detail)
+    assert check.numbers["ranges_from"] == source
 
 
 def test_random_weight_draft_has_acceptance_near_one(tmp_path: Path) -> None:
@@ -297,11 +307,17 @@ def test_engine_crash_is_a_failed_check_with_log_tail(
     report = validate_draft(_request(good_fp8), reuse=shared_engines)
     engines = next(c for c in report.checks if c.name == "engines")
     assert not engines.passed and "['fp8'] failed or timed out (fp8: exit code" in engines.detail
-    six = next(c for c in report.checks if c.name.startswith("6"))  # its capture failed too
-    assert not six.passed
-    assert six.detail.startswith("could not capture the target's hidden states: vLLM capture")
+    six = next(c for c in report.checks if c.name.startswith("6"))  # no engine of its own
+    assert six.passed and six.numbers["ranges_from"] == "engine"
     assert report.engines["fp8"]["returncode"] != 0 and not report.engines["fp8"]["timed_out"]
     assert report.engines["fp8"]["log_tail"].strip()
+    # Without the BF16 run's ranges check 6 captures, and that engine crashes as well.
+    bf16 = dict(shared_engines["bf16"], result=dict(shared_engines["bf16"]["result"]))
+    del bf16["result"]["draft_ranges"]
+    request = _request(good_fp8)
+    six = scale_plausibility(request, {"bf16": bf16}, engine_prompts(request))
+    assert not six.passed
+    assert six.detail.startswith("could not capture the target's hidden states: vLLM capture")
 
 
 def _diverged_fraction(ids: list[list[int]], other: dict) -> float:

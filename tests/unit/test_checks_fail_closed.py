@@ -1,4 +1,4 @@
-"""Checks 3 and 4 never pass on nothing: no drafter layers, no scales, no K/V layers, no log."""
+"""Checks 3 and 4 never pass on nothing: no draft model layers, no scales, no K/V layers, no log."""
 
 from __future__ import annotations
 
@@ -41,7 +41,7 @@ def test_a_full_drafter_passes_check_3() -> None:
 def test_no_drafter_layers_fail_check_3() -> None:
     check = layers_check([], EXPECTED)
     assert not check.passed
-    assert "vLLM reported no drafter linear layer (nothing observed)" in check.detail
+    assert "vLLM reported no draft model linear layer (nothing observed)" in check.detail
 
 
 def test_a_missing_draft_linear_fails_check_3() -> None:
@@ -63,7 +63,7 @@ def test_quantized_linears_without_any_scale_fail_check_3() -> None:
 def test_kv_scales_with_no_attention_layer_observed_are_a_problem() -> None:
     problems, _ = kv_cache_problems([], [(0.25, 0.5)])
     assert problems == [
-        "vLLM reported no drafter attention layer for the checkpoint's 1 K/V scale pair(s)"
+        "vLLM reported no draft model attention layer for the checkpoint's 1 K/V scale pair(s)"
     ]
     assert not layers_check(_drafter(), EXPECTED, kv_cache=([], [(0.25, 0.5)])).passed
 

@@ -59,9 +59,16 @@ def test_cpu_defaults_apply_only_on_cpu_and_never_override_the_user() -> None:
     on_cpu = platform_defaults(kwargs, on_cpu=True)
     assert on_cpu["enforce_eager"] is False and on_cpu["max_model_len"] == 1024
     assert platform_env({}, on_cpu=False, workers=4, cores=[0, 1]) == {}
-    assert platform_env({}, on_cpu=True, workers=1, cores=[0, 1]) == {"VLLM_CPU_KVCACHE_SPACE": "1"}
+    w8a16 = "CPUFp8PerTensorScaledMMLinearKernel"  # vLLM's AMX FP8 kernel never quantizes inputs
+    assert platform_env({}, on_cpu=True, workers=1, cores=[0, 1]) == {
+        "VLLM_CPU_KVCACHE_SPACE": "1",
+        "VLLM_DISABLED_KERNELS": w8a16,
+    }
     user = {"VLLM_CPU_KVCACHE_SPACE": "8", "VLLM_CPU_OMP_THREADS_BIND": "0|1"}
-    assert platform_env(user, on_cpu=True, workers=2, cores=[0, 1]) == {}
+    user |= {"VLLM_DISABLED_KERNELS": "SomeKernel"}
+    added = platform_env(user, on_cpu=True, workers=2, cores=[0, 1])
+    assert added == {"VLLM_DISABLED_KERNELS": f"SomeKernel,{w8a16}"}
+    assert platform_env(user | added, on_cpu=True, workers=2, cores=[0, 1]) == {}
 
 
 def test_cpu_thread_binding_gives_each_worker_its_own_cores() -> None:

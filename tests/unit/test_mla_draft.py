@@ -84,7 +84,7 @@ def test_an_mla_draft_without_q_lora_is_refused_with_vllms_load_error(mla_draft:
     code, report = inspect_json(mla_draft)
     assert code == 1 and report["form"] == "unrecognised"
     assert report["problems"] == [
-        f"{path}: q_lora_rank is null: vLLM 0.32's MLA drafter then builds q_proj and "
+        f"{path}: q_lora_rank is null: vLLM 0.32's MLA draft model then builds q_proj and "
         "kv_a_proj_with_mqa, but its weight mapper renames kv_a_proj_with_mqa to "
         "fused_qkv_a_proj, so loading fails (no module or parameter named "
         "'layers.0.self_attn.fused_qkv_a_proj'); serve an MLA draft with q LoRA (q_a_proj, "
@@ -97,8 +97,8 @@ def test_an_mla_draft_without_q_lora_is_refused_with_vllms_load_error(mla_draft:
     [
         ({"model_type": "deepseek_v3"}, "set model_type to 'deepseek_v2'"),
         ({"hidden_act": "gelu"}, "vLLM's DeepseekV2MLP supports only silu"),
-        ({"norm_before_fc": True}, "'norm_before_fc' is set, but vLLM's MLA drafter"),
-        ({"attention_bias": True}, "'attention_bias' is set, but vLLM's MLA drafter"),
+        ({"norm_before_fc": True}, "'norm_before_fc' is set, but vLLM's MLA draft model"),
+        ({"attention_bias": True}, "'attention_bias' is set, but vLLM's MLA draft model"),
         (
             {"rope_parameters": {"rope_type": "linear", "factor": 2.0}},
             "rope type 'linear' in an MLA draft is not handled yet",
@@ -128,7 +128,7 @@ def test_what_vllm_would_not_serve_is_refused(
 
 
 def test_moe_tensors_in_the_draft_layer_are_refused(mla_draft: Path) -> None:
-    """vLLM's MLA drafter always builds a dense MLP: expert tensors would fail its loader."""
+    """vLLM's MLA draft model always builds a dense MLP: expert tensors would fail its loader."""
     path = mla_draft / "model.safetensors"
     tensors = load_file(str(path))
     tensors["midlayer.mlp.experts.0.gate_proj.weight"] = torch.zeros(8, 64, dtype=torch.bfloat16)

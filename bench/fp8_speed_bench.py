@@ -1,0 +1,189 @@
+"""The static FP8 draft's generation speed against the BF16 draft's, on both CPU kinds.
+
+On the toy pair, each configuration starts its own vLLM engine (a child process, the
+engine core in it), generates once to warm up, then ``--rounds`` times over the same
+prompts (greedy, ``--max-tokens`` each, k=3); its time is the fastest round. Recorded per
+configuration: tokens per second, the FP8 linears' kernel as vLLM chose it, mean
+acceptance length and a hash of the generated tokens.
+
+Configurations, on this CPU and on it simulated as an AVX2 EPYC (``tests/as_avx2``: no
+AVX-512, no native BF16, oneDNN limited to AVX2, vLLM's ``_C_AVX2`` kernels):
+
+- ``bf16``: the BF16 draft;
+- ``fp8``: the static FP8 export as eaglequant's engines run it: vLLM's W8A16 AMX kernel
+  switched off (``VLLM_DISABLED_KERNELS``, so the inputs are quantized as on a GPU), vLLM's
+  torch FP8 kernel with the plugin's GEMM over the FP8 values in its default dtype (BF16
+  with native BF16, else float32);
+- ``fp8-gemm-float32`` and ``fp8-gemm-bfloat16``: the same with that dtype forced;
+- ``fp8-vllm-w8a16``: vLLM's own pick (on an AMX CPU its W8A16 kernel: inputs unquantized);
+- ``fp8-scaled-mm``: vLLM's torch FP8 kernel with ``torch._scaled_mm`` (the plugin's GEMM
+  skipped), what ran before; stopped after ``--scaled-mm-s`` seconds.
+
+The BF16 and float32 GEMMs must give the same tokens; their acceptance is compared.
+
+    python bench/fp8_speed_bench.py [--prompts 16] [--max-tokens 64] [--rounds 3] \
+        [--out bench/results-fp8-speed.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from toy_pair import TOY, export_fp8  # a sibling module: bench/ is on the path
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parent
+
+MAX_RSS_GIB, MAX_SECONDS = 12.0, 300.0  # a configuration past either is stopped and recorded
+W8A16_OFF = {"VLLM_DISABLED_KERNELS": "CPUFp8PerTensorScaledMMLinearKernel"}
+AS_AVX2 = {
+    "PYTHONPATH": str(REPO / "tests" / "as_avx2"),
+    "ATEN_CPU_CAPABILITY": "avx2",
+    "ONEDNN_MAX_CPU_ISA": "AVX2",
+    "TORCHINDUCTOR_CACHE_DIR": str(REPO / "build" / "inductor-as-avx2"),
+}
+CONFIGS = {
+    "bf16": ("bf16", {}),
+    "fp8": ("fp8", W8A16_OFF),
+    "fp8-gemm-float32": ("fp8", W8A16_OFF | {"EAGLEQUANT_CPU_FP8_GEMM": "float32"}),
+    "fp8-gemm-bfloat16": ("fp8", W8A16_OFF | {"EAGLEQUANT_CPU_FP8_GEMM": "bfloat16"}),
+    "fp8-vllm-w8a16": ("fp8", {}),
+    "fp8-scaled-mm": ("fp8", W8A16_OFF | {"EAGLEQUANT_CPU_PLUGIN_SKIP": "plain_fp8_gemm"}),
+}
+RUN = """
+import hashlib, json, sys, time
+from vllm import LLM, SamplingParams
+from eaglequant.engine import vllm_internals
+draft, prompts, max_tokens, rounds, out = sys.argv[1:6]
+prompts = json.loads(prompts)
+llm = LLM(sys.argv[6], max_model_len=1024, enforce_eager=True, seed=0, disable_log_stats=False,
+          speculative_config={"model": draft, "method": "eagle3", "num_speculative_tokens": 3})
+def kernels(worker):
+    model = vllm_internals.draft_model(worker)
+    found = {type(getattr(m.scheme, "fp8_linear", None)).__name__
+             for _, m in model.named_modules() if getattr(m, "scheme", None) is not None}
+    return sorted(found - {"NoneType"})
+params = SamplingParams(temperature=0, max_tokens=int(max_tokens), ignore_eos=True)
+llm.generate(prompts, params, use_tqdm=False)
+times = []
+for _ in range(int(rounds)):
+    began = time.perf_counter()
+    outputs = llm.generate(prompts, params, use_tqdm=False)
+    times.append(time.perf_counter() - began)
+counts = {m.name: m.value for m in llm.get_metrics() if m.name in (
+    "vllm:spec_decode_num_drafts", "vllm:spec_decode_num_accepted_tokens")}
+tokens = [list(o.outputs[0].token_ids) for o in outputs]
+json.dump({
+    "seconds": round(min(times), 4),
+    "rounds_s": [round(t, 4) for t in times],
+    "tokens_per_s": round(sum(map(len, tokens)) / min(times), 1),
+    "kernels": llm.collective_rpc(kernels)[0],
+    "mean_acceptance_length": round(1 + counts["vllm:spec_decode_num_accepted_tokens"]
+                                    / counts["vllm:spec_decode_num_drafts"], 4),
+    "tokens_sha256": hashlib.sha256(json.dumps(tokens).encode()).hexdigest(),
+}, open(out, "w"))
+"""
+
+
+def measure(
+    draft: Path, env: dict[str, str], args: argparse.Namespace, prompts: list[str], limit_s: float
+) -> Any:
+    with tempfile.TemporaryDirectory(prefix="eaglequant-bench-") as scratch:
+        out = Path(scratch) / "out.json"
+        argv = [sys.executable, "-c", RUN, str(draft), json.dumps(prompts)]
+        argv += [str(args.max_tokens), str(args.rounds), str(out), str(TOY / "target")]
+        base = dict(os.environ, VLLM_ENABLE_V1_MULTIPROCESSING="0", VLLM_TARGET_DEVICE="cpu")
+        base.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+        log = Path(scratch) / "log"
+        with log.open("w") as sink:
+            child = subprocess.Popen(argv, env=base | env, stdout=sink, stderr=sink, cwd=REPO)
+            stopped = _watch(child, limit_s)
+        if stopped:
+            return {"failed": stopped}
+        if child.returncode != 0 or not out.is_file():
+            lines = log.read_text(errors="replace").splitlines()
+            errors = [line for line in lines if "Error" in line]
+            return {"failed": (errors or lines or ["no output"])[-1][:300]}
+        return json.loads(out.read_text())
+
+
+def _watch(child: subprocess.Popen, limit_s: float) -> str:
+    """Wait for ``child``; stop it when its memory or time passes the bounds ("" if it ended)."""
+    started = time.monotonic()
+    while child.poll() is None:
+        status = Path(f"/proc/{child.pid}/status").read_text(errors="replace")
+        rss_gib = int(status.split("VmRSS:")[1].split()[0]) / 2**20 if "VmRSS:" in status else 0
+        seconds = time.monotonic() - started
+        if rss_gib > MAX_RSS_GIB or seconds > limit_s:
+            child.kill()
+            child.wait()
+            return f"stopped after {seconds:.0f} s at {rss_gib:.1f} GiB resident"
+        time.sleep(0.5)
+    return ""
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--prompts", type=int, default=16)
+    parser.add_argument("--max-tokens", type=int, default=64)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--scaled-mm-s", type=float, default=120.0)
+    parser.add_argument("--out", type=Path, default=HERE / "results-fp8-speed.json")
+    args = parser.parse_args()
+    from eaglequant.environment import cpu_info, versions
+
+    lines = (TOY / "prompts.jsonl").read_text().splitlines()[: args.prompts]
+    prompts = [json.loads(line)["text"] for line in lines]
+    kinds: dict[str, Any] = {}
+    with tempfile.TemporaryDirectory(prefix="eaglequant-bench-") as scratch:
+        drafts = {"bf16": TOY / "draft", "fp8": export_fp8(Path(scratch) / "fp8")}
+        for kind, kind_env in (("native", {}), ("as-avx2", AS_AVX2)):
+            runs = {}
+            for name, (draft, env) in CONFIGS.items():
+                limit = args.scaled_mm_s if name == "fp8-scaled-mm" else MAX_SECONDS
+                runs[name] = measure(drafts[draft], kind_env | env, args, prompts, limit)
+                print(kind, name, json.dumps(runs[name]), flush=True)
+            kinds[kind] = {"runs": runs, "ratios": _ratios(runs)}
+    result = {
+        "bench": "fp8_speed",
+        "pair": "toy (examples/toy), k=3, greedy",
+        "prompts": len(prompts),
+        "max_tokens": args.max_tokens,
+        "rounds": args.rounds,
+        "cpu": cpu_info(),
+        "versions": versions(),
+        "kinds": kinds,
+    }
+    args.out.write_text(json.dumps(result, indent=2) + "\n")
+    print(json.dumps({k: v["ratios"] for k, v in kinds.items()}, indent=2))
+
+
+def _ratios(runs: dict[str, Any]) -> dict[str, Any]:
+    """Each FP8 configuration's generation speed over the BF16 draft's, and whether the two
+    torch-kernel GEMMs gave the same tokens and acceptance."""
+    bf16 = runs["bf16"].get("tokens_per_s")
+    ratios: dict[str, Any] = {
+        f"{name}_over_bf16": round(run["tokens_per_s"] / bf16, 3)
+        for name, run in runs.items()
+        if name != "bf16" and bf16 and "tokens_per_s" in run
+    }
+    one, other = runs["fp8-gemm-float32"], runs["fp8-gemm-bfloat16"]
+    if "tokens_sha256" in one and "tokens_sha256" in other:
+        ratios["bfloat16_gemm_same_tokens_as_float32"] = (
+            one["tokens_sha256"] == other["tokens_sha256"]
+        )
+        ratios["acceptance_float32_gemm"] = one["mean_acceptance_length"]
+        ratios["acceptance_bfloat16_gemm"] = other["mean_acceptance_length"]
+    return ratios
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,95 @@
+"""The CPU plugin's FP8 GEMM: vLLM's own CPU GEMM over the FP8 values, the scales after.
+
+Run in a child (it loads vLLM's kernel library, which the test process never does): the
+float32 GEMM against the FP8 values dequantized and multiplied in float64; the BF16 GEMM
+against the float32 one rounded to BF16 once; the static-input path against vLLM's own
+quantization followed by the same GEMM.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import textwrap
+
+from tests.conftest import PYTHON, run_child
+
+SCRIPT = textwrap.dedent(
+    """
+    import json, os, torch
+    from vllm.config import VllmConfig, set_current_vllm_config
+    from vllm.platforms import current_platform
+    current_platform.import_kernels()
+    from vllm.model_executor.layers.quantization.input_quant_fp8 import QuantFP8
+    from vllm.model_executor.layers.quantization.utils.quant_utils import GroupShape
+    from eaglequant.engine import cpu_fp8_plugin as plugin
+
+    def kernel():
+        return type("Kernel", (), {})()
+
+    generator = torch.Generator().manual_seed(0)
+    rows, cols, outs = 5, 96, 40
+    a = (torch.randn(rows + 3, cols, generator=generator) * 50).clamp(-448, 448)
+    a = a.to(torch.float8_e4m3fn)
+    w = (torch.randn(outs, cols, generator=generator) * 50).to(torch.float8_e4m3fn)
+    bias = torch.randn(outs, generator=generator)
+    report = {"float32": [], "bfloat16_once": None, "static": None}
+    os.environ[plugin.GEMM_ENV] = "float32"
+    for a_scale, w_scale in (
+        (torch.tensor(0.01), torch.tensor(0.02)),
+        (torch.rand(rows + 3, 1, generator=generator), torch.rand(outs, 1, generator=generator)),
+    ):
+        got = plugin.plain_scaled_mm(
+            kernel(), A=a, B=w.t(), out_dtype=torch.float32, As=a_scale, Bs=w_scale,
+            bias=bias, output_shape=[rows, outs],
+        )
+        sa = a_scale.double().reshape(-1, 1)[:rows] if a_scale.numel() > 1 else a_scale.double()
+        sw = w_scale.double().reshape(-1, 1) if w_scale.numel() > 1 else w_scale.double()
+        expected = (a[:rows].double() * sa) @ (w.double() * sw).t() + bias.double()
+        error = (got.double() - expected).abs().max() / expected.abs().max()
+        report["float32"].append(float(error))
+    # small integers: every sum is exact in float32 whatever the order, so only rounding shows
+    ia = torch.randint(-15, 16, (9, 128), generator=generator).float().to(torch.float8_e4m3fn)
+    iw = torch.randint(-15, 16, (64, 128), generator=generator).float().to(torch.float8_e4m3fn)
+    half = torch.tensor(0.5)
+    results = {}
+    for dtype in ("float32", "bfloat16"):
+        os.environ[plugin.GEMM_ENV] = dtype
+        results[dtype] = plugin.plain_scaled_mm(
+            kernel(), A=ia, B=iw.t(), out_dtype=torch.float32, As=half, Bs=half, bias=None,
+            output_shape=[9, 64],
+        )
+    report["bfloat16_once"] = torch.equal(
+        results["bfloat16"], results["float32"].bfloat16().float()
+    )
+    # the static-input path quantizes exactly as vLLM's QuantFP8 does, then the same GEMM
+    os.environ[plugin.GEMM_ENV] = "float32"
+    x = torch.randn(7, 96, generator=generator, dtype=torch.float32) * 3
+    x_scale, w_scale = torch.tensor([0.013]), torch.tensor([0.02])
+    layer = torch.nn.Module()
+    layer.weight, layer.weight_scale, layer.input_scale = w.t(), w_scale, x_scale
+    stub = kernel()
+    stub._get_layer_params = lambda m: (m.weight, m.weight_scale, m.input_scale, None)
+    before = x.clone()
+    got = plugin._static_input_linear(stub, layer, x, None)
+    report["input_unchanged"] = torch.equal(x, before)
+    with set_current_vllm_config(VllmConfig()):  # a CustomOp reads it when built
+        quant = QuantFP8(static=True, group_shape=GroupShape.PER_TENSOR)
+    quantized, _ = quant.forward_native(x, x_scale)
+    reference = plugin.plain_scaled_mm(
+        kernel(), A=quantized, B=w.t(), out_dtype=torch.float32, As=x_scale, Bs=w_scale,
+        bias=None, output_shape=[7, outs],
+    )
+    report["static"] = float((got - reference).abs().max())
+    print(json.dumps(report))
+    """
+)
+
+
+def test_the_cpu_fp8_gemm_is_the_fp8_arithmetic() -> None:
+    env = {k: v for k, v in os.environ.items() if k != "EAGLEQUANT_CPU_FP8_GEMM"}
+    report = json.loads(run_child([PYTHON, "-c", SCRIPT], env=env).strip().splitlines()[-1])
+    assert max(report["float32"]) < 1e-6  # float32 rounding of exact products: summation order
+    assert report["bfloat16_once"] is True
+    assert report["static"] == 0.0  # the same quantized values and the same GEMM
+    assert report["input_unchanged"] is True  # a float32 input is not quantized in place
