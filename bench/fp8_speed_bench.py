@@ -12,17 +12,21 @@ AVX-512, no native BF16, oneDNN limited to AVX2, vLLM's ``_C_AVX2`` kernels):
 - ``bf16``: the BF16 draft;
 - ``fp8``: the static FP8 export as eaglequant's engines run it: vLLM's W8A16 AMX kernel
   switched off (``VLLM_DISABLED_KERNELS``, so the inputs are quantized as on a GPU), vLLM's
-  torch FP8 kernel with the plugin's GEMM over the FP8 values in its default dtype (BF16
-  with native BF16, else float32);
+  torch FP8 kernel with the plugin's GEMM over the FP8 values in its default dtype (float32);
 - ``fp8-gemm-float32`` and ``fp8-gemm-bfloat16``: the same with that dtype forced;
 - ``fp8-vllm-w8a16``: vLLM's own pick (on an AMX CPU its W8A16 kernel: inputs unquantized);
 - ``fp8-scaled-mm``: vLLM's torch FP8 kernel with ``torch._scaled_mm`` (the plugin's GEMM
   skipped), what ran before; stopped after ``--scaled-mm-s`` seconds.
 
-The BF16 and float32 GEMMs must give the same tokens; their acceptance is compared.
+The BF16 and float32 GEMMs must give the same tokens (the target's); their acceptance is
+compared (float32 is the FP8 arithmetic, BF16 rounds the GEMM's result once more).
 
     python bench/fp8_speed_bench.py [--prompts 16] [--max-tokens 64] [--rounds 3] \
         [--out bench/results-fp8-speed.json]
+    # another pair (the prompts stay the toy's plain-text ones: speed, not quality):
+    python bench/fp8_speed_bench.py --target out/demo-smollm2/pair/target \
+        --bf16 out/demo-smollm2/pair/draft --fp8 out/demo-smollm2/draft-fp8 --label smollm2 \
+        --kinds native --out bench/results-fp8-speed-smollm2.json
 """
 
 from __future__ import annotations
@@ -99,7 +103,7 @@ def measure(
     with tempfile.TemporaryDirectory(prefix="eaglequant-bench-") as scratch:
         out = Path(scratch) / "out.json"
         argv = [sys.executable, "-c", RUN, str(draft), json.dumps(prompts)]
-        argv += [str(args.max_tokens), str(args.rounds), str(out), str(TOY / "target")]
+        argv += [str(args.max_tokens), str(args.rounds), str(out), str(args.target)]
         base = dict(os.environ, VLLM_ENABLE_V1_MULTIPROCESSING="0", VLLM_TARGET_DEVICE="cpu")
         base.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
         log = Path(scratch) / "log"
@@ -136,16 +140,26 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--scaled-mm-s", type=float, default=120.0)
+    parser.add_argument("--target", type=Path, default=TOY / "target")
+    parser.add_argument("--bf16", type=Path, default=TOY / "draft", help="the BF16 draft")
+    parser.add_argument("--fp8", type=Path, help="its FP8 export (default: made from the toy)")
+    parser.add_argument("--label", default="toy (examples/toy)", help="the pair, as recorded")
+    parser.add_argument(
+        "--kinds", nargs="+", default=["native", "as-avx2"], choices=["native", "as-avx2"]
+    )
     parser.add_argument("--out", type=Path, default=HERE / "results-fp8-speed.json")
     args = parser.parse_args()
     from eaglequant.environment import cpu_info, versions
 
-    lines = (TOY / "prompts.jsonl").read_text().splitlines()[: args.prompts]
+    lines = (TOY / "prompts.jsonl").read_text().splitlines()[: args.prompts]  # plain text
     prompts = [json.loads(line)["text"] for line in lines]
     kinds: dict[str, Any] = {}
     with tempfile.TemporaryDirectory(prefix="eaglequant-bench-") as scratch:
-        drafts = {"bf16": TOY / "draft", "fp8": export_fp8(Path(scratch) / "fp8")}
+        fp8 = args.fp8 or export_fp8(Path(scratch) / "fp8")
+        drafts = {"bf16": args.bf16, "fp8": fp8}
         for kind, kind_env in (("native", {}), ("as-avx2", AS_AVX2)):
+            if kind not in args.kinds:
+                continue
             runs = {}
             for name, (draft, env) in CONFIGS.items():
                 limit = args.scaled_mm_s if name == "fp8-scaled-mm" else MAX_SECONDS
@@ -154,7 +168,7 @@ def main() -> None:
             kinds[kind] = {"runs": runs, "ratios": _ratios(runs)}
     result = {
         "bench": "fp8_speed",
-        "pair": "toy (examples/toy), k=3, greedy",
+        "pair": f"{args.label}, k=3, greedy",
         "prompts": len(prompts),
         "max_tokens": args.max_tokens,
         "rounds": args.rounds,

@@ -191,10 +191,11 @@ def plain_fp8_gemm() -> None:
     by oneDNN limited to AVX2). Every E4M3 value, and every product of two, is exact in
     float32 and in BF16, so a GEMM over them with float32 accumulation and the scales
     applied after is the FP8 GEMM. The GEMM is the one vLLM picks for an unquantized CPU
-    linear of that dtype (``dispatch_cpu_unquantized_gemm``: AMX packed, oneDNN or torch),
-    the BF16 draft's own: in float32 (:data:`GEMM_ENV` ``float32``, the default without
-    native BF16) the FP8 arithmetic to the summation order; in BF16 (the default with
-    AVX512_BF16 or AMX) with the result rounded to BF16 once before the scales. A static
+    linear of that dtype (``dispatch_cpu_unquantized_gemm``: AMX packed, oneDNN or torch).
+    In float32 (the default) it is the FP8 arithmetic to the summation order. In BF16
+    (:data:`GEMM_ENV` ``bfloat16``: faster where the CPU has native BF16) the result is
+    rounded to BF16 once before the scales, which moved the real pair's FP8 acceptance by
+    0.6% (``docs/benchmarks.md``): for speed, not for a verdict. A static
     per-tensor input is quantized as vLLM quantizes it (times the scale's reciprocal,
     clamped, cast) in the same call. The layer keeps its FP8 weight (what check 3 reads);
     the GEMM's copy is made on the first call and kept beside it. Idempotent.
@@ -220,14 +221,10 @@ def plain_fp8_gemm() -> None:
 
 
 def gemm_dtype() -> Any:
-    """The dtype the FP8 values are multiplied in: :data:`GEMM_ENV`, else by the CPU."""
+    """The dtype the FP8 values are multiplied in: :data:`GEMM_ENV`, else float32."""
     import torch
 
-    chosen = os.environ.get(GEMM_ENV) or (
-        "bfloat16"
-        if torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported()
-        else "float32"
-    )
+    chosen = os.environ.get(GEMM_ENV) or "float32"
     if chosen not in ("float32", "bfloat16"):
         raise ValueError(f"{GEMM_ENV}={chosen!r}: use float32 or bfloat16")
     return getattr(torch, chosen)
