@@ -22,7 +22,7 @@ SCRIPT = textwrap.dedent(
     current_platform.import_kernels()
     from vllm.model_executor.layers.quantization.input_quant_fp8 import QuantFP8
     from vllm.model_executor.layers.quantization.utils.quant_utils import GroupShape
-    from eaglequant.engine import cpu_fp8_plugin as plugin
+    from eaglequant.engine import cpu_fp8_gemm as gemm
 
     def kernel():
         return type("Kernel", (), {})()
@@ -34,12 +34,12 @@ SCRIPT = textwrap.dedent(
     w = (torch.randn(outs, cols, generator=generator) * 50).to(torch.float8_e4m3fn)
     bias = torch.randn(outs, generator=generator)
     report = {"float32": [], "bfloat16_once": None, "static": None}
-    os.environ[plugin.GEMM_ENV] = "float32"
+    os.environ[gemm.GEMM_ENV] = "float32"
     for a_scale, w_scale in (
         (torch.tensor(0.01), torch.tensor(0.02)),
         (torch.rand(rows + 3, 1, generator=generator), torch.rand(outs, 1, generator=generator)),
     ):
-        got = plugin.plain_scaled_mm(
+        got = gemm.plain_scaled_mm(
             kernel(), A=a, B=w.t(), out_dtype=torch.float32, As=a_scale, Bs=w_scale,
             bias=bias, output_shape=[rows, outs],
         )
@@ -54,8 +54,8 @@ SCRIPT = textwrap.dedent(
     half = torch.tensor(0.5)
     results = {}
     for dtype in ("float32", "bfloat16"):
-        os.environ[plugin.GEMM_ENV] = dtype
-        results[dtype] = plugin.plain_scaled_mm(
+        os.environ[gemm.GEMM_ENV] = dtype
+        results[dtype] = gemm.plain_scaled_mm(
             kernel(), A=ia, B=iw.t(), out_dtype=torch.float32, As=half, Bs=half, bias=None,
             output_shape=[9, 64],
         )
@@ -63,7 +63,7 @@ SCRIPT = textwrap.dedent(
         results["bfloat16"], results["float32"].bfloat16().float()
     )
     # the static-input path quantizes exactly as vLLM's QuantFP8 does, then the same GEMM
-    os.environ[plugin.GEMM_ENV] = "float32"
+    os.environ[gemm.GEMM_ENV] = "float32"
     x = torch.randn(7, 96, generator=generator, dtype=torch.float32) * 3
     x_scale, w_scale = torch.tensor([0.013]), torch.tensor([0.02])
     layer = torch.nn.Module()
@@ -71,16 +71,22 @@ SCRIPT = textwrap.dedent(
     stub = kernel()
     stub._get_layer_params = lambda m: (m.weight, m.weight_scale, m.input_scale, None)
     before = x.clone()
-    got = plugin._static_input_linear(stub, layer, x, None)
+    got = gemm._static_input_linear(stub, layer, x, None)
     report["input_unchanged"] = torch.equal(x, before)
     with set_current_vllm_config(VllmConfig()):  # a CustomOp reads it when built
         quant = QuantFP8(static=True, group_shape=GroupShape.PER_TENSOR)
     quantized, _ = quant.forward_native(x, x_scale)
-    reference = plugin.plain_scaled_mm(
+    reference = gemm.plain_scaled_mm(
         kernel(), A=quantized, B=w.t(), out_dtype=torch.float32, As=x_scale, Bs=w_scale,
         bias=None, output_shape=[7, outs],
     )
     report["static"] = float((got - reference).abs().max())
+    from vllm.model_executor.kernels.linear.scaled_mm import pytorch
+    kernel_class = pytorch.ChannelWiseTorchFP8ScaledMMLinearKernel
+    gemm.plain_fp8_gemm()
+    patched = kernel_class.apply_weights
+    gemm.plain_fp8_gemm()  # vLLM may load its plugins more than once in a process
+    report["idempotent"] = kernel_class.apply_weights is patched
     print(json.dumps(report))
     """
 )
@@ -93,3 +99,4 @@ def test_the_cpu_fp8_gemm_is_the_fp8_arithmetic() -> None:
     assert report["bfloat16_once"] is True
     assert report["static"] == 0.0  # the same quantized values and the same GEMM
     assert report["input_unchanged"] is True  # a float32 input is not quantized in place
+    assert report["idempotent"] is True

@@ -1,0 +1,154 @@
+"""vLLM's torch FP8 linears on a CPU as vLLM's own CPU GEMM over the FP8 values.
+
+One patch of the CPU plugin (:mod:`eaglequant.engine.cpu_fp8_plugin`, which applies it
+guarded, with the others). Why and how: :func:`plain_fp8_gemm`.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from eaglequant.recipe import FP8_E4M3_MAX
+
+GEMM_ENV = "EAGLEQUANT_CPU_FP8_GEMM"  # float32 (default) or bfloat16: what FP8 GEMMs multiply in
+
+
+def plain_fp8_gemm() -> None:
+    """Run vLLM's torch FP8 linears on CPU as vLLM's own CPU GEMM over the FP8 values.
+
+    FP8 linears that no native CPU FP8 kernel takes (on an AVX2 EPYC or a Zen 4 all of
+    them; with eaglequant's engines on AMX too, see ``engine.config``) reach
+    ``PerTensorTorchFP8ScaledMMLinearKernel`` or ``ChannelWiseTorchFP8ScaledMMLinearKernel``,
+    whose ``torch._scaled_mm`` takes tens of milliseconds a call on a CPU (and is refused
+    by oneDNN limited to AVX2). Every E4M3 value, and every product of two, is exact in
+    float32 and in BF16, so a GEMM over them with float32 accumulation and the scales
+    applied after is the FP8 GEMM. The GEMM is the one vLLM picks for an unquantized CPU
+    linear of that dtype (``dispatch_cpu_unquantized_gemm``: AMX packed, oneDNN or torch).
+    In float32 (the default) it is the FP8 arithmetic to the summation order. In BF16
+    (:data:`GEMM_ENV` ``bfloat16``: faster where the CPU has native BF16) the result is
+    rounded to BF16 once before the scales, which moved the real pair's FP8 acceptance by
+    0.6% (``docs/benchmarks.md``): for speed, not for a verdict. A static
+    per-tensor input is quantized as vLLM quantizes it (times the scale's reciprocal,
+    clamped, cast) in the same call. The layer keeps its FP8 weight (what check 3 reads);
+    the GEMM's copy is made on the first call and kept beside it. Idempotent.
+    """
+    from vllm.model_executor.kernels.linear.scaled_mm import pytorch
+
+    for kernel in (
+        pytorch.PerTensorTorchFP8ScaledMMLinearKernel,
+        pytorch.ChannelWiseTorchFP8ScaledMMLinearKernel,
+    ):
+        if getattr(kernel.apply_weights, "plain_gemm", False):
+            continue  # patched already (another patch may wrap apply_scaled_mm after this)
+        original = kernel.apply_weights
+
+        def apply_weights(
+            self: Any, layer: Any, x: Any, bias: Any = None, _original: Any = original
+        ) -> Any:
+            out = _static_input_linear(self, layer, x, bias)
+            return _original(self, layer, x, bias) if out is None else out
+
+        apply_weights.plain_gemm = True  # type: ignore[attr-defined]
+        kernel.apply_weights = apply_weights  # type: ignore[method-assign]
+        kernel.apply_scaled_mm = plain_scaled_mm  # type: ignore[method-assign]
+
+
+def gemm_dtype() -> Any:
+    """The dtype the FP8 values are multiplied in: :data:`GEMM_ENV`, else float32."""
+    import torch
+
+    chosen = os.environ.get(GEMM_ENV) or "float32"
+    if chosen not in ("float32", "bfloat16"):
+        raise ValueError(f"{GEMM_ENV}={chosen!r}: use float32 or bfloat16")
+    return getattr(torch, chosen)
+
+
+def _static_input_linear(kernel: Any, layer: Any, x: Any, bias: Any) -> Any:
+    """The layer's output for a BF16/float32 input with one static input scale (None for
+    any other case: vLLM's own path then quantizes, and :func:`plain_scaled_mm` multiplies)."""
+    import torch
+
+    state = _static_state(kernel, layer)
+    if state is None or not isinstance(x, torch.Tensor) or x.dtype.itemsize < 2:
+        return None  # no static scale, or inputs vLLM quantized already
+    linear, values, inverse, scale = state
+    # One-element tensors with a dimension promote: each product is taken in float32.
+    quantized = torch.mul(x.reshape(-1, x.shape[-1]), inverse)  # never the input, in place
+    quantized.clamp_(-FP8_E4M3_MAX, FP8_E4M3_MAX)
+    codes = quantized.to(torch.float8_e4m3fn).view(torch.uint8).long()
+    out = torch.mul(linear(torch.take(values, codes)), scale)  # a cast from FP8 is slower
+    if bias is not None:
+        out.add_(bias)
+    return out.to(x.dtype).view(*x.shape[:-1], out.shape[-1])
+
+
+def _static_state(kernel: Any, layer: Any) -> tuple | None:
+    """What the static-input path needs per layer, made on its first call (None: the layer's
+    input scale is not one static value): the GEMM, the 256 E4M3 values in its dtype (a
+    lookup by code is about twice as fast as a cast from FP8 on a CPU), the input scale's
+    reciprocal (vLLM quantizes by multiplying with it) and the output scale, each a float32
+    tensor with a dimension (so that a BF16 operand is promoted). Made anew if the weight
+    tensor was replaced (a reload)."""
+    import torch
+
+    weight, weight_scale, input_scale, _ = kernel._get_layer_params(layer)
+    cached = kernel.__dict__.get("_eaglequant_static")
+    if cached is not None and cached[0] == weight.data_ptr():
+        return cached[1]
+    state = None
+    if input_scale is not None and input_scale.numel() == 1:
+        linear, dtype = _gemm(kernel, weight)
+        values = torch.arange(256, dtype=torch.uint8).view(torch.float8_e4m3fn).to(dtype)
+        inverse = input_scale.float().reshape(1).reciprocal()
+        scale = input_scale.float().reshape(1, 1) * weight_scale.float().reshape(1, -1)
+        state = (linear, values, inverse, scale)
+    kernel._eaglequant_static = (weight.data_ptr(), state)
+    return state
+
+
+def plain_scaled_mm(
+    self: Any,
+    *,
+    A: Any,
+    B: Any,
+    out_dtype: Any,
+    As: Any,
+    Bs: Any,
+    bias: Any,
+    output_shape: list[int],
+) -> Any:
+    """``C = (s_x * A) (s_w * B) + bias``, as vLLM's torch FP8 kernels define it (A already
+    quantized: dynamic or per-token inputs)."""
+    import math
+
+    tokens = math.prod(output_shape[:-1])
+    linear, dtype = _gemm(self, B)
+    out = linear(A[:tokens].to(dtype)).float()
+    if As.numel() == 1 and Bs.numel() == 1:
+        out.mul_(As.reshape(1, 1).float() * Bs.reshape(1, 1).float())
+    else:
+        out.mul_(As.reshape(-1, 1)[:tokens].float() if As.numel() > 1 else As.float().reshape(1, 1))
+        out.mul_(Bs.reshape(1, -1).float() if Bs.numel() > 1 else Bs.float().reshape(1, 1))
+    if bias is not None:
+        out.add_(bias)
+    return out.to(out_dtype).view(*output_shape)
+
+
+def _gemm(kernel: Any, weight: Any) -> tuple[Any, Any]:
+    """vLLM's CPU GEMM over the FP8 weight's values (``weight``: ``(K, N)``, as vLLM's torch
+    FP8 kernels hold it) in :func:`gemm_dtype`, made once per weight tensor and kept."""
+    import torch
+    from vllm.model_executor.layers.utils import dispatch_cpu_unquantized_gemm
+
+    key = (weight.data_ptr(), tuple(weight.shape), tuple(weight.stride()))
+    cached = getattr(kernel, "_eaglequant_gemm", None)
+    if cached is None or cached[0] != key:
+        holder = torch.nn.Module()
+        values = weight.t().to(gemm_dtype()).contiguous()  # (N, K), exact
+        holder.weight = torch.nn.Parameter(values, requires_grad=False)
+        dispatch_cpu_unquantized_gemm(holder, remove_weight=False)
+        cached = (key, holder)
+        kernel._eaglequant_gemm = cached
+    built: Any = cached[1]
+    return (lambda x: built.cpu_linear(x, built.weight, None)), built.weight.dtype
