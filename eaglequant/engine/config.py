@@ -107,7 +107,7 @@ class VllmInstall:
         """Refuse ``command`` before any engine starts when all of ``features`` are off."""
         lines = [self.gate(f) for f in features]
         if all(lines):
-            raise InputError(f"{command} needs {lines[0]}")
+            raise InputError(f"{command} cannot run here: {lines[0]}")
 
     @property
     def on_cpu(self) -> bool:

@@ -97,7 +97,7 @@ def test_a_command_is_refused_only_when_every_feature_it_can_use_is_off() -> Non
     with pytest.raises(InputError) as refused:
         install.require("validate", v1, v2)
     assert str(refused.value) == (
-        "validate needs layer inspection (V1 runner) is off: this vLLM lacks "
+        "validate cannot run here: layer inspection (V1 runner) is off: this vLLM lacks "
         "GPUModelRunner.drafter (read in vLLM 0.32.0)"
     )
 
