@@ -147,6 +147,13 @@ def main() -> None:
     parser.add_argument(
         "--kinds", nargs="+", default=["native", "as-avx2"], choices=["native", "as-avx2"]
     )
+    parser.add_argument(
+        "--configs",
+        nargs="+",
+        default=list(CONFIGS),
+        choices=list(CONFIGS),
+        help="the configurations to run (bf16 is always run: the ratios are over it)",
+    )
     parser.add_argument("--out", type=Path, default=HERE / "results-fp8-speed.json")
     args = parser.parse_args()
     from eaglequant.environment import cpu_info, versions
@@ -162,6 +169,8 @@ def main() -> None:
                 continue
             runs = {}
             for name, (draft, env) in CONFIGS.items():
+                if name != "bf16" and name not in args.configs:
+                    continue
                 limit = args.scaled_mm_s if name == "fp8-scaled-mm" else MAX_SECONDS
                 runs[name] = measure(drafts[draft], kind_env | env, args, prompts, limit)
                 print(kind, name, json.dumps(runs[name]), flush=True)
@@ -189,7 +198,7 @@ def _ratios(runs: dict[str, Any]) -> dict[str, Any]:
         for name, run in runs.items()
         if name != "bf16" and bf16 and "tokens_per_s" in run
     }
-    one, other = runs["fp8-gemm-float32"], runs["fp8-gemm-bfloat16"]
+    one, other = runs.get("fp8-gemm-float32", {}), runs.get("fp8-gemm-bfloat16", {})
     if "tokens_sha256" in one and "tokens_sha256" in other:
         ratios["bfloat16_gemm_same_tokens_as_float32"] = (
             one["tokens_sha256"] == other["tokens_sha256"]

@@ -65,33 +65,71 @@ def gemm_dtype() -> Any:
 
 
 def _static_input_linear(kernel: Any, layer: Any, x: Any, bias: Any) -> Any:
-    """The layer's output for a BF16/float32 input with one static input scale (None for
-    any other case: vLLM's own path then quantizes, and :func:`plain_scaled_mm` multiplies)."""
+    """The layer's output for a BF16/float16/float32 input with one static input scale
+    (None for any other case: vLLM's own path then quantizes, and :func:`plain_scaled_mm`
+    multiplies)."""
     import torch
 
     state = _static_state(kernel, layer)
     if state is None or not isinstance(x, torch.Tensor) or x.dtype.itemsize < 2:
         return None  # no static scale, or inputs vLLM quantized already
-    linear, values, inverse, scale = state
-    # One-element tensors with a dimension promote: each product is taken in float32.
-    quantized = torch.mul(x.reshape(-1, x.shape[-1]), inverse)  # never the input, in place
-    quantized.clamp_(-FP8_E4M3_MAX, FP8_E4M3_MAX)
-    codes = quantized.to(torch.float8_e4m3fn).view(torch.uint8).long()
-    out = torch.mul(linear(torch.take(values, codes)), scale)  # a cast from FP8 is slower
+    out = state.linear(state.quantize(x.reshape(-1, x.shape[-1])))
+    # float32 in place; a BF16 GEMM's output is promoted (the scales are applied in float32)
+    out = out.mul_(state.scale) if out.dtype == torch.float32 else torch.mul(out, state.scale)
     if bias is not None:
         out.add_(bias)
     return out.to(x.dtype).view(*x.shape[:-1], out.shape[-1])
 
 
-def _static_state(kernel: Any, layer: Any) -> tuple | None:
-    """What the static-input path needs per layer, made on its first call (None: the layer's
-    input scale is not one static value): the GEMM, the 256 E4M3 values in its dtype (a
-    lookup by code is about twice as fast as a cast from FP8 on a CPU), the input scale's
-    reciprocal (vLLM quantizes by multiplying with it) and the output scale, each a float32
-    tensor with a dimension (so that a BF16 operand is promoted). Made anew if the weight
-    tensor was replaced (a reload)."""
-    import torch
+class _StaticInput:
+    """What the static-input path keeps per layer: the GEMM, the input scale's reciprocal
+    (vLLM quantizes by multiplying with it) and the output scale, each a float32 tensor with
+    a dimension (so that a BF16 operand is promoted), and per 16-bit input dtype a table."""
 
+    def __init__(self, linear: Any, dtype: Any, inverse: Any, scale: Any) -> None:
+        import torch
+
+        self.linear, self.dtype, self.inverse, self.scale = linear, dtype, inverse, scale
+        # The 256 E4M3 values in the GEMM's dtype: a lookup by code is about twice as fast
+        # as a cast from FP8 on a CPU.
+        self.values = torch.arange(256, dtype=torch.uint8).view(torch.float8_e4m3fn).to(dtype)
+        self.tables: dict[Any, Any] = {}
+
+    def quantize(self, rows: Any) -> Any:
+        """``rows`` quantized as vLLM quantizes a static input (times the reciprocal, clamped
+        to the E4M3 range, cast with round-to-nearest-even), as the E4M3 values in the GEMM's
+        dtype; never the input, in place.
+
+        A 16-bit input's quantized value is a function of its 16 bits alone, so for BF16
+        and float16 inputs it is looked up in a 65,536-entry table made once per layer from
+        that very arithmetic (one gather instead of five elementwise passes: the toy draft's
+        linears are small enough for those passes to cost more than the GEMM)."""
+        import torch
+
+        if rows.dtype.itemsize == 2:
+            table = self.tables.get(rows.dtype)
+            if table is None:
+                every = torch.arange(65536, dtype=torch.int32).to(torch.int16).view(rows.dtype)
+                table = self.tables[rows.dtype] = self._reference(every)
+            bits = rows.contiguous().view(torch.uint16).view(-1).to(torch.int32)
+            return torch.index_select(table, 0, bits).view(rows.shape)
+        return self._reference(rows)
+
+    def _reference(self, rows: Any) -> Any:
+        """vLLM's static quantization, elementwise (float32 inputs, and the tables)."""
+        import torch
+
+        # One-element tensors with a dimension promote: each product is taken in float32.
+        quantized = torch.mul(rows, self.inverse)  # a new tensor: never the input, in place
+        quantized.clamp_(-FP8_E4M3_MAX, FP8_E4M3_MAX)
+        codes = quantized.to(torch.float8_e4m3fn).view(torch.uint8).long()
+        return torch.take(self.values, codes)
+
+
+def _static_state(kernel: Any, layer: Any) -> _StaticInput | None:
+    """The static-input path's state for this layer, made on its first call (None: the
+    layer's input scale is not one static value). Made anew if the weight tensor was
+    replaced (a reload)."""
     weight, weight_scale, input_scale, _ = kernel._get_layer_params(layer)
     cached = kernel.__dict__.get("_eaglequant_static")
     if cached is not None and cached[0] == weight.data_ptr():
@@ -99,10 +137,9 @@ def _static_state(kernel: Any, layer: Any) -> tuple | None:
     state = None
     if input_scale is not None and input_scale.numel() == 1:
         linear, dtype = _gemm(kernel, weight)
-        values = torch.arange(256, dtype=torch.uint8).view(torch.float8_e4m3fn).to(dtype)
         inverse = input_scale.float().reshape(1).reciprocal()
         scale = input_scale.float().reshape(1, 1) * weight_scale.float().reshape(1, -1)
-        state = (linear, values, inverse, scale)
+        state = _StaticInput(linear, dtype, inverse, scale)
     kernel._eaglequant_static = (weight.data_ptr(), state)
     return state
 

@@ -81,6 +81,29 @@ SCRIPT = textwrap.dedent(
         bias=None, output_shape=[7, outs],
     )
     report["static"] = float((got - reference).abs().max())
+    # a BF16 input goes through the 16-bit table: the same values as vLLM's arithmetic
+    xb = (torch.randn(7, 96, generator=generator) * 8).to(torch.bfloat16)
+    xb[0, :4] = torch.tensor([1e4, -1e4, 1e-30, -0.0])  # clamped, subnormal-flushed, signed zero
+    stub_b = kernel()
+    stub_b._get_layer_params = stub._get_layer_params
+    before = xb.clone()
+    got_b = gemm._static_input_linear(stub_b, layer, xb, None)
+    report["input_unchanged_bf16"] = torch.equal(xb, before)
+    quantized_b, _ = quant.forward_native(xb, x_scale)
+    reference_b = gemm.plain_scaled_mm(
+        kernel(), A=quantized_b, B=w.t(), out_dtype=torch.bfloat16, As=x_scale, Bs=w_scale,
+        bias=None, output_shape=[7, outs],
+    )
+    report["static_bf16"] = torch.equal(got_b, reference_b)
+    # the table against vLLM's arithmetic on every one of the 65,536 BF16 and float16 inputs
+    state = gemm._static_state(stub_b, layer)
+    table_equal = []
+    for dtype in (torch.bfloat16, torch.float16):
+        every = torch.arange(65536, dtype=torch.int32).to(torch.int16).view(dtype).reshape(256, 256)
+        looked_up = state.quantize(every)
+        vllm_values = quant.forward_native(every, x_scale)[0].float()
+        table_equal.append(torch.equal(looked_up.nan_to_num(), vllm_values.nan_to_num()))
+    report["table_equal"] = table_equal
     from vllm.model_executor.kernels.linear.scaled_mm import pytorch
     kernel_class = pytorch.ChannelWiseTorchFP8ScaledMMLinearKernel
     gemm.plain_fp8_gemm()
@@ -99,4 +122,7 @@ def test_the_cpu_fp8_gemm_is_the_fp8_arithmetic() -> None:
     assert report["bfloat16_once"] is True
     assert report["static"] == 0.0  # the same quantized values and the same GEMM
     assert report["input_unchanged"] is True  # a float32 input is not quantized in place
+    assert report["static_bf16"] is True  # the table path: vLLM's values, then the same GEMM
+    assert report["input_unchanged_bf16"] is True
+    assert report["table_equal"] == [True, True]  # every 16-bit input, NaNs included
     assert report["idempotent"] is True
