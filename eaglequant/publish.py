@@ -33,9 +33,8 @@ from eaglequant.render.card import (
     calibration_source,
     card_record,
     check_report_binding,
-    local_paths,
-    replace_strings,
 )
+from eaglequant.render.public import local_paths, replace_strings
 from eaglequant.render.reports import PLOTS
 from eaglequant.validation_report import read_report
 

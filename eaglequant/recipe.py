@@ -70,6 +70,10 @@ class CalibrationSpec:
     held_out: int = 8
     batch_size: int = 4
     fixed_input_amax: float = 16.0
+    # True: never calibrated; every static input scale is fixed_input_amax / 448 (ModelOpt's
+    # quantize_drafter fixes amax at 448: input_scale 1.0). ``--calib none`` does this for any
+    # static recipe at export; this makes it the recipe's own, for compare.
+    fixed: bool = False
 
 
 @dataclass(frozen=True)
@@ -222,6 +226,11 @@ def _check_values(recipe: Recipe, path: str) -> None:
         raise InputError(f"{path}: 'calibration.held_out' >= 0 and 'fixed_input_amax' > 0 required")
     if recipe.activation.granularity == "per_token" and not recipe.activation.dynamic:
         raise InputError(f"{path}: 'activation.granularity: per_token' requires 'dynamic: true'")
+    if calib.fixed and (recipe.activation.dynamic or recipe.kv_cache.scaled):
+        raise InputError(
+            f"{path}: 'calibration.fixed: true' fixes static input scales; it needs "
+            "'activation.dynamic: false' and no scaled KV cache"
+        )
     if recipe.kv_cache.scaled and not recipe.needs_calibration:
         raise InputError(
             f"{path}: 'kv_cache.dtype: {recipe.kv_cache.dtype}' calibrates K and V scales with "

@@ -28,7 +28,6 @@ from eaglequant.capture.run import check_engine
 from eaglequant.capture.sequences import check_data
 from eaglequant.draft import (
     DraftDims,
-    check_target_fits,
     form_exclude,
     kv_scale_name,
     require_bf16_draft,
@@ -44,6 +43,7 @@ from eaglequant.quantize.file_to_file import FileToFile
 from eaglequant.quantize.sources import CalibrationSource
 from eaglequant.quantize.timing import timed
 from eaglequant.recipe import Recipe
+from eaglequant.target_fit import check_target_fits
 
 Progress = Callable[[str], None]
 
@@ -93,6 +93,12 @@ def plan_export(request: ExportRequest) -> ExportPlan:
         )
     check_output_path(request.out, [request.src], request.overwrite)
     calib = request.calibration
+    if request.recipe.calibration.fixed and calib.kind != "none":
+        raise InputError(
+            f"recipe {request.recipe.name}: calibration-free ('calibration.fixed: true', input "
+            f"scales from fixed_input_amax {request.recipe.calibration.fixed_input_amax}); "
+            "drop the calibration inputs or pick a calibrated recipe"
+        )
     recipe = replace(request.recipe, exclude=form_exclude(request.recipe.exclude, dims))
     aux_ids = dims.aux_layer_ids
     if calib.kind == "target":

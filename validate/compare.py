@@ -16,13 +16,22 @@ and the six checks under each candidate's recipe thresholds (check 6 on the same
 from __future__ import annotations
 
 import sys
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
 from typing import Any, Protocol, cast
 
 from eaglequant.capture.run import CaptureEngine, CaptureRequest, capture_hidden_states
+from eaglequant.compare_report import (
+    COMPARE_JSON,
+    COMPARE_MD,
+    COMPARE_SCHEMA_VERSION,
+    CandidateRow,
+    CompareReport,
+    PromptSetSummary,
+    recommend,
+)
 from eaglequant.draft import require_bf16_draft
 from eaglequant.engine.config import EngineOptions, check_kv_cache_dtype, probe_vllm
 from eaglequant.engine.result import EngineResult, EngineRun, SpecMetrics
@@ -33,9 +42,9 @@ from eaglequant.io.output import check_output_path, write_text_atomic
 from eaglequant.prompts.source import PromptSet
 from eaglequant.quantize.sources import CalibrationSource
 from eaglequant.recipe import Recipe
-from eaglequant.render.reports import COMPARE_JSON, COMPARE_MD, COMPARE_SCHEMA_VERSION
 from eaglequant.speculative import SCALED_KV_CACHE_DTYPE, draft_kv_cache_dtype
 from eaglequant.validate.acceptance import ACCEPTANCE, PER_POSITION, prompt_counts
+from eaglequant.validate.lossless import DEFAULT_TIE_MARGIN
 from eaglequant.validate.request import ValidateRequest, engine_prompts, require_layer_inspection
 from eaglequant.validate.single_engine import EngineRuns, run_per_draft, run_single
 from eaglequant.validate.stats import PromptCounts, pooled_counts
@@ -65,77 +74,9 @@ class CompareRequest:
     max_shard_size: int = 5 * 10**9
     engine_per_draft: bool = False
     reference_engine: bool = False  # check 1 against a target-alone engine (one more load)
+    tie_margin: float = DEFAULT_TIE_MARGIN  # check 1: a token this close to the best is a tie
     chat_template: bool = True  # render with the target's chat template when it has one
     overwrite: bool = False
-
-
-@dataclass(frozen=True)
-class CandidateRow:
-    """One candidate's measured outcome on one prompt set (``passed``: all six checks under
-    its recipe, by category too where the set has categories)."""
-
-    recipe: str
-    scheme: str
-    kv_cache_dtype: str
-    bytes_on_disk: int
-    bytes_ratio: float
-    quantized_fraction: float
-    lossless: bool
-    mean_acceptance: float | None
-    per_position: list[float]
-    acceptance_ratio: float | None
-    min_acceptance_ratio: float
-    passed: bool
-    failed_checks: list[str]  # every check not passed: failed or inconclusive
-    failure: str | None = None  # the first failed check's detail (an engine's: its log's cause)
-    verdict: str = "FAIL"  # PASS, FAIL or INCONCLUSIVE (too few prompts decided a gate)
-    prompt_set: str = ""  # the set's source as given
-    categories: dict[str, Any] | None = None  # the validation report's, by category
-    min_category_drafts: int | None = None
-
-
-@dataclass(frozen=True)
-class PromptSetSummary:
-    """One prompt set as compare ran it, with the BF16 draft's acceptance on it."""
-
-    source: str
-    sha256: str
-    prompts: int
-    baseline_mean_acceptance: float | None
-    baseline_per_position: list[float]
-
-
-@dataclass(frozen=True)
-class CompareReport:
-    schema_version: int
-    baseline: str
-    target: str
-    k: int
-    max_tokens: int
-    baseline_bytes: int
-    prompt_sets: list[PromptSetSummary]
-    rows: list[CandidateRow]  # one per candidate and prompt set, in the sets' order
-    recommended: str | None
-    timings_s: dict[str, float]
-    engine_mode: str  # single (drafts swapped in one engine) or per-draft
-    target_loads: int
-    engine_fallback: str | None  # why some drafts had engines of their own
-
-    def to_json(self) -> dict[str, Any]:
-        return {"tool": "eaglequant", **asdict(self)}
-
-
-def recommend(rows: Sequence[CandidateRow]) -> CandidateRow | None:
-    """The smallest candidate on disk that passes on every prompt set; on equal size, the
-    better mean acceptance (on the first set). Its row on the first set."""
-    failed = {row.recipe for row in rows if not row.passed}
-    first: dict[str, CandidateRow] = {}
-    for row in rows:
-        first.setdefault(row.recipe, row)
-    passing = [row for name, row in first.items() if name not in failed]
-    if not passing:
-        return None
-    return min(passing, key=lambda r: (r.bytes_on_disk, -(r.mean_acceptance or 0.0)))
 
 
 def slice_run(run: EngineRun, start: int, stop: int) -> EngineRun:
@@ -365,7 +306,11 @@ def _export(request: CompareRequest, recipe: Recipe, capture: Path, progress: Pr
             src=request.baseline,
             out=out,
             recipe=recipe,
-            calibration=CalibrationSource(kind="capture", capture=capture),
+            calibration=(
+                CalibrationSource(kind="none")
+                if recipe.calibration.fixed
+                else CalibrationSource(kind="capture", capture=capture)
+            ),
             max_shard_size=request.max_shard_size,
             overwrite=request.overwrite,
         ),
@@ -399,6 +344,7 @@ def _validate_request(
             request.draft_kv_cache_dtype, read_checkpoint(draft).config
         ),
         reference_engine=request.reference_engine,
+        tie_margin=request.tie_margin,
     )
 
 
@@ -480,8 +426,7 @@ def _write(out: Path, report: CompareReport) -> None:
     """compare.json and compare.md, each written beside its name and renamed into place."""
     import json
 
-    from eaglequant.render.reports import compare_markdown
+    from eaglequant.render.compare_tables import compare_markdown
 
-    data = report.to_json()
-    write_text_atomic(out / COMPARE_JSON, json.dumps(data, indent=2) + "\n")
-    write_text_atomic(out / COMPARE_MD, compare_markdown(data))
+    write_text_atomic(out / COMPARE_JSON, json.dumps(report.to_json(), indent=2) + "\n")
+    write_text_atomic(out / COMPARE_MD, compare_markdown(report))

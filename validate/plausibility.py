@@ -71,8 +71,8 @@ def scale_plausibility(
 def plausibility_problems(
     inputs: PlausibilityInputs, progress: Callable[[str], None] = lambda _m: None
 ) -> tuple[list[str], dict[str, Any]]:
-    from eaglequant.draft import check_target_fits
     from eaglequant.model.load import load_draft_module
+    from eaglequant.target_fit import check_target_fits
 
     fp8 = read_checkpoint(inputs.draft)
     baseline = read_checkpoint(inputs.baseline)

@@ -11,7 +11,7 @@ from typing import Any
 from eaglequant.binding import binding
 from eaglequant.capture.run import CaptureEngine, check_engine
 from eaglequant.capture.store import check_capture
-from eaglequant.draft import check_target_fits, dims_from_config, structure_problems
+from eaglequant.draft import dims_from_config, structure_problems
 from eaglequant.engine.config import (
     EngineOptions,
     VllmInstall,
@@ -27,6 +27,7 @@ from eaglequant.prompts.chat import RenderedPrompts, render_for_target
 from eaglequant.prompts.source import text_hashes
 from eaglequant.recipe import ValidationSpec, load_recipe
 from eaglequant.speculative import kv_source
+from eaglequant.target_fit import check_target_fits
 from eaglequant.validate.lossless import DEFAULT_MODE, DEFAULT_TIE_MARGIN
 from eaglequant.validate.regression import RunCounts, check_comparable
 from eaglequant.validate.stats import DEFAULT_RESAMPLES, DEFAULT_SEED

@@ -19,13 +19,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal
 
-from eaglequant.draft import (
-    check_aux_layers,
-    check_target_fits,
-    default_aux_layers,
-    require_bf16_draft,
-    target_layers,
-)
+from eaglequant.draft import require_bf16_draft
 from eaglequant.engine.config import (
     RESERVED_ARGS,
     EngineOptions,
@@ -37,6 +31,12 @@ from eaglequant.errors import InputError
 from eaglequant.io.checkpoint import read_checkpoint
 from eaglequant.io.output import atomic_output_dir, check_output_path
 from eaglequant.prompts.source import PromptSource
+from eaglequant.target_fit import (
+    check_aux_layers,
+    check_target_fits,
+    default_aux_layers,
+    target_layers,
+)
 
 EngineName = Literal["vllm", "transformers"]
 # max_model_len is free here (the default fits the longest sequence); the rest as validate's.

@@ -18,6 +18,7 @@ from eaglequant.cli.options import (
     engine_per_draft_option,
     engine_settings,
     reference_engine_option,
+    tie_margin_option,
 )
 from eaglequant.cli.options import capture_engine as capture_engine_for
 from eaglequant.errors import InputError
@@ -60,6 +61,7 @@ if TYPE_CHECKING:
 @draft_kv_cache_option
 @engine_per_draft_option
 @reference_engine_option
+@tie_margin_option
 @engine_choice("--capture-engine", "the calibration capture")
 @click.option("--overwrite", is_flag=True)
 def compare(
@@ -80,6 +82,7 @@ def compare(
     draft_kv_cache_dtype: str | None,
     engine_per_draft: bool,
     reference_engine: bool,
+    tie_margin: float,
     capture_engine: str | None,
     overwrite: bool,
 ) -> None:
@@ -88,9 +91,9 @@ def compare(
     Exit 0 when a candidate passes (the smallest passing one is recommended), 1 when none
     does, 2 for bad input.
     """
+    from eaglequant.compare_report import COMPARE_MD
     from eaglequant.prompts.source import load_prompts
     from eaglequant.recipe import load_recipe
-    from eaglequant.render.reports import COMPARE_MD
     from eaglequant.validate.compare import CompareRequest
     from eaglequant.validate.compare import compare as run
 
@@ -116,6 +119,7 @@ def compare(
         engine_timeout_s=engine_timeout,
         engine_per_draft=engine_per_draft,
         reference_engine=reference_engine,
+        tie_margin=tie_margin,
         overwrite=overwrite,
     )
     report = run(request, progress=lambda m: click.echo(f"[eaglequant] {m}", err=True))

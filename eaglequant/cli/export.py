@@ -173,7 +173,7 @@ def export(
                 data_parallel_size,
                 trust_remote_code,
             ),
-            resolved.needs_calibration,
+            resolved.needs_calibration and not resolved.calibration.fixed,
         ),
         max_shard_size=shard_size(max_shard_size),
         overwrite=overwrite,

@@ -61,6 +61,14 @@ reference_engine_option = click.option(
     "each draft run's output teacher-forced in its own speculative engine.",
 )
 
+tie_margin_option = click.option(
+    "--tie-margin",
+    type=click.FloatRange(min=0),
+    default=0.1,  # validate.lossless.DEFAULT_TIE_MARGIN (not imported: the CLI loads lightly)
+    show_default=True,
+    help="Logprob gap (nats) under which a token counts as tied with the target's best.",
+)
+
 SETS_HELP = "a prompt set mt-bench, humaneval or sharegpt (NAME:N: its first N)"
 
 

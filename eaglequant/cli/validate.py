@@ -20,6 +20,7 @@ from eaglequant.cli.options import (
     engine_settings,
     invocation,
     reference_engine_option,
+    tie_margin_option,
 )
 from eaglequant.cli.options import capture_engine as capture_engine_for
 
@@ -96,13 +97,7 @@ if TYPE_CHECKING:
     help="strict: outputs must equal the target's exactly; near-tie: a first divergence where "
     "the run chose a token within --tie-margin of the target's best passes.",
 )
-@click.option(
-    "--tie-margin",
-    type=click.FloatRange(min=0),
-    default=0.1,
-    show_default=True,
-    help="Logprob gap (nats) under which a token counts as tied with the target's best.",
-)
+@tie_margin_option
 @engine_per_draft_option
 @reference_engine_option
 @click.option(

@@ -51,6 +51,7 @@ def reproduce(
     from transformers import LlamaForCausalLM
 
     from eaglequant.examples import train_draft as td
+    from eaglequant.target_fit import default_aux_layers
 
     torch.manual_seed(train.seed)
     torch.set_num_threads(train.threads)
@@ -71,7 +72,7 @@ def reproduce(
 
     model = LlamaForCausalLM.from_pretrained(target, dtype=torch.bfloat16).eval()
     model.requires_grad_(False)
-    aux = td.default_aux_layers(model.config.num_hidden_layers)
+    aux = default_aux_layers(model.config.num_hidden_layers)
     mark = time.monotonic()
     features = td.target_features(model, sequences, aux, work, log)
     timings["features_s"] = round(time.monotonic() - mark, 1)

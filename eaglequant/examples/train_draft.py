@@ -63,11 +63,6 @@ class Sequence:
     answer_start: int
 
 
-def default_aux_layers(layers: int) -> tuple[int, int, int]:
-    """vLLM's default EAGLE-3 auxiliary layers for a target of ``layers`` layers."""
-    return (2, layers // 2, layers - 3)
-
-
 def read_sequences(paths: list[Path], recipe: TrainRecipe) -> list[Sequence]:
     """Every answered prompt whose prompt fits ``max_prompt_tokens`` (the rest are skipped)."""
     sequences = []

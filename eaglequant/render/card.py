@@ -19,29 +19,23 @@ import os
 import re
 import shutil
 import tempfile
-from collections.abc import Mapping
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import yaml
 
 from eaglequant.binding import bound_files, files_digest, first_difference
-from eaglequant.environment import environment, environment_markdown, reproducing_env
+from eaglequant.compare_report import COMPARE_JSON, CompareReport, read_compare_report
+from eaglequant.environment import environment, environment_markdown
 from eaglequant.errors import InputError
 from eaglequant.exclusions import predict_fates
 from eaglequant.io.checkpoint import read_checkpoint
 from eaglequant.io.readback import sha256_file
-from eaglequant.manifest import Manifest, check_schema, read_json_object, read_manifest
+from eaglequant.manifest import Manifest, read_json_object, read_manifest
 from eaglequant.provenance import ABSOLUTE_PATH, machine_paths
-from eaglequant.render.reports import (
-    COMPARE_JSON,
-    COMPARE_SCHEMA_VERSION,
-    PLOTS,
-    compare_markdown,
-    tune_markdown,
-    validation_markdown,
-)
+from eaglequant.render.compare_tables import compare_markdown
+from eaglequant.render.public import NO_REPO_ID, PublicNames, local_paths, public
+from eaglequant.render.reports import PLOTS, tune_markdown, validation_markdown
 from eaglequant.speculative import schedule_config, speculative_config
 from eaglequant.validation_report import read_report
 
@@ -49,9 +43,6 @@ CARD_FILE = "README.md"
 # The last line of the card: what it was rendered from, for ``eaglequant publish``.
 RECORD_PREFIX = "<!-- eaglequant card: "
 RECORD = re.compile(r"^<!-- eaglequant card: (\{.*\}) -->$", re.MULTILINE)
-BASELINE_NAME = "<BF16_DRAFT>"
-NO_REPO_ID = "<REPO_ID>"
-RERUN_COMPARE = "re-run eaglequant compare"
 
 
 def write_card(
@@ -77,9 +68,7 @@ def write_card(
     license_id = license_id or source_license(Path(manifest.get("source", "")))
     comparison = None
     if compare_dir:
-        path = compare_dir / COMPARE_JSON
-        comparison = read_json_object(path, "comparison")
-        check_schema(path, comparison, "comparison", COMPARE_SCHEMA_VERSION, RERUN_COMPARE)
+        comparison = read_compare_report(compare_dir / COMPARE_JSON)
     names = PublicNames(base_model=base_model, repo_id=repo_id or NO_REPO_ID)
     text = render(
         folder, names, config, manifest, report, tuning, license_id, comparison=comparison
@@ -134,14 +123,6 @@ def card_record(text: str) -> dict[str, Any] | None:
     return data if isinstance(data, dict) else None
 
 
-@dataclass(frozen=True, kw_only=True)
-class PublicNames:
-    """What the card calls the models instead of their local paths."""
-
-    base_model: str
-    repo_id: str
-
-
 def source_license(source: Path) -> str | None:
     """The ``license`` in the source draft's model card front matter, when there is one."""
     readme = source / "README.md"
@@ -178,7 +159,7 @@ def render(
     report: dict[str, Any] | None,
     tuning: dict[str, Any] | None,
     license_id: str | None,
-    comparison: dict[str, Any] | None = None,
+    comparison: CompareReport | None = None,
 ) -> str:
     """The card's Markdown, naming no path of this machine (InputError if one would remain)."""
     qcfg = config["quantization_config"]
@@ -228,91 +209,6 @@ def render(
             "reports or the manifest: rerun the command that wrote it with relative paths"
         )
     return text
-
-
-def local_paths(
-    folder: Path,
-    manifest: Mapping[str, Any],
-    report: dict[str, Any] | None,
-    tuning: dict[str, Any] | None,
-) -> list[str]:
-    """The paths of this machine the inputs name (with a slash as given, and resolved),
-    longest first: none may appear in the card."""
-    given = [str(folder), str(manifest.get("source") or "")]
-    capture = (manifest.get("calibration") or {}).get("capture") or {}
-    given += [str(capture.get(k) or "") for k in ("target", "data")]
-    for data in (report, tuning):
-        given += [v for k in PATH_FIELDS if isinstance(v := (data or {}).get(k), str)]
-    found = set()
-    for path in given:
-        if path and path not in (".", "/"):
-            found.add(str(Path(path).resolve()))
-            if "/" in path:
-                found.add(path)
-    return sorted(found, key=len, reverse=True)
-
-
-# The report fields that name local paths, and what the card calls them.
-PATH_FIELDS = ("target", "draft", "baseline", "prompts")
-
-
-def public(data: dict[str, Any], names: PublicNames, local: list[str]) -> dict[str, Any]:
-    """A report with its local paths replaced by public names and its environment variables
-    reduced to the reproducing ones (no per-run random values)."""
-    named = {
-        "target": names.base_model,
-        "draft": names.repo_id,
-        "baseline": BASELINE_NAME,
-        "prompts": "<PROMPTS>",
-    }
-    replacements: list[tuple[str, str]] = []
-    for key, name in named.items():
-        path = data.get(key)
-        if not isinstance(path, str) or not path:
-            continue
-        replacements += [(json.dumps(path), json.dumps(name)), (f"`{path}`", f"`{name}`")]
-        replacements += [(f"serve {path} ", f"serve {name} ")]
-        if "/" in path:
-            replacements += [(path, name), (str(Path(path).resolve()), name)]
-    replacements += [(path, "<PATH>") for path in local]
-    replacements += [(path, Path(path).name) for path in _described_files(data)]
-    replacements.sort(key=lambda pair: len(pair[0]), reverse=True)
-    cleaned = replace_strings(_without_run_env(data), replacements)
-    return cleaned | {k: name for k, name in named.items() if isinstance(data.get(k), str)}
-
-
-def _described_files(data: dict[str, Any]) -> list[str]:
-    """Files a report names to describe its inputs (a prompts file, the calibration data):
-    the card keeps their names, not where they lie."""
-    found = [
-        (data.get("prompt_set") or {}).get("source"),
-        (data.get("calibration_overlap") or {}).get("calibration"),
-    ]
-    return [f for f in found if isinstance(f, str) and "/" in f]
-
-
-def _without_run_env(data: Any) -> Any:
-    if isinstance(data, dict):
-        return {
-            k: reproducing_env(v) if k == "env" and isinstance(v, dict) else _without_run_env(v)
-            for k, v in data.items()
-        }
-    if isinstance(data, list):
-        return [_without_run_env(v) for v in data]
-    return data
-
-
-def replace_strings(data: Any, replacements: list[tuple[str, str]]) -> Any:
-    """``data`` (JSON-like) with each (old, new) substring replaced in every string, in order."""
-    if isinstance(data, str):
-        for path, name in replacements:
-            data = data.replace(path, name)
-        return data
-    if isinstance(data, dict):
-        return {k: replace_strings(v, replacements) for k, v in data.items()}
-    if isinstance(data, list):
-        return [replace_strings(v, replacements) for v in data]
-    return data
 
 
 def _usage(

@@ -24,8 +24,6 @@ from eaglequant.tune.summary import (
 )
 
 PLOTS = ("throughput.png", "speedup.png", "acceptance.png")
-COMPARE_JSON, COMPARE_MD = "compare.json", "compare.md"  # in ``eaglequant compare --out``
-COMPARE_SCHEMA_VERSION = 3  # compare.json
 
 
 def acceptance_rows(report: dict[str, Any]) -> list[tuple[str, str, str, str]]:
@@ -287,77 +285,11 @@ def mean_positions(lists: list[list[float]]) -> list[float]:
     return [s / len(lists) for s in sums]
 
 
-def compare_markdown(report: dict[str, Any], heading: str = "##") -> str:
-    """``compare``'s tables: per prompt set, one row per candidate against the BF16 draft (and
-    each candidate's categories, when the set has them), then the recommendation."""
-    lines = [
-        f"{heading} Which format to ship (`eaglequant compare`)",
-        "",
-        f"BF16 draft `{_folder(report['baseline'])}` ({report['baseline_bytes']} bytes) on "
-        f"target `{_folder(report['target'])}`; `num_speculative_tokens={report['k']}`, "
-        f"{report['max_tokens']} tokens a prompt, greedy.",
-    ]
-    for prompt_set in report["prompt_sets"]:
-        rows = [r for r in report["rows"] if r["prompt_set"] == prompt_set["source"]]
-        lines += ["", *_compare_set(prompt_set, rows)]
-    failures = [
-        f"- `{r['recipe']}` on `{_folder(r['prompt_set'])}`: {r['failure']}"
-        for r in report["rows"]
-        if r.get("failure")
-    ]
-    if failures:
-        lines += ["", "Why the other candidates did not pass:", "", *failures]
-    engines = f"Engines: {report['engine_mode']}, target loaded {report['target_loads']}x"
-    if report.get("engine_fallback"):
-        engines += f" (some drafts in engines of their own: {report['engine_fallback']})"
-    lines += ["", engines + "."]
-    chosen = report["recommended"]
-    every = " on every prompt set" if len(report["prompt_sets"]) > 1 else ""
-    closing = (
-        f"**Recommended: `{chosen}`** (the smallest candidate passing{every}; on equal size, "
-        "the better mean acceptance)."
-        if chosen
-        else "**No candidate passed.**"
-    )
-    return "\n".join([*lines, "", closing, ""])
-
-
-def _compare_set(prompt_set: dict[str, Any], rows: list[dict[str, Any]]) -> list[str]:
-    """One prompt set's table, and its candidates' category tables."""
-    bf16_pos = " / ".join(f"{p:.3f}" for p in prompt_set["baseline_per_position"]) or "-"
-    name = _folder(prompt_set["source"])  # a file by its name: the table goes into cards
-    lines = [
-        f"Prompts `{name}` ({prompt_set['prompts']} prompts, sha256 "
-        f"`{prompt_set['sha256'][:16]}`): BF16 mean acceptance length "
-        f"{_num(prompt_set['baseline_mean_acceptance'])}, by position {bf16_pos}.",
-        "",
-        "| recipe | format | draft KV cache | bytes | vs BF16 | params quantized | lossless "
-        "| mean acceptance | by position | vs BF16 | verdict |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
-    ]
-    for row in rows:
-        per_pos = " / ".join(f"{p:.3f}" for p in row["per_position"]) or "-"
-        verdict = "PASS" if row["passed"] else row.get("verdict", "FAIL")
-        verdict += "" if row["passed"] else " (" + ", ".join(row["failed_checks"]) + ")"
-        lines.append(
-            f"| `{row['recipe']}` | {row['scheme']} | {row['kv_cache_dtype']} | "
-            f"{row['bytes_on_disk']} | {row['bytes_ratio']:.3f} | "
-            f"{row['quantized_fraction']:.1%} | {'yes' if row['lossless'] else 'NO'} | "
-            f"{_num(row['mean_acceptance'])} | {per_pos} | {_num(row['acceptance_ratio'])} "
-            f"(>= {row['min_acceptance_ratio']}) | {verdict} |"
-        )
-    for row in rows:
-        if row.get("categories"):
-            lines += ["", f"`{row['recipe']}` on `{name}` by category:", ""]
-            lines += category_markdown(row)[:-1]
-    return lines
-
-
-def _num(value: float | None) -> str:
+def number_text(value: float | None) -> str:
     return "-" if value is None else f"{value:.3f}"
 
 
-def _folder(path: str) -> str:
+def folder_name(path: str) -> str:
     """A folder by its name alone: the table goes into cards, which name no local path."""
     return path.rstrip("/").rsplit("/", 1)[-1]
 

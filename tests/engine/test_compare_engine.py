@@ -10,8 +10,9 @@ from pathlib import Path
 from click.testing import CliRunner
 
 from eaglequant.cli import main
+from eaglequant.compare_report import read_compare_report, recommend
 from eaglequant.inspection import inspect_checkpoint
-from eaglequant.validate.compare import CANDIDATES_DIR, CandidateRow, recommend
+from eaglequant.validate.compare import CANDIDATES_DIR
 from tests.conftest import TOY, toy_prompts_file
 
 RECIPES = ("fp8-static", "ptpc-fp8", "fp8-static-channel", "mxfp8", "mxfp4", "mxfp4-fp8")
@@ -54,12 +55,12 @@ def test_compare_toy_pair(tmp_path: Path) -> None:
     ]
     result = CliRunner().invoke(main, ["compare", *args], catch_exceptions=False)
     assert (out / "compare.json").is_file(), result.output
-    report = json.loads((out / "compare.json").read_text())
-    rows = [CandidateRow(**row) for row in report["rows"]]
+    report = read_compare_report(out / "compare.json")
+    rows = report.rows
     assert [(row.recipe, row.prompt_set) for row in rows] == [
         (recipe, str(source)) for source in (prompts, categorised) for recipe in RECIPES
     ]
-    assert [s["prompts"] for s in report["prompt_sets"]] == [8, 4]
+    assert [s.prompts for s in report.prompt_sets] == [8, 4]
     for row in rows:
         assert (row.categories is not None) == (row.prompt_set == str(categorised)), row
         if row.categories:
@@ -74,10 +75,10 @@ def test_compare_toy_pair(tmp_path: Path) -> None:
         assert row.lossless, row  # the target's greedy output, whatever the draft
     # The BF16 draft and all six candidates, MX ones too (the CPU plugin's MX kernels), swapped
     # into one engine, check 1 teacher-forced in it: the target loaded once.
-    assert report["engine_mode"] == "single" and report["engine_fallback"] is None, report
-    assert report["target_loads"] == 1
+    assert report.engine_mode == "single" and report.engine_fallback is None, report
+    assert report.target_loads == 1
     chosen = recommend(rows)
-    assert report["recommended"] == (chosen.recipe if chosen else None)
+    assert report.recommended == (chosen.recipe if chosen else None)
     assert result.exit_code == (0 if chosen else 1), result.output
     assert "| `mxfp4` |" in result.output and "`mxfp4` on `" in result.output
     mxfp4 = next(r for r in rows if r.recipe == "mxfp4")
@@ -88,4 +89,4 @@ def test_compare_toy_pair(tmp_path: Path) -> None:
         card = ["card", str(folder), "--base-model", "toy/target", "--compare", str(out)]
         assert CliRunner().invoke(main, card, catch_exceptions=False).exit_code == 0
         assert f"**Recommended: `{chosen.recipe}`**" in (folder / "README.md").read_text()
-    print(result.output, json.dumps(report["timings_s"]))
+    print(result.output, json.dumps(report.timings_s))

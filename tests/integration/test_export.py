@@ -166,6 +166,20 @@ def test_calib_none_uses_recipe_range(pair: dict[str, Path], tmp_path: Path) -> 
     assert manifest["calibration"]["calibrated"] is False
 
 
+def test_the_calibration_free_recipe_fixes_every_input_scale_at_one(
+    pair: dict[str, Path], tmp_path: Path
+) -> None:
+    """``fp8-static-fixed``: ModelOpt's fixed amax 448, so input_scale 1.0, without --calib."""
+    out = tmp_path / "fixed"
+    run_export([str(pair["draft"]), str(out), "--recipe", "fp8-static-fixed"])
+    written = read_checkpoint(out)
+    for name in MIDLAYER_LINEARS:
+        assert float(written.load_tensor(f"{name}.input_scale")) == 1.0
+    manifest = json.loads((out / "eaglequant.json").read_text())
+    assert manifest["recipe"]["name"] == "fp8-static-fixed"
+    assert manifest["calibration"]["calibrated"] is False
+
+
 @pytest.mark.parametrize("layers", [1, 2])
 def test_ptpc_equals_quarks_own_file_to_file_flow(
     pair: dict[str, Path], tmp_path: Path, layers: int

@@ -7,6 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import click
 import pytest
 from click.testing import CliRunner
 
@@ -169,3 +170,12 @@ def test_validate_passes_its_parallelism_and_engine_args_to_check_6s_capture(
     capture, engine = seen[0].capture, seen[0].engine
     assert capture.name == "vllm" and capture.options.tensor_parallel_size == 2
     assert dict(capture.options.engine_args) == dict(engine.engine_args) == {"max_num_seqs": 8}
+
+
+def test_the_tie_margin_option_defaults_to_the_checks_own_default() -> None:
+    """The CLI does not import the check (it loads lightly), so the two must agree."""
+    from eaglequant.cli.options import tie_margin_option
+    from eaglequant.validate.lossless import DEFAULT_TIE_MARGIN
+
+    command = tie_margin_option(click.Command("x"))
+    assert [p.default for p in command.params if p.name == "tie_margin"] == [DEFAULT_TIE_MARGIN]

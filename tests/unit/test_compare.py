@@ -2,22 +2,24 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict, replace
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
 
 from eaglequant.cli import main
-from eaglequant.render.reports import compare_markdown
-from eaglequant.validate.compare import (
+from eaglequant.compare_report import (
     COMPARE_SCHEMA_VERSION,
     CandidateRow,
     CompareReport,
     PromptSetSummary,
+    read_compare_report,
     recommend,
-    slice_run,
 )
+from eaglequant.errors import InputError
+from eaglequant.render.compare_tables import compare_markdown
+from eaglequant.validate.compare import slice_run
 
 ROW = CandidateRow(
     recipe="fp8-static",
@@ -110,7 +112,7 @@ def test_a_run_whose_counts_disagree_with_vllm_keeps_vllms_counters() -> None:
     assert slice_run(target, 0, 1)["result"]["metrics"] == {}
 
 
-def _report(rows: list[CandidateRow], sets: list[PromptSetSummary]) -> dict:
+def _report(rows: list[CandidateRow], sets: list[PromptSetSummary]) -> CompareReport:
     return CompareReport(
         schema_version=COMPARE_SCHEMA_VERSION,
         baseline="bf16",
@@ -125,7 +127,7 @@ def _report(rows: list[CandidateRow], sets: list[PromptSetSummary]) -> dict:
         engine_mode="single",
         target_loads=2,
         engine_fallback=None,
-    ).to_json()
+    )
 
 
 SET = PromptSetSummary(
@@ -140,18 +142,34 @@ SET = PromptSetSummary(
 def test_markdown_has_one_row_per_candidate_and_the_choice() -> None:
     report = _report([ROW, MXFP4], [SET])
     text = compare_markdown(report)
-    assert report["schema_version"] == 3 and report["tool"] == "eaglequant"
+    assert report.to_json()["schema_version"] == 3 and report.to_json()["tool"] == "eaglequant"
     assert "Engines: single, target loaded 2x." in text
     assert "Prompts `p.jsonl` (8 prompts, sha256 `abababababababab`): BF16 mean acceptance" in text
     assert "| `mxfp4` | W fp8_e4m3 per_tensor / A fp8_e4m3 per_tensor static |" in text
     assert "| 0.900 (>= 0.98) | FAIL (2 acceptance) |" in text
     undecided = replace(MXFP4, verdict="INCONCLUSIVE")
-    rows = [asdict(r) for r in (ROW, undecided)]
-    assert "| INCONCLUSIVE (2 acceptance) |" in compare_markdown({**report, "rows": rows})
+    text_undecided = compare_markdown(replace(report, rows=[ROW, undecided]))
+    assert "| INCONCLUSIVE (2 acceptance) |" in text_undecided
     assert "| 4000000 | 0.820 | 31.0% | yes | 3.190 | 0.800 / 0.600 / 0.400 |" in text
     assert text.count("\n| `") == 2
     assert "**Recommended: `fp8-static`** (the smallest candidate passing;" in text
-    assert "**No candidate passed.**" in compare_markdown({**report, "recommended": None})
+    assert "**No candidate passed.**" in compare_markdown(replace(report, recommended=None))
+
+
+def test_the_report_reads_back_as_written_and_refuses_another_schema(tmp_path: Path) -> None:
+    import json
+
+    categories = {"math": {"prompts": 4}}
+    report = _report([ROW, replace(MXFP4, categories=categories)], [SET])
+    path = tmp_path / "compare.json"
+    path.write_text(json.dumps(report.to_json()))
+    assert read_compare_report(path) == report  # every field, rows and sets typed again
+    path.write_text(json.dumps(report.to_json() | {"schema_version": 2}))
+    with pytest.raises(InputError, match="comparison schema version 2, this eaglequant reads 3"):
+        read_compare_report(path)
+    path.write_text(json.dumps({k: v for k, v in report.to_json().items() if k != "rows"}))
+    with pytest.raises(InputError, match="not a complete comparison"):
+        read_compare_report(path)
 
 
 def test_markdown_has_a_table_per_prompt_set_and_each_candidates_categories() -> None:

@@ -28,6 +28,7 @@ MX8_DYNAMIC = {**MX8_WEIGHT, "is_dynamic": True}
         ("mxfp4", "W mxfp4 per 32 / A mxfp4 per 32 dynamic", False),
         ("mxfp4-fp8", "W mxfp4 per 32 / A fp8_e4m3 per_tensor static", True),
         ("fp8-static-channel", "W fp8_e4m3 per_channel / A fp8_e4m3 per_tensor static", True),
+        ("fp8-static-fixed", "W fp8_e4m3 per_tensor / A fp8_e4m3 per_tensor static", True),
     ],
 )
 def test_builtin_format_recipes(name: str, scheme: str, calibrated: bool) -> None:
@@ -35,6 +36,17 @@ def test_builtin_format_recipes(name: str, scheme: str, calibrated: bool) -> Non
     assert recipe.scheme() == scheme
     assert recipe.needs_calibration is calibrated
     assert not recipe.direct_flow  # Quark's module flow: its direct flow has no per-group FP8
+
+
+def test_the_calibration_free_recipe_is_fixed_at_448_and_refuses_what_it_cannot_fix() -> None:
+    fixed = load_recipe("fp8-static-fixed")
+    assert fixed.calibration.fixed and fixed.calibration.fixed_input_amax == 448.0
+    for extra in (
+        {"activation": {"granularity": "per_token", "dynamic": True}},  # nothing static to fix
+        {"kv_cache": {"dtype": "fp8_e4m3"}},  # K/V scales are calibrated with the inputs'
+    ):
+        with pytest.raises(InputError, match="'calibration.fixed: true' fixes static input"):
+            recipe_from_dict({"name": "x", "calibration": {"fixed": True}, **extra}, "origin")
 
 
 @pytest.mark.parametrize(

@@ -24,6 +24,8 @@ CORE = [
     "eaglequant.exclusions",
     "eaglequant.fix_config",
     "eaglequant.draft",
+    "eaglequant.target_fit",
+    "eaglequant.compare_report",
     "eaglequant.forms",
     "eaglequant.inspection",
     "eaglequant.manifest",
