@@ -17,6 +17,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, replace
 from typing import Any
 
+from eaglequant.spec_counts import SpecDecodeCounts
 from eaglequant.validate.acceptance import AcceptanceThresholds, acceptance_checks
 from eaglequant.validate.check import Check
 from eaglequant.validate.regression import NAME as REGRESSION
@@ -43,7 +44,7 @@ def by_category(
     *,
     min_drafts: int,
     thresholds: AcceptanceThresholds,
-    acceptance: Callable[[dict[str, Any]], dict[str, Any]],
+    acceptance: Callable[[SpecDecodeCounts], dict[str, Any]],
 ) -> dict[str, dict[str, Any]]:
     """For each category: its prompt count, each draft's acceptance (``acceptance`` of the
     pooled counts), whether it is judged and, if so, its checks 2 and 5.
@@ -56,7 +57,7 @@ def by_category(
         row: dict[str, Any] = {"prompts": len(indices)}
         for role in ROLES:
             pooled = pooled_counts(subset[role])
-            row[role] = acceptance(pooled) | {"draft_tokens": pooled["num_draft_tokens"]}
+            row[role] = acceptance(pooled) | {"draft_tokens": pooled.draft_tokens}
         row["judged"] = all(row[role]["draft_tokens"] >= min_drafts for role in ROLES)
         if row["judged"]:
             checks = acceptance_checks(subset["fp8"], subset["bf16"], thresholds)

@@ -42,6 +42,7 @@ from eaglequant.io.output import check_output_path, write_text_atomic
 from eaglequant.prompts.source import PromptSet
 from eaglequant.quantize.sources import CalibrationSource
 from eaglequant.recipe import Recipe
+from eaglequant.spec_counts import SpecDecodeCounts
 from eaglequant.speculative import SCALED_KV_CACHE_DTYPE, draft_kv_cache_dtype
 from eaglequant.validate.acceptance import ACCEPTANCE, PER_POSITION, prompt_counts
 from eaglequant.validate.lossless import DEFAULT_TIE_MARGIN
@@ -100,7 +101,7 @@ def slice_run(run: EngineRun, start: int, stop: int) -> EngineRun:
         except ValueError:
             return cast(EngineRun, {**run, "result": part})
         counts = [PromptCounts.from_json(p) for p in part["per_request"] or [] if p is not None]
-        part["metrics"] = cast(SpecMetrics, pooled_counts(counts))
+        part["metrics"] = cast(SpecMetrics, pooled_counts(counts).to_vllm())
     return cast(EngineRun, {**run, "result": part})
 
 
@@ -263,7 +264,7 @@ def _set_summary(prompt_set: PromptSet, bf16_run: EngineRun) -> PromptSetSummary
     from eaglequant.validate.engine_summary import acceptance
 
     result = bf16_run.get("result")
-    bf16 = acceptance(result["metrics"] if result else {})
+    bf16 = acceptance(SpecDecodeCounts.from_vllm(result["metrics"] if result else {}))
     return PromptSetSummary(
         source=prompt_set.source,
         sha256=prompt_set.sha256,

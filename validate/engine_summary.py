@@ -4,11 +4,11 @@ spec-decode counters and the acceptance they give, its timings and configuration
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
 from typing import Any
 
 from eaglequant.engine.process import log_tail
 from eaglequant.engine.result import EngineRun
+from eaglequant.spec_counts import SpecDecodeCounts
 
 
 def engine_summary(engine: EngineRun) -> dict[str, Any]:
@@ -22,7 +22,7 @@ def engine_summary(engine: EngineRun) -> dict[str, Any]:
             for k in ("load_s", "generate_s", "swapped", "metrics", "kernels", "engine_config")
             if k in result
         }
-        summary["acceptance"] = acceptance(result["metrics"])
+        summary["acceptance"] = acceptance(SpecDecodeCounts.from_vllm(result["metrics"]))
         if result["per_request"] is not None:
             summary["per_prompt"] = result["per_request"]
         summary["outputs_sha256"] = outputs_digest(result["token_ids"])
@@ -39,14 +39,12 @@ def outputs_digest(token_ids: list[list[int]]) -> str:
     return hashlib.sha256(json.dumps(token_ids).encode()).hexdigest()
 
 
-def acceptance(metrics: Mapping[str, Any]) -> dict[str, Any]:
-    """Mean acceptance length (1 + accepted / drafts, as vLLM's example) and per position."""
-    drafts = metrics.get("num_drafts", 0)
-    accepted = metrics.get("num_accepted_tokens", 0)
-    per_pos = metrics.get("accepted_per_pos", [])
+def acceptance(counts: SpecDecodeCounts) -> dict[str, Any]:
+    """The report's acceptance: mean acceptance length (1 + accepted / drafts, as vLLM's
+    example) and per position, with the counts they come from."""
     return {
-        "mean_length": 1 + accepted / drafts if drafts else None,
-        "per_position": [a / drafts for a in per_pos] if drafts else [],
-        "drafts": drafts,
-        "accepted": accepted,
+        "mean_length": counts.mean_acceptance_length,
+        "per_position": counts.per_position_rates,
+        "drafts": counts.drafts,
+        "accepted": counts.accepted_tokens,
     }

@@ -26,7 +26,7 @@ import os
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
@@ -45,6 +45,7 @@ from eaglequant.engine.result import (
 )
 from eaglequant.io.checkpoint import read_checkpoint
 from eaglequant.io.output import write_text_atomic
+from eaglequant.spec_counts import VLLM_KEYS, SpecDecodeCounts
 from eaglequant.speculative import speculative_config
 from eaglequant.validate.draft_ranges import DRAFT_RANGES_KEY
 from eaglequant.validate.lossless import TEACHER_FORCED_KEY, TEACHER_FORCED_RANKS
@@ -211,17 +212,18 @@ def _done(progress: Progress, role: str, engine: EngineRun) -> None:
     progress(f"vLLM engine: {role} {state} ({engine['wall_s']:.0f}s)")
 
 
-def metrics_delta(after: Mapping[str, Any], before: Mapping[str, Any]) -> dict[str, Any]:
-    """Spec-decode counters over one run: ``after`` less ``before`` (lists by position)."""
-    delta: dict[str, Any] = {}
-    for key, value in after.items():
-        prior = before.get(key)
-        if isinstance(value, list):
-            prior = prior or [0] * len(value)
-            delta[key] = [a - b for a, b in zip(value, prior, strict=True)]
-        else:
-            delta[key] = value - (prior or 0)
-    return delta
+def metrics_delta(after: SpecMetrics, before: SpecMetrics) -> SpecMetrics:
+    """The counters over one run: ``after`` less ``before`` (the spec-decode ones as
+    :class:`SpecDecodeCounts`, when the engine speculated; the prefix cache's as numbers)."""
+    delta: dict[str, Any] = {
+        key: value - before.get(key, 0)  # type: ignore[operator]
+        for key, value in after.items()
+        if key not in VLLM_KEYS
+    }
+    if any(key in after for key in VLLM_KEYS):
+        spent = SpecDecodeCounts.from_vllm(after) - SpecDecodeCounts.from_vllm(before)
+        delta |= spent.to_vllm()
+    return cast(SpecMetrics, delta)
 
 
 def run(spec: dict[str, Any]) -> SharedRuns:
@@ -247,7 +249,7 @@ def run(spec: dict[str, Any]) -> SharedRuns:
         cumulative = generated["metrics"]
         result: EngineResult = {
             **generated,
-            "metrics": cast(SpecMetrics, metrics_delta(cumulative, before)),
+            "metrics": metrics_delta(cumulative, before),
             "engine_config": engine_record(drafted),
             "load_s": round(load_s, 2),
             "generate_s": round(time.perf_counter() - began, 2),

@@ -22,6 +22,8 @@ from typing import Any
 
 import numpy as np
 
+from eaglequant.spec_counts import SpecDecodeCounts
+
 PASS = "PASS"
 FAIL = "FAIL"
 INCONCLUSIVE = "INCONCLUSIVE"
@@ -56,6 +58,10 @@ class PromptCounts:
     def accepted(self) -> int:
         return sum(j * count for j, count in enumerate(self.histogram))
 
+    @property
+    def counts(self) -> SpecDecodeCounts:
+        return SpecDecodeCounts.from_histogram(self.histogram, self.num_draft_tokens)
+
     def accepted_per_pos(self, k: int) -> list[int]:
         """Steps that accepted draft position ``p`` (0-based), i.e. more than ``p`` tokens."""
         return [sum(self.histogram[p + 1 :]) for p in range(k)]
@@ -66,21 +72,14 @@ def positions(prompts: Sequence[PromptCounts]) -> int:
     return max((len(p.histogram) - 1 for p in prompts), default=0)
 
 
-def pooled_counts(prompts: Sequence[PromptCounts]) -> dict[str, Any]:
-    """The run's totals under the names of ``LLM.get_metrics()``'s spec-decode counters."""
-    k = positions(prompts)
-    per_pos = [sum(p.accepted_per_pos(k)[i] for p in prompts) for i in range(k)]
-    return {
-        "num_drafts": sum(p.drafts for p in prompts),
-        "num_draft_tokens": sum(p.num_draft_tokens for p in prompts),
-        "num_accepted_tokens": sum(p.accepted for p in prompts),
-        "accepted_per_pos": per_pos,
-    }
+def pooled_counts(prompts: Sequence[PromptCounts]) -> SpecDecodeCounts:
+    """The run's totals: every prompt's counts summed."""
+    return SpecDecodeCounts.total(p.counts for p in prompts)
 
 
 def counts_mismatch(prompts: Sequence[PromptCounts], metrics: Mapping[str, Any]) -> str | None:
     """How the per-prompt sums differ from the engine's global counters (None: they agree)."""
-    pooled = pooled_counts(prompts)
+    pooled = pooled_counts(prompts).to_vllm()
     wrong = [
         f"{key} {pooled[key]} summed over prompts vs {metrics.get(key)} counted by vLLM"
         for key in pooled

@@ -30,6 +30,7 @@ from eaglequant.engine.config import probe_vllm
 from eaglequant.engine.server import Server
 from eaglequant.environment import environment
 from eaglequant.errors import CheckFailed
+from eaglequant.spec_counts import SpecDecodeCounts
 from eaglequant.speculative import speculative_config
 from eaglequant.tune.bench import BenchClient, bench_command, warm_up
 from eaglequant.tune.compare import (
@@ -40,7 +41,7 @@ from eaglequant.tune.compare import (
     rounds,
     verdict_text,
 )
-from eaglequant.tune.metrics import SpecCounters, bench_problem, parse_counters
+from eaglequant.tune.metrics import bench_problem, parse_counters
 from eaglequant.tune.report import write_comparison
 from eaglequant.tune.request import (
     KEEP,
@@ -92,7 +93,7 @@ class Sample:
     """One measurement: the bench's result file and the /metrics delta around it."""
 
     raw: dict[str, Any]
-    counters: SpecCounters | None
+    counters: SpecDecodeCounts | None
 
 
 Samples = dict[tuple[str, int], list[Sample]]
@@ -299,16 +300,15 @@ def to_acceptance(taken: list[Sample]) -> Acceptance | None:
     deltas = [s.counters for s in taken if s.counters is not None]
     if not deltas:
         return None
-    pooled = sum(deltas[1:], deltas[0])
-    positions = sorted(pooled.accepted_per_position)
+    pooled = SpecDecodeCounts.total(deltas)
     return {
         "drafts": pooled.drafts,
         "draft_tokens": pooled.draft_tokens,
         "accepted_tokens": pooled.accepted_tokens,
-        "accepted_per_position": [pooled.accepted_per_position[p] for p in positions],
-        "mean_length": pooled.acceptance_length,
-        "per_position": pooled.per_position,
-        "lengths": [s.counters.acceptance_length if s.counters else None for s in taken],
+        "accepted_per_position": list(pooled.accepted_per_position),
+        "mean_length": pooled.mean_acceptance_length,
+        "per_position": pooled.per_position_rates,
+        "lengths": [s.counters.mean_acceptance_length if s.counters else None for s in taken],
         "bench_lengths": [s.raw.get("spec_decode_acceptance_length") for s in taken],
     }
 

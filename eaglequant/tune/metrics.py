@@ -14,60 +14,15 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass, field
 from typing import Any
+
+from eaglequant.spec_counts import SpecDecodeCounts
 
 PREFIX = "vllm:spec_decode_"
 POSITION_LABEL = 'position="'
 
 
-@dataclass(frozen=True)
-class SpecCounters:
-    """The spec-decode counters at one moment (or the difference of two moments)."""
-
-    drafts: int = 0
-    draft_tokens: int = 0
-    accepted_tokens: int = 0
-    accepted_per_position: dict[int, int] = field(default_factory=dict)
-
-    def __sub__(self, before: SpecCounters) -> SpecCounters:
-        positions = sorted(set(self.accepted_per_position) | set(before.accepted_per_position))
-        return SpecCounters(
-            drafts=self.drafts - before.drafts,
-            draft_tokens=self.draft_tokens - before.draft_tokens,
-            accepted_tokens=self.accepted_tokens - before.accepted_tokens,
-            accepted_per_position={
-                p: self.accepted_per_position.get(p, 0) - before.accepted_per_position.get(p, 0)
-                for p in positions
-            },
-        )
-
-    def __add__(self, other: SpecCounters) -> SpecCounters:
-        positions = sorted(set(self.accepted_per_position) | set(other.accepted_per_position))
-        return SpecCounters(
-            drafts=self.drafts + other.drafts,
-            draft_tokens=self.draft_tokens + other.draft_tokens,
-            accepted_tokens=self.accepted_tokens + other.accepted_tokens,
-            accepted_per_position={
-                p: self.accepted_per_position.get(p, 0) + other.accepted_per_position.get(p, 0)
-                for p in positions
-            },
-        )
-
-    @property
-    def acceptance_length(self) -> float | None:
-        return 1 + self.accepted_tokens / self.drafts if self.drafts else None
-
-    @property
-    def per_position(self) -> list[float]:
-        if not self.drafts:
-            return []
-        return [
-            self.accepted_per_position[p] / self.drafts for p in sorted(self.accepted_per_position)
-        ]
-
-
-def parse_counters(text: str) -> SpecCounters | None:
+def parse_counters(text: str) -> SpecDecodeCounts | None:
     """The spec-decode counters in a Prometheus text page; None when it has none."""
     totals = {"num_drafts": 0, "num_draft_tokens": 0, "num_accepted_tokens": 0}
     per_position: dict[int, int] = {}
@@ -90,15 +45,16 @@ def parse_counters(text: str) -> SpecCounters | None:
             totals[metric] += count
     if not found:
         return None
-    return SpecCounters(
+    positions = max(per_position, default=-1) + 1
+    return SpecDecodeCounts(
         drafts=totals["num_drafts"],
         draft_tokens=totals["num_draft_tokens"],
         accepted_tokens=totals["num_accepted_tokens"],
-        accepted_per_position=per_position,
+        accepted_per_position=tuple(per_position.get(p, 0) for p in range(positions)),
     )
 
 
-def bench_problem(delta: SpecCounters | None, bench: Mapping[str, Any]) -> str | None:
+def bench_problem(delta: SpecDecodeCounts | None, bench: Mapping[str, Any]) -> str | None:
     """How a bench result file's acceptance differs from the counters' delta (None: it agrees)."""
     if delta is None or not delta.drafts:
         if bench.get("spec_decode_num_drafts"):
@@ -115,12 +71,12 @@ def bench_problem(delta: SpecCounters | None, bench: Mapping[str, Any]) -> str |
         if ours != theirs:
             return f"{what}: /metrics {ours}, bench {theirs}"
     rates = list(bench.get("spec_decode_per_position_acceptance_rates") or [])
-    if len(rates) != len(delta.per_position) or not all(
+    if len(rates) != len(delta.per_position_rates) or not all(
         math.isclose(a, b, rel_tol=1e-9, abs_tol=1e-12)
-        for a, b in zip(delta.per_position, rates, strict=False)
+        for a, b in zip(delta.per_position_rates, rates, strict=False)
     ):
-        return f"acceptance by position: /metrics {delta.per_position}, bench {rates}"
+        return f"acceptance by position: /metrics {delta.per_position_rates}, bench {rates}"
     length = bench.get("spec_decode_acceptance_length")
-    if length is None or not math.isclose(delta.acceptance_length or 0, length, rel_tol=1e-9):
-        return f"acceptance length: /metrics {delta.acceptance_length}, bench {length}"
+    if length is None or not math.isclose(delta.mean_acceptance_length or 0, length, rel_tol=1e-9):
+        return f"acceptance length: /metrics {delta.mean_acceptance_length}, bench {length}"
     return None

@@ -20,8 +20,8 @@ import pytest
 import torch
 
 from eaglequant.engine.config import EngineOptions, llm_kwargs
+from eaglequant.spec_counts import SpecDecodeCounts
 from eaglequant.speculative import speculative_config
-from eaglequant.validate.engine_summary import acceptance
 from eaglequant.validate.validation import read_prompts
 from tests.conftest import PYTHON, TOY, run_child
 
@@ -79,7 +79,8 @@ def test_engine_runs_the_fp8_draft_on_each_cpu_kernel_build(
     vllm_c = [name for name in result["kernels"] if name.startswith("_C")]
     assert vllm_c == [library], result["kernels"]
     assert result["plugin_active"], "the CPU FP8 plugin did not patch the stub FP8 ops"
-    assert acceptance(result["metrics"])["mean_length"] > 2.0, result["metrics"]
+    length = SpecDecodeCounts.from_vllm(result["metrics"]).mean_acceptance_length
+    assert length is not None and length > 2.0, result["metrics"]
     schemes = {layer["scheme"] for layer in result["draft_layers"] if ".layers." in layer["name"]}
     assert schemes == {"QuarkW8A8Fp8"}, result["draft_layers"]
 

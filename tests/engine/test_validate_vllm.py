@@ -19,8 +19,9 @@ from click.testing import CliRunner
 from safetensors.torch import load_file, save_file
 
 from eaglequant.cli import main
+from eaglequant.spec_counts import SpecDecodeCounts
 from eaglequant.validate.acceptance import prompt_counts
-from eaglequant.validate.engine_summary import acceptance, outputs_digest
+from eaglequant.validate.engine_summary import outputs_digest
 from eaglequant.validate.lossless import DEFAULT_TIE_MARGIN, lossless_check
 from eaglequant.validate.regression import RunCounts, read_previous, regression_check
 from eaglequant.validate.request import ValidateRequest, engine_prompts
@@ -286,7 +287,7 @@ def test_random_weight_draft_has_acceptance_near_one(tmp_path: Path) -> None:
     random_draft = write_random_draft(tmp_path / "random", config, seed=3)
     engine = run_engine(_request(random_draft), random_draft)
     assert engine["ok"], engine["log"][-2000:]
-    mean = acceptance(engine["result"]["metrics"])["mean_length"]
+    mean = SpecDecodeCounts.from_vllm(engine["result"]["metrics"]).mean_acceptance_length
     assert 1.0 <= mean < 1.2, mean
 
 
@@ -378,7 +379,7 @@ def test_tensor_parallel_two_gives_the_same_outputs_and_acceptance(
     # the two runs draft for different text, where each step may differ by up to k (3) tokens.
     for role in ("bf16", "fp8"):
         tp2 = report["engines"][role]["acceptance"]["mean_length"]
-        tp1 = acceptance(single[role]["result"]["metrics"])["mean_length"]
+        tp1 = SpecDecodeCounts.from_vllm(single[role]["result"]["metrics"]).mean_acceptance_length
         apart = _diverged_fraction(report["engines"][role]["token_ids"], single[role]["result"])
         assert abs(tp2 - tp1) <= 0.05 + 3 * apart, (role, tp2, tp1, apart)
     spec = {"model": str(good_fp8), "method": "eagle3", "num_speculative_tokens": 3}

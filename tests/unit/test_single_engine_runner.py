@@ -40,14 +40,20 @@ def test_another_draft_vocabulary_is_refused(tmp_path: Path) -> None:
 
 
 def test_counters_are_taken_over_one_run() -> None:
-    before = {"num_drafts": 10, "num_accepted_tokens": 17, "accepted_per_pos": [8, 6, 3]}
-    after = {"num_drafts": 25, "num_accepted_tokens": 40, "accepted_per_pos": [20, 13, 7]}
+    before = {"num_drafts": 10, "num_draft_tokens": 30, "num_accepted_tokens": 17}
+    before |= {"accepted_per_pos": [8, 6, 3], "prefix_cache_queries": 100}
+    after = {"num_drafts": 25, "num_draft_tokens": 75, "num_accepted_tokens": 40}
+    after |= {"accepted_per_pos": [20, 13, 7], "prefix_cache_queries": 260}
     assert metrics_delta(after, before) == {
         "num_drafts": 15,
+        "num_draft_tokens": 45,
         "num_accepted_tokens": 23,
         "accepted_per_pos": [12, 7, 4],
+        "prefix_cache_queries": 160,
     }
     assert metrics_delta(after, {}) == after
+    # a target-alone engine counts no spec decode: none is invented
+    assert metrics_delta({"prefix_cache_queries": 5}, {}) == {"prefix_cache_queries": 5}
 
 
 def test_the_report_line_names_mode_loads_and_seconds() -> None:

@@ -42,7 +42,7 @@ COARSE, RANDOM = _counts(recorded.COARSE), _counts(recorded.RANDOM)
 def test_per_prompt_counts_sum_to_the_engines_counters(
     prompts: list[PromptCounts], metrics: dict
 ) -> None:
-    assert pooled_counts(prompts) == metrics
+    assert pooled_counts(prompts).to_vllm() == metrics
     assert counts_mismatch(prompts, metrics) is None
 
 

@@ -12,6 +12,7 @@ import pytest
 from eaglequant.engine.config import EngineOptions, device_count
 from eaglequant.errors import InputError
 from eaglequant.render.reports import comparison_markdown, tune_markdown
+from eaglequant.spec_counts import SpecDecodeCounts as Counts
 from eaglequant.tune.baseline import Candidate, Run, Sample, candidates, summarize
 from eaglequant.tune.bench import BenchClient
 from eaglequant.tune.compare import (
@@ -22,7 +23,7 @@ from eaglequant.tune.compare import (
     rounds,
     verdict_text,
 )
-from eaglequant.tune.metrics import SpecCounters, bench_problem, parse_counters
+from eaglequant.tune.metrics import bench_problem, parse_counters
 from eaglequant.tune.report import write_comparison
 from eaglequant.tune.request import KEEP, TuneRequest
 from eaglequant.tune.summary import check_summary
@@ -153,18 +154,18 @@ vllm:num_requests_running{engine="0",model_name="t"} 0.0
 
 def test_counters_are_summed_over_engines_and_differenced() -> None:
     after = parse_counters(METRICS)
-    assert after == SpecCounters(50, 100, 75, {0: 44, 1: 31})
+    assert after == Counts(50, 100, 75, (44, 31))
     assert parse_counters('vllm:num_requests_running{engine="0"} 0.0\n') is None
-    before = SpecCounters(10, 20, 15, {0: 9, 1: 6})
+    before = Counts(10, 20, 15, (9, 6))
     delta = after - before
-    assert delta == SpecCounters(40, 80, 60, {0: 35, 1: 25})
-    assert delta.acceptance_length == pytest.approx(2.5)
-    assert delta.per_position == pytest.approx([0.875, 0.625])
+    assert delta == Counts(40, 80, 60, (35, 25))
+    assert delta.mean_acceptance_length == pytest.approx(2.5)
+    assert delta.per_position_rates == pytest.approx([0.875, 0.625])
     assert (delta + before) == after
-    assert SpecCounters().acceptance_length is None and SpecCounters().per_position == []
+    assert Counts().mean_acceptance_length is None and Counts().per_position_rates == []
 
 
-def _bench_file(delta: SpecCounters) -> dict[str, object]:
+def _bench_file(delta: Counts) -> dict[str, object]:
     """What vllm bench serve writes for the same counters (benchmarks/serve.py)."""
     return {
         "spec_decode_num_drafts": delta.drafts,
@@ -172,17 +173,16 @@ def _bench_file(delta: SpecCounters) -> dict[str, object]:
         "spec_decode_accepted_tokens": delta.accepted_tokens,
         "spec_decode_acceptance_length": 1 + delta.accepted_tokens / delta.drafts,
         "spec_decode_per_position_acceptance_rates": [
-            delta.accepted_per_position[p] / delta.drafts
-            for p in sorted(delta.accepted_per_position)
+            accepted / delta.drafts for accepted in delta.accepted_per_position
         ],
     }
 
 
 def test_the_bench_file_must_agree_with_the_counters() -> None:
-    delta = SpecCounters(40, 80, 60, {0: 35, 1: 25})
+    delta = Counts(40, 80, 60, (35, 25))
     assert bench_problem(delta, _bench_file(delta)) is None
     assert bench_problem(None, {}) is None  # no speculation: neither has acceptance
-    off = _bench_file(SpecCounters(41, 82, 60, {0: 35, 1: 25}))
+    off = _bench_file(Counts(41, 82, 60, (35, 25)))
     assert bench_problem(delta, off) == "drafts: /metrics 40, bench 41"
     moved = _bench_file(delta) | {"spec_decode_per_position_acceptance_rates": [0.9, 0.6]}
     assert bench_problem(delta, moved) == (
@@ -196,7 +196,7 @@ def test_the_bench_file_must_agree_with_the_counters() -> None:
     )
 
 
-def _sample(tok_s: float, counters: SpecCounters | None) -> Sample:
+def _sample(tok_s: float, counters: Counts | None) -> Sample:
     raw: dict[str, object] = {"output_throughput": tok_s, "median_tpot_ms": 1000 / tok_s}
     raw["median_ttft_ms"] = 20.0
     if counters is not None:
@@ -229,7 +229,7 @@ def summary(tmp_path: Path) -> Any:
     )
     configs = candidates(request)
     run = Run(request, 2304, {}, tmp_path, BenchClient(tmp_path / "bench.log"))  # not started
-    spec = SpecCounters(100, 300, 180, {0: 80, 1: 60, 2: 40})
+    spec = Counts(100, 300, 180, (80, 60, 40))
     for (label, level), runs in RECORDED.items():
         counters = None if label == "no speculation" else spec
         run.samples[label, level] = [_sample(t, counters) for t in runs]
