@@ -39,6 +39,7 @@ from eaglequant.errors import InputError
 from eaglequant.inspection import size_summary
 from eaglequant.io.checkpoint import read_checkpoint
 from eaglequant.io.output import check_output_path, write_text_atomic
+from eaglequant.prompts.chat import render_for_target
 from eaglequant.prompts.source import PromptSet
 from eaglequant.quantize.sources import CalibrationSource
 from eaglequant.recipe import Recipe
@@ -46,6 +47,7 @@ from eaglequant.spec_counts import SpecDecodeCounts
 from eaglequant.speculative import SCALED_KV_CACHE_DTYPE, draft_kv_cache_dtype
 from eaglequant.validate.acceptance import ACCEPTANCE, PER_POSITION, prompt_counts
 from eaglequant.validate.lossless import DEFAULT_TIE_MARGIN
+from eaglequant.validate.prompt_lengths import check_prompt_lengths
 from eaglequant.validate.request import ValidateRequest, engine_prompts, require_layer_inspection
 from eaglequant.validate.single_engine import EngineRuns, run_per_draft, run_single
 from eaglequant.validate.stats import PromptCounts, pooled_counts
@@ -189,6 +191,15 @@ def check_request(request: CompareRequest) -> None:
     require_layer_inspection(install, "compare")
     for source, kv in asked:
         check_kv_cache_dtype(kv, install, source)
+    for prompt_set in request.prompt_sets:
+        rendered = render_for_target(request.target, prompt_set.prompts, request.chat_template)
+        check_prompt_lengths(
+            request.target,
+            rendered,
+            engine=request.engine,
+            install=install,
+            source=prompt_set.source,
+        )
 
 
 def compare(

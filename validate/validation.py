@@ -87,6 +87,7 @@ from eaglequant.validate.lossless import (
     teacher_forced_check,
 )
 from eaglequant.validate.plausibility import CAPTURED_RANGES
+from eaglequant.validate.prompt_lengths import check_prompt_lengths
 from eaglequant.validate.regression import NAME as REGRESSION
 from eaglequant.validate.regression import RunCounts, regression_check
 from eaglequant.validate.request import (
@@ -158,6 +159,13 @@ def validate_draft(
         request = replace(request, draft_kv_cache_dtype=kv)
     files = check_inputs(request)
     rendered = engine_prompts(request)
+    check_prompt_lengths(
+        request.target,
+        rendered,
+        engine=request.engine,
+        install=probe_vllm(sys.executable),
+        source=str((request.prompt_set or {}).get("source") or "the prompts"),
+    )
     engines: dict[str, EngineRun] = dict(reuse or {})
 
     def run_one(draft: Path | None) -> EngineRun:

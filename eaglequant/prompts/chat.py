@@ -50,3 +50,12 @@ def render_for_target(
 
     tokenizer = AutoTokenizer.from_pretrained(target, trust_remote_code=trust_remote_code)
     return render(texts, tokenizer, use_template)
+
+
+def token_counts(target: Path, rendered: RenderedPrompts) -> list[int]:
+    """Each rendered prompt's length in the target's tokens, as the engines tokenize it."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(target)
+    encoded = tokenizer(rendered.texts, add_special_tokens=rendered.add_special_tokens)
+    return [len(ids) for ids in encoded["input_ids"]]
