@@ -192,7 +192,7 @@ def check_request(request: CompareRequest) -> None:
     for source, kv in asked:
         check_kv_cache_dtype(kv, install, source)
     for prompt_set in request.prompt_sets:
-        rendered = render_for_target(request.target, prompt_set.prompts, request.chat_template)
+        rendered = render_for_target(request.target, prompt_set.texts, request.chat_template)
         check_prompt_lengths(
             request.target,
             rendered,

@@ -22,9 +22,6 @@ with one line saying why. ``run_per_draft`` is that mode for every role.
 from __future__ import annotations
 
 import json
-import os
-import sys
-import tempfile
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -34,7 +31,7 @@ from typing import TYPE_CHECKING, Any, cast
 from eaglequant.draft import dims_from_config
 from eaglequant.engine.child import VLLM_PRELOAD
 from eaglequant.engine.config import llm_kwargs
-from eaglequant.engine.process import run_child
+from eaglequant.engine.process import run_engine_child
 from eaglequant.engine.result import (
     ENGINE_RESULT_SCHEMA,
     EngineResult,
@@ -146,20 +143,16 @@ def run_shared(
 ) -> dict[str, EngineRun]:
     """All ``drafts`` in one engine child, bounded by the engine timeout per draft."""
     spec = shared_spec(request, rendered, [d for _, d in drafts])
-    with tempfile.TemporaryDirectory(prefix="eaglequant-engine-") as scratch:
-        spec_path, out_path = Path(scratch) / "spec.json", Path(scratch) / "out.json"
-        log_path, partial_path = Path(scratch) / "engine.log", Path(scratch) / "partial.json"
-        spec_path.write_text(json.dumps(spec | {PARTIAL_KEY: str(partial_path)}))
-        env = dict(os.environ)
-        env.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
-        argv = [sys.executable, "-m", "eaglequant.validate.single_engine", str(spec_path)]
-        timeout = request.engine_timeout_s * len(drafts)
-        ended = run_child([*argv, str(out_path)], log_path, env, timeout)
-        log = log_path.read_text(encoding="utf-8", errors="replace")
-        ok = ended.ok and out_path.is_file()
-        done = read_shared_runs(out_path) if ok else None
-        # The engine ended (a crash, a timeout) during a draft: the runs before it stand.
-        kept = read_shared_runs(partial_path) if not ok and partial_path.is_file() else None
+    outcome = run_engine_child(
+        "eaglequant.validate.single_engine",
+        spec,
+        read=read_shared_runs,
+        timeout=request.engine_timeout_s * len(drafts),
+        partial_key=PARTIAL_KEY,
+    )
+    ended, log, ok = outcome.ended, outcome.log, outcome.result is not None
+    # The engine ended (a crash, a timeout) during a draft: the runs before it stand.
+    done, kept = outcome.result, outcome.partial
     runs = (done or kept or {"runs": []})["runs"]
     engines: dict[str, EngineRun] = {}
     for index, (role, _) in enumerate(drafts):

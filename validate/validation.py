@@ -37,10 +37,7 @@ and schema version (``eaglequant.validation_report``).
 
 from __future__ import annotations
 
-import json
-import os
 import sys
-import tempfile
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field, replace
 from functools import partial
@@ -48,7 +45,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from eaglequant.engine.config import llm_kwargs, probe_vllm
-from eaglequant.engine.process import ChildRun, log_tail, run_child
+from eaglequant.engine.process import ChildRun, log_tail, run_engine_child
 from eaglequant.engine.result import (
     EngineRun,
     read_engine_result,
@@ -273,42 +270,39 @@ def run_engine(
     """One engine in a child process (own process group), bounded by the timeout; the draft's
     KV cache in ``kv_cache_dtype`` (None: the target's)."""
     rendered = rendered or engine_prompts(request)
-    with tempfile.TemporaryDirectory(prefix="eaglequant-engine-") as scratch:
-        spec_path, out_path = Path(scratch) / "spec.json", Path(scratch) / "out.json"
-        log_path = Path(scratch) / "engine.log"
-        speculative, scored = None, bool(draft) and not request.reference_engine
-        if draft:
-            speculative = speculative_config(
-                str(draft),
-                request.k,
-                kv_cache_dtype,
-                attention_backend=request.draft_attention_backend,
-            )
-        spec = {
-            "llm": llm_kwargs(request.engine, str(request.target), speculative),
-            "prompts": rendered.texts,
-            "add_special_tokens": rendered.add_special_tokens,
-            "max_tokens": request.max_tokens,
-            "logprobs": None if draft else TOP_LOGPROBS,
-            TEACHER_FORCED_KEY: TEACHER_FORCED_RANKS if scored else None,
-            DRAFT_RANGES_KEY: bool(draft) and request.hidden_states is None,  # check 6
-        }
-        spec_path.write_text(json.dumps(spec))
-        env = dict(os.environ)
-        env.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
-        argv = [sys.executable, "-m", "eaglequant.validate.engine_run", str(spec_path)]
-        ended = run_child([*argv, str(out_path)], log_path, env, request.engine_timeout_s)
-        log_text = log_path.read_text(encoding="utf-8", errors="replace")
-        engine: EngineRun = {
-            "ok": ended.ok and out_path.is_file(),
-            "returncode": ended.returncode,
-            "timed_out": ended.timed_out,
-            "wall_s": ended.wall_s,
-            "log": log_text,
-        }
-        if engine["ok"]:
-            engine["result"] = read_engine_result(out_path)
-        return engine
+    speculative, scored = None, bool(draft) and not request.reference_engine
+    if draft:
+        speculative = speculative_config(
+            str(draft),
+            request.k,
+            kv_cache_dtype,
+            attention_backend=request.draft_attention_backend,
+        )
+    spec = {
+        "llm": llm_kwargs(request.engine, str(request.target), speculative),
+        "prompts": rendered.texts,
+        "add_special_tokens": rendered.add_special_tokens,
+        "max_tokens": request.max_tokens,
+        "logprobs": None if draft else TOP_LOGPROBS,
+        TEACHER_FORCED_KEY: TEACHER_FORCED_RANKS if scored else None,
+        DRAFT_RANGES_KEY: bool(draft) and request.hidden_states is None,  # check 6
+    }
+    outcome = run_engine_child(
+        "eaglequant.validate.engine_run",
+        spec,
+        read=read_engine_result,
+        timeout=request.engine_timeout_s,
+    )
+    engine: EngineRun = {
+        "ok": outcome.result is not None,
+        "returncode": outcome.ended.returncode,
+        "timed_out": outcome.ended.timed_out,
+        "wall_s": outcome.ended.wall_s,
+        "log": outcome.log,
+    }
+    if outcome.result is not None:
+        engine["result"] = outcome.result
+    return engine
 
 
 def _unscored(engines: dict[str, EngineRun]) -> str | None:

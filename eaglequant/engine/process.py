@@ -8,14 +8,17 @@ and killing the whole process group leaves no engine core or worker behind.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
 import subprocess
+import sys
+import tempfile
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TypeAlias
+from typing import Any, Generic, TypeAlias, TypeVar
 
 from eaglequant.engine.forkserver import ForkedChild, server_for, wanted
 
@@ -99,3 +102,49 @@ def run_child(
     """Run one child to its end (or ``timeout``); its output goes to ``log``."""
     started = time.perf_counter()
     return finish_child(start_child(argv, log, env), started, timeout)
+
+
+Result = TypeVar("Result")
+
+
+@dataclass(frozen=True)
+class EngineChildOutcome(Generic[Result]):
+    """How an engine child ended, its log, and what it wrote: its result (None unless it
+    ended well and wrote one) and, when it ended early, the partial result it left."""
+
+    ended: ChildRun
+    log: str
+    result: Result | None
+    partial: Result | None = None
+
+
+def run_engine_child(
+    module: str,
+    spec: Mapping[str, Any],
+    *,
+    read: Callable[[Path], Result],
+    timeout: float | None,
+    partial_key: str | None = None,
+    env: Mapping[str, str] | None = None,
+) -> EngineChildOutcome[Result]:
+    """Run ``python -m module SPEC OUT`` in a scratch folder: ``spec`` as ``spec.json``, the
+    child's output read back from ``out.json`` with ``read`` (which checks its schema), its
+    log kept. With ``partial_key`` the spec also names a file for what the child finished
+    before it ended, read back only when it did not end well. vLLM's engine core runs in the
+    child's own process (``VLLM_ENABLE_V1_MULTIPROCESSING=0`` unless ``env`` sets it)."""
+    with tempfile.TemporaryDirectory(prefix="eaglequant-engine-") as scratch:
+        folder = Path(scratch)
+        spec_path, out_path = folder / "spec.json", folder / "out.json"
+        log_path, partial_path = folder / "engine.log", folder / "partial.json"
+        if partial_key is not None:
+            spec = {**spec, partial_key: str(partial_path)}
+        spec_path.write_text(json.dumps(spec))
+        child_env = dict(os.environ if env is None else env)
+        child_env.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+        argv = [sys.executable, "-m", module, str(spec_path), str(out_path)]
+        ended = run_child(argv, log_path, child_env, timeout)
+        log = log_path.read_text(encoding="utf-8", errors="replace")
+        done = ended.ok and out_path.is_file()
+        result = read(out_path) if done else None
+        left = partial_key is not None and not done and partial_path.is_file()
+        return EngineChildOutcome(ended, log, result, read(partial_path) if left else None)

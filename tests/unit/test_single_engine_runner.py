@@ -72,6 +72,7 @@ def test_an_engine_ending_during_a_draft_keeps_earlier_runs_and_reruns_later_dra
     is that draft's failed engine (its log named), the third gets an engine of its own."""
     import json
 
+    from eaglequant.engine import process
     from eaglequant.engine.config import EngineOptions
     from eaglequant.engine.process import ChildRun
     from eaglequant.prompts.chat import RenderedPrompts
@@ -88,7 +89,7 @@ def test_an_engine_ending_during_a_draft_keeps_earlier_runs_and_reruns_later_dra
         log.write_text("RuntimeError: qdq_mxfp4 is only implemented in CUDA devices\n")
         return ChildRun(returncode=1, timed_out=False, wall_s=3.0)
 
-    monkeypatch.setattr(single_engine, "run_child", dies_in_the_second_draft)
+    monkeypatch.setattr(process, "run_child", dies_in_the_second_draft)  # under the helper
     request = ValidateRequest(
         target=tmp_path, draft=drafts[2], baseline=drafts[0], prompts=["p"],
         engine=EngineOptions(),
