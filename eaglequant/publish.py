@@ -36,7 +36,7 @@ from eaglequant.render.card import (
 )
 from eaglequant.render.public import local_paths, replace_strings
 from eaglequant.render.reports import PLOTS
-from eaglequant.validation_report import read_report
+from eaglequant.validation_report import ValidationReport, read_report
 
 VALIDATION_FILE = "validation.json"
 # Written beside the export by ``validate --json/--markdown`` when asked; read, never uploaded.
@@ -138,8 +138,8 @@ def check_folder(request: PublishRequest) -> tuple[list[Upload], str]:
         )
     report = read_report(validation)
     check_report_binding(validation, report, files, folder)
-    if report.get("passed") is not True:
-        failed = [c.get("name") for c in report.get("checks", []) if not c.get("passed")]
+    if not report.passed:
+        failed = [c.name for c in report.checks if not c.passed]
         raise InputError(
             f"{validation}: the validation did not pass (failed: {', '.join(map(str, failed))}); "
             "only a draft that passed is published"
@@ -207,10 +207,9 @@ def _check_card(folder: Path, repo_id: str, files: dict[str, str], validation: P
         raise InputError(f"{card}: names the repository {record.get('repo_id')!r}; {rerun}")
 
 
-def verdict_text(report: dict[str, Any]) -> str:
-    checks = report.get("checks", [])
-    passed = sum(1 for c in checks if c.get("passed"))
-    return f"validation passed ({passed}/{len(checks)} checks)"
+def verdict_text(report: ValidationReport) -> str:
+    passed = sum(1 for c in report.checks if c.passed)
+    return f"validation passed ({passed}/{len(report.checks)} checks)"
 
 
 def commit_message(verdict: str) -> str:

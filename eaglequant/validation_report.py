@@ -1,14 +1,20 @@
-"""The validation report (``validate --json``) as a typed file: its kind, schema version, reader.
+"""The validation report (``validate --json``) as one type: its checks, the verdict rule, its
+file's kind and schema version, and its reader.
 
-Readers of a report (``validate --against``, the model card, publishing) go
-through :func:`read_report`, which refuses anything but a report of this
-schema with one line naming the file and what to do.
+``validate`` builds a :class:`ValidationReport`; every reader (``validate --against``, the
+Markdown and JUnit renderers, compare's rows, the model card, publishing) gets one from
+:func:`read_report` or from ``validate`` itself and reads attributes. :func:`read_report`
+refuses anything but a report of this schema with one line naming the file and what to do.
+Torch-free.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, field, fields
+from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +24,124 @@ from eaglequant.manifest import read_json_object
 REPORT_KIND = "eaglequant validation report"
 SCHEMA_VERSION = 1
 REPORT_KEYS = ("checks", "engines", "passed", "verdict", "prompts_sha256", "k", "max_tokens")
+PER_DRAFT = "per-draft"  # engine_mode: one engine per draft (the other: single, swapped)
+
+PASS = "PASS"
+FAIL = "FAIL"
+INCONCLUSIVE = "INCONCLUSIVE"  # too few prompts decided a gate
+VERDICTS = (PASS, FAIL, INCONCLUSIVE)
+
+
+def overall_verdict(verdicts: Sequence[str]) -> str:
+    """The one verdict rule: FAIL if any is FAIL, else INCONCLUSIVE if any is, else PASS."""
+    if FAIL in verdicts:
+        return FAIL
+    return INCONCLUSIVE if INCONCLUSIVE in verdicts else PASS
+
+
+class CheckId(StrEnum):
+    """Every check a report can hold, by the name it is shown and written under."""
+
+    LOSSLESS = "1 lossless"
+    ACCEPTANCE = "2 acceptance"
+    LAYERS = "3 layers"
+    ENGINE_LOG = "4 engine log"
+    PER_POSITION = "5 per-position"
+    SCALES = "6 scale plausibility"
+    REGRESSION = "7 regression"
+    ACCEPTANCE_BY_CATEGORY = "2 acceptance by category"
+    PER_POSITION_BY_CATEGORY = "5 per-position by category"
+    REGRESSION_BY_CATEGORY = "7 regression by category"
+    ENGINES = "engines"  # an engine failed: no other check could run
+
+
+@dataclass
+class Check:
+    """One check's outcome. ``verdict`` is PASS, FAIL or INCONCLUSIVE (a pass/fail check:
+    PASS or FAIL from ``passed``); ``passed`` is true for PASS alone. ``name`` is a
+    :class:`CheckId` (a plain name is taken as one, an unknown one refused)."""
+
+    name: CheckId
+    passed: bool
+    detail: str
+    numbers: dict[str, Any] = field(default_factory=dict)
+    verdict: str = ""
+
+    def __post_init__(self) -> None:
+        self.name = CheckId(self.name)
+        if not self.verdict:
+            self.verdict = PASS if self.passed else FAIL
+        if self.verdict not in VERDICTS or self.passed != (self.verdict == PASS):
+            raise ValueError(
+                f"check {self.name}: verdict {self.verdict!r} with passed={self.passed}"
+            )
+
+    @classmethod
+    def judged(
+        cls, name: CheckId, verdict: str, detail: str, numbers: dict[str, Any] | None = None
+    ) -> Check:
+        """A check whose verdict comes from :func:`eaglequant.validate.stats.judge`."""
+        return cls(name, verdict == PASS, detail, numbers or {}, verdict)
+
+
+@dataclass
+class ValidationReport:
+    """What ``validate`` measured and decided (its JSON: :meth:`to_json`)."""
+
+    target: str
+    draft: str
+    baseline: str
+    k: int
+    prompts: int
+    max_tokens: int
+    backend: str
+    plugin_active: bool
+    engines: dict[str, dict[str, Any]]  # by role: what the report keeps of each engine run
+    checks: list[Check]
+    prompts_sha256: str
+    serve_command: str | None = None
+    # The bytes validated: {"draft"|"baseline": {"name", "files": {relative path: sha256}}}.
+    files: dict[str, Any] = field(default_factory=dict)
+    command: str | None = None
+    environment: dict[str, Any] = field(default_factory=dict)
+    chat_template: bool = False
+    prompt_set: dict[str, Any] | None = None
+    calibration_overlap: dict[str, Any] | None = None
+    categories: dict[str, dict[str, Any]] | None = None
+    min_category_drafts: int | None = None
+    prompt_categories: list[str] | None = None
+    engine_mode: str = PER_DRAFT
+    target_loads: int = 0
+    load_s: float = 0.0
+    generate_s: float = 0.0
+    score_s: float = 0.0  # of generate_s: check 1's teacher-forced scoring
+
+    @property
+    def passed(self) -> bool:
+        return all(c.passed for c in self.checks)
+
+    @property
+    def verdict(self) -> str:
+        return overall_verdict([c.verdict for c in self.checks])
+
+    def check(self, name: CheckId) -> Check | None:
+        """The check of that name (None: the report has none, e.g. after an engine failed)."""
+        return next((c for c in self.checks if c.name == name), None)
+
+    def to_json(self) -> dict[str, Any]:
+        data = {"kind": REPORT_KIND, "schema_version": SCHEMA_VERSION, **asdict(self)}
+        data["checks"] = [asdict(c) | {"name": str(c.name)} for c in self.checks]
+        data["passed"] = self.passed
+        data["verdict"] = self.verdict
+        return data
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> ValidationReport:
+        """The report :meth:`to_json` wrote (kind and schema checked by :func:`read_report`)."""
+        names = {f.name for f in fields(cls)}
+        values = {key: value for key, value in data.items() if key in names}
+        values["checks"] = [Check(**check) for check in data["checks"]]
+        return cls(**values)
 
 
 def prompts_digest(prompts: list[str]) -> str:
@@ -25,7 +149,7 @@ def prompts_digest(prompts: list[str]) -> str:
     return hashlib.sha256(json.dumps(prompts, ensure_ascii=False).encode()).hexdigest()
 
 
-def read_report(path: Path) -> dict[str, Any]:
+def read_report(path: Path) -> ValidationReport:
     """A validation report of this schema; InputError naming ``path`` for anything else."""
     data = read_json_object(path, "validation report")
     kind, version = data.get("kind"), data.get("schema_version")
@@ -47,4 +171,17 @@ def read_report(path: Path) -> dict[str, Any]:
     missing = [key for key in REPORT_KEYS if key not in data]
     if missing:
         raise InputError(f"{path}: validation report without {missing}; the file is incomplete")
-    return data
+    try:
+        report = ValidationReport.from_json(data)
+    except (KeyError, TypeError, ValueError) as exc:
+        raise InputError(
+            f"{path}: not a complete validation report ({exc}); run eaglequant validate "
+            "--json again to write a current one"
+        ) from exc
+    if (data["passed"], data["verdict"]) != (report.passed, report.verdict):
+        raise InputError(
+            f"{path}: says passed={data['passed']!r}, verdict {data['verdict']!r}, but its checks "
+            f"give passed={report.passed}, {report.verdict}; the file was changed after "
+            "validate wrote it: run eaglequant validate --json again"
+        )
+    return report

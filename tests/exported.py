@@ -21,9 +21,7 @@ from eaglequant.io.readback import sha256_file
 from eaglequant.manifest import MANIFEST_FILE, build_manifest, write_manifest
 from eaglequant.provenance import command_string
 from eaglequant.recipe import load_recipe
-from eaglequant.validate.check import Check
-from eaglequant.validate.validation import ValidationReport
-from eaglequant.validation_report import prompts_digest
+from eaglequant.validation_report import Check, CheckId, ValidationReport, prompts_digest
 
 # Names that exist only on this machine: none may reach the card or the Hub.
 WORK = "machine-local-work"
@@ -117,9 +115,9 @@ def validation_report(folder: Path, source: Path, target: Path, passed: bool) ->
             "engine_config": engine_config,
         },
     }
-    names = ("1 lossless", "2 acceptance", "3 layers", "4 engine log", "5 per-position")
-    checks = [Check(n, True, f"{n} detail for {folder}") for n in names]
-    checks.append(Check("6 scale plausibility", passed, "every scale within 4.0x"))
+    names = (CheckId.LOSSLESS, CheckId.ACCEPTANCE, CheckId.LAYERS, CheckId.ENGINE_LOG)
+    checks = [Check(n, True, f"{n} detail for {folder}") for n in (*names, CheckId.PER_POSITION)]
+    checks.append(Check(CheckId.SCALES, passed, "every scale within 4.0x"))
     argv = ["validate", "--target", str(target), "--draft", str(folder), "--baseline", str(source)]
     paths = {target: "<TARGET>", folder: "<FP8_DRAFT>", source: "<BF16_DRAFT>"}
     report = ValidationReport(

@@ -13,7 +13,6 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from eaglequant.engine.result import EngineResult, EngineRun
-from eaglequant.validate.check import Check
 from eaglequant.validate.stats import (
     DEFAULT_RESAMPLES,
     DEFAULT_SEED,
@@ -23,12 +22,12 @@ from eaglequant.validate.stats import (
     bootstrap_ratios,
     counts_mismatch,
     judge,
-    overall_verdict,
     pooled_quantities,
 )
+from eaglequant.validation_report import Check, CheckId, overall_verdict
 
-ACCEPTANCE = "2 acceptance"
-PER_POSITION = "5 per-position"
+ACCEPTANCE = CheckId.ACCEPTANCE
+PER_POSITION = CheckId.PER_POSITION
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -19,14 +19,13 @@ from typing import Any
 
 from eaglequant.spec_counts import SpecDecodeCounts
 from eaglequant.validate.acceptance import AcceptanceThresholds, acceptance_checks
-from eaglequant.validate.check import Check
-from eaglequant.validate.regression import NAME as REGRESSION
 from eaglequant.validate.regression import RunCounts, regression_check
-from eaglequant.validate.stats import PASS, PromptCounts, overall_verdict, pooled_counts
+from eaglequant.validate.stats import PromptCounts, pooled_counts
+from eaglequant.validation_report import PASS, Check, CheckId, overall_verdict
 
 ROLES = ("bf16", "fp8")
-CATEGORY_CHECKS = {"2": "2 acceptance by category", "5": "5 per-position by category"}
-REGRESSION_BY_CATEGORY = f"{REGRESSION} by category"
+CATEGORY_CHECKS = {"2": CheckId.ACCEPTANCE_BY_CATEGORY, "5": CheckId.PER_POSITION_BY_CATEGORY}
+REGRESSION_BY_CATEGORY = CheckId.REGRESSION_BY_CATEGORY
 NOT_JUDGED = "not judged"
 
 

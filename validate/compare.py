@@ -20,7 +20,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
-from typing import Any, Protocol, cast
+from typing import Protocol, cast
 
 from eaglequant.capture.run import CaptureEngine, CaptureRequest, capture_hidden_states
 from eaglequant.compare_report import (
@@ -52,6 +52,7 @@ from eaglequant.validate.request import ValidateRequest, engine_prompts, require
 from eaglequant.validate.single_engine import EngineRuns, run_per_draft, run_single
 from eaglequant.validate.stats import PromptCounts, pooled_counts
 from eaglequant.validate.validation import run_engine, validate_draft
+from eaglequant.validation_report import Check, CheckId, ValidationReport
 
 BF16_ROLE, TARGET_ROLE = "bf16", "target"
 CAPTURE_DIR, CANDIDATES_DIR = "capture", "candidates"
@@ -255,7 +256,7 @@ def compare(
                 reuse={role: engines[role] for role in (TARGET_ROLE, BF16_ROLE) if role in engines}
                 | {"fp8": engines[recipe.name]},
             )
-            rows.append(_row(request, recipe, checked, report.to_json()))
+            rows.append(_row(request, recipe, checked, report))
             key = f"validate.{recipe.name}" + (
                 f".{prompt_set.source}" if len(request.prompt_sets) > 1 else ""
             )
@@ -368,10 +369,12 @@ def _kv_cache(request: CompareRequest, kv: str | None) -> str:
 
 
 def _row(
-    request: CompareRequest, recipe: Recipe, checked: ValidateRequest, report: dict[str, Any]
+    request: CompareRequest, recipe: Recipe, checked: ValidateRequest, report: ValidationReport
 ) -> CandidateRow:
-    checks = {c["name"]: c for c in report["checks"]}  # only "engines" when one failed
-    acceptance = checks.get(ACCEPTANCE, {}).get("numbers", {})
+    acceptance = report.check(ACCEPTANCE)  # None when an engine failed: "engines" alone
+    per_position = report.check(PER_POSITION)
+    lossless = report.check(CheckId.LOSSLESS)
+    numbers = acceptance.numbers if acceptance else {}
     size = size_summary(read_checkpoint(checked.draft))
     baseline_bytes = read_checkpoint(request.baseline).total_bytes
     return CandidateRow(
@@ -381,28 +384,28 @@ def _row(
         bytes_on_disk=size.bytes_on_disk,
         bytes_ratio=round(size.bytes_on_disk / baseline_bytes, 4),
         quantized_fraction=round(size.quantized_fraction, 4),
-        lossless=bool(checks.get("1 lossless", {}).get("passed")),
-        mean_acceptance=acceptance.get("fp8"),
-        per_position=list(checks.get(PER_POSITION, {}).get("numbers", {}).get("fp8") or []),
-        acceptance_ratio=acceptance.get("ratio"),
+        lossless=bool(lossless and lossless.passed),
+        mean_acceptance=numbers.get("fp8"),
+        per_position=list((per_position.numbers.get("fp8") if per_position else None) or []),
+        acceptance_ratio=numbers.get("ratio"),
         min_acceptance_ratio=recipe.validation.min_acceptance_ratio,
-        passed=bool(report["passed"]),
-        failed_checks=[c["name"] for c in report["checks"] if not c["passed"]],
-        failure=_failure(report["checks"]),
-        verdict=str(report["verdict"]),
-        prompt_set=str((report.get("prompt_set") or {}).get("source", "")),
-        categories=report.get("categories"),
-        min_category_drafts=report.get("min_category_drafts"),
+        passed=report.passed,
+        failed_checks=[str(c.name) for c in report.checks if not c.passed],
+        failure=_failure(report.checks),
+        verdict=report.verdict,
+        prompt_set=str((report.prompt_set or {}).get("source", "")),
+        categories=report.categories,
+        min_category_drafts=report.min_category_drafts,
     )
 
 
-def _failure(checks: list[dict[str, Any]]) -> str | None:
+def _failure(checks: list[Check]) -> str | None:
     """The first failed check's detail; a failed engine's with its log's last error line."""
-    failed = next((c for c in checks if not c["passed"]), None)
+    failed = next((c for c in checks if not c.passed), None)
     if failed is None:
         return None
-    detail = str(failed["detail"])
-    for tail in (failed.get("numbers") or {}).get("log_tail", {}).values():
+    detail = failed.detail
+    for tail in (failed.numbers or {}).get("log_tail", {}).values():
         errors = [line.strip() for line in tail.splitlines() if "Error" in line]
         if errors:
             detail += f": {errors[-1]}"

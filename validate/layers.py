@@ -19,7 +19,7 @@ from eaglequant.engine.result import SCALE_NAMES, DraftAttention, DraftLayer, Sc
 from eaglequant.exclusions import predict_fates
 from eaglequant.io.checkpoint import read_checkpoint
 from eaglequant.recipe import E8M0_NAN
-from eaglequant.validate.check import Check
+from eaglequant.validation_report import Check, CheckId
 
 BAD_EXCLUSION_SIGNATURE = "Attempted to load weight"
 
@@ -120,7 +120,7 @@ def layers_check(
     detail += kv_note
     if problems:
         detail = "; ".join(problems)
-    return Check("3 layers", not problems, detail, {"layers": layers, "attention": kv_cache[0]})
+    return Check(CheckId.LAYERS, not problems, detail, {"layers": layers, "attention": kv_cache[0]})
 
 
 def unobserved(layers: list[DraftLayer], expected: dict[str, str | None]) -> list[str]:
@@ -156,11 +156,11 @@ def _scale_ok(scale: ScaleStats) -> bool:
 def log_check(log: str) -> Check:
     """Check 4: the FP8 engine's log names no FP8 weight it could not load (a bad exclusion)."""
     if not log.strip():
-        return Check("4 engine log", False, "the FP8 engine wrote no log: nothing to check", {})
+        return Check(CheckId.ENGINE_LOG, False, "the FP8 engine wrote no log: nothing to check", {})
     hits = [
         line.strip()
         for line in log.splitlines()
         if BAD_EXCLUSION_SIGNATURE in line and "float8" in line
     ]
     detail = "no FP8 load warnings" if not hits else f"{len(hits)} warning(s): {hits[0][:300]}"
-    return Check("4 engine log", not hits, detail, {"warnings": hits[:10]})
+    return Check(CheckId.ENGINE_LOG, not hits, detail, {"warnings": hits[:10]})

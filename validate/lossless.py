@@ -22,7 +22,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from eaglequant.validate.check import Check
+from eaglequant.validation_report import Check, CheckId
 
 MODES = ("near-tie", "strict")
 DEFAULT_MODE = "near-tie"
@@ -120,7 +120,7 @@ def lossless_check(
         "tie_margin": tie_margin,
         "divergences": [asdict(d) for d in divergences],
     }
-    return Check("1 lossless", not failed, _detail(divergences, failed, mode), numbers)
+    return Check(CheckId.LOSSLESS, not failed, _detail(divergences, failed, mode), numbers)
 
 
 def teacher_forced_check(
@@ -171,8 +171,8 @@ def teacher_forced_check(
         "divergences": [asdict(d) for d in divergences],
     }
     if not failed and positions == 0:
-        return Check("1 lossless", False, "no generated token was scored", numbers)
-    return Check("1 lossless", not failed, _forced_detail(divergences, failed, mode), numbers)
+        return Check(CheckId.LOSSLESS, False, "no generated token was scored", numbers)
+    return Check(CheckId.LOSSLESS, not failed, _forced_detail(divergences, failed, mode), numbers)
 
 
 def _top2_gap(ranked: Sequence[Sequence[float]]) -> float | None:

@@ -26,8 +26,8 @@ from eaglequant.draft import KV_SCALES, DraftDims, dims_from_config, kv_scale_na
 from eaglequant.errors import InputError
 from eaglequant.io.checkpoint import read_checkpoint
 from eaglequant.recipe import E8M0_NAN, FP8_E4M3_MAX, MX_BLOCK
-from eaglequant.validate.check import Check
 from eaglequant.validate.draft_ranges import checkpoint_ranges
+from eaglequant.validation_report import Check, CheckId
 
 ENGINE_RANGES, CAPTURED_RANGES = "engine", "capture"  # where check 6's ranges came from
 
@@ -65,7 +65,7 @@ def scale_plausibility(
         if not problems
         else "; ".join(problems)
     )
-    return Check("6 scale plausibility", not problems, detail, numbers)
+    return Check(CheckId.SCALES, not problems, detail, numbers)
 
 
 def plausibility_problems(

@@ -21,27 +21,29 @@ target's tokens.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from eaglequant.errors import InputError
-from eaglequant.validate.check import Check
 from eaglequant.validate.stats import (
     DEFAULT_RESAMPLES,
     DEFAULT_SEED,
-    FAIL,
-    PASS,
     Interval,
     PromptCounts,
     bootstrap_ratios,
     judge,
     pooled_quantities,
 )
-from eaglequant.validation_report import read_report
+from eaglequant.validation_report import (
+    FAIL,
+    PASS,
+    Check,
+    CheckId,
+    ValidationReport,
+    read_report,
+)
 
-NAME = "7 regression"
+NAME = CheckId.REGRESSION
 
 
 @dataclass(frozen=True)
@@ -57,9 +59,9 @@ class RunCounts:
     categories: tuple[str, ...] | None = None  # one per prompt, when the prompts had them
 
 
-def run_counts(report: Mapping[str, Any], source: str) -> RunCounts:
-    """The FP8 run of a validation report (its JSON form); InputError naming ``source``."""
-    fp8 = report["engines"].get("fp8", {})
+def run_counts(report: ValidationReport, source: str) -> RunCounts:
+    """The FP8 run of a validation report; InputError naming ``source``."""
+    fp8 = report.engines.get("fp8", {})
     per_prompt = fp8.get("per_prompt")
     if not fp8.get("ok") or not per_prompt or "outputs_sha256" not in fp8:
         raise InputError(
@@ -72,17 +74,17 @@ def run_counts(report: Mapping[str, Any], source: str) -> RunCounts:
         raise InputError(f"{source}: engines.fp8.per_prompt is malformed ({exc!r})") from exc
     return RunCounts(
         source=source,
-        k=int(report["k"]),
-        max_tokens=int(report["max_tokens"]),
-        prompts_sha256=str(report["prompts_sha256"]),
+        k=report.k,
+        max_tokens=report.max_tokens,
+        prompts_sha256=report.prompts_sha256,
         outputs_sha256=str(fp8["outputs_sha256"]),
         per_prompt=counts,
         categories=_categories(report, len(counts)),
     )
 
 
-def _categories(report: Mapping[str, Any], prompts: int) -> tuple[str, ...] | None:
-    names = report.get("prompt_categories")
+def _categories(report: ValidationReport, prompts: int) -> tuple[str, ...] | None:
+    names = report.prompt_categories
     if not isinstance(names, list) or len(names) != prompts:
         return None
     return tuple(str(n) for n in names)

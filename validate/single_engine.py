@@ -46,12 +46,13 @@ from eaglequant.spec_counts import VLLM_KEYS, SpecDecodeCounts
 from eaglequant.speculative import speculative_config
 from eaglequant.validate.draft_ranges import DRAFT_RANGES_KEY
 from eaglequant.validate.lossless import TEACHER_FORCED_KEY, TEACHER_FORCED_RANKS
+from eaglequant.validation_report import PER_DRAFT
 
 if TYPE_CHECKING:
     from eaglequant.prompts.chat import RenderedPrompts
     from eaglequant.validate.request import ValidateRequest
 
-SINGLE, PER_DRAFT = "single", "per-draft"
+SINGLE = "single"  # engine_mode: the drafts swapped in one engine
 PRELOAD = VLLM_PRELOAD  # imported once by a fork server
 PARTIAL_KEY = "partial_path"  # the spec's file for the runs finished so far
 # Config keys that must agree, besides the dimensions, for two drafts to share an engine.

@@ -23,11 +23,8 @@ from typing import Any
 import numpy as np
 
 from eaglequant.spec_counts import SpecDecodeCounts
+from eaglequant.validation_report import FAIL, INCONCLUSIVE, PASS
 
-PASS = "PASS"
-FAIL = "FAIL"
-INCONCLUSIVE = "INCONCLUSIVE"
-VERDICTS = (PASS, FAIL, INCONCLUSIVE)
 DEFAULT_RESAMPLES = 2000
 DEFAULT_SEED = 0
 CONFIDENCE = 0.95
@@ -257,10 +254,3 @@ def judge(interval: Interval, threshold: float) -> Verdict:
     if needed > MAX_PROMPTS_FACTOR * interval.prompts:
         return Verdict(INCONCLUSIVE)
     return Verdict(INCONCLUSIVE, max(needed, interval.prompts + 1))
-
-
-def overall_verdict(verdicts: Sequence[str]) -> str:
-    """FAIL if any is FAIL, else INCONCLUSIVE if any is, else PASS."""
-    if FAIL in verdicts:
-        return FAIL
-    return INCONCLUSIVE if INCONCLUSIVE in verdicts else PASS

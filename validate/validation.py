@@ -39,7 +39,7 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Callable, Mapping
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import replace
 from functools import partial
 from pathlib import Path
 from typing import Any, Literal
@@ -67,7 +67,6 @@ from eaglequant.validate.categories import (
     category_checks,
     category_regression,
 )
-from eaglequant.validate.check import Check
 from eaglequant.validate.draft_ranges import DRAFT_RANGES_KEY
 from eaglequant.validate.engine_summary import acceptance, engine_summary, outputs_digest
 from eaglequant.validate.layers import (
@@ -93,54 +92,8 @@ from eaglequant.validate.request import (
     check_inputs,
     engine_prompts,
 )
-from eaglequant.validate.single_engine import PER_DRAFT, run_per_draft, run_single
-from eaglequant.validate.stats import overall_verdict
-from eaglequant.validation_report import REPORT_KIND, SCHEMA_VERSION, prompts_digest
-
-
-@dataclass
-class ValidationReport:
-    target: str
-    draft: str
-    baseline: str
-    k: int
-    prompts: int
-    max_tokens: int
-    backend: str
-    plugin_active: bool
-    engines: dict[str, dict[str, Any]]
-    checks: list[Check]
-    prompts_sha256: str
-    serve_command: str | None = None
-    # The bytes validated: {"draft"|"baseline": {"name", "files": {relative path: sha256}}}.
-    files: dict[str, Any] = field(default_factory=dict)
-    command: str | None = None
-    environment: dict[str, Any] = field(default_factory=dict)
-    chat_template: bool = False
-    prompt_set: dict[str, Any] | None = None
-    calibration_overlap: dict[str, Any] | None = None
-    categories: dict[str, dict[str, Any]] | None = None
-    min_category_drafts: int | None = None
-    prompt_categories: list[str] | None = None
-    engine_mode: str = PER_DRAFT
-    target_loads: int = 0
-    load_s: float = 0.0
-    generate_s: float = 0.0
-    score_s: float = 0.0  # of generate_s: check 1's teacher-forced scoring
-
-    @property
-    def passed(self) -> bool:
-        return all(c.passed for c in self.checks)
-
-    @property
-    def verdict(self) -> str:
-        return overall_verdict([c.verdict for c in self.checks])
-
-    def to_json(self) -> dict[str, Any]:
-        data = {"kind": REPORT_KIND, "schema_version": SCHEMA_VERSION, **asdict(self)}
-        data["passed"] = self.passed
-        data["verdict"] = self.verdict
-        return data
+from eaglequant.validate.single_engine import run_per_draft, run_single
+from eaglequant.validation_report import Check, CheckId, ValidationReport, prompts_digest
 
 
 def validate_draft(
@@ -337,7 +290,7 @@ def _engine_checks(request: ValidateRequest, engines: dict[str, EngineRun]) -> l
         causes = ", ".join(f"{role}: {_exit_cause(engines[role])}" for role in failed)
         return [
             Check(
-                "engines",
+                CheckId.ENGINES,
                 False,
                 f"vLLM engine(s) {failed} failed or timed out ({causes}; "
                 f"timeout {request.engine_timeout_s:.0f}s); see log_tail",
@@ -437,6 +390,4 @@ def scale_plausibility(
     try:
         return check(inputs, progress)
     except EngineFailed as exc:
-        return Check(
-            "6 scale plausibility", False, f"could not capture the target's hidden states: {exc}"
-        )
+        return Check(CheckId.SCALES, False, f"could not capture the target's hidden states: {exc}")

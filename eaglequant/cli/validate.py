@@ -146,8 +146,8 @@ def validate(
     from eaglequant.io.output import check_file_output, write_text_atomic
     from eaglequant.prompts.source import load_prompts
     from eaglequant.render.junit import junit_xml
-    from eaglequant.render.reports import validation_markdown
     from eaglequant.render.terminal import print_validation
+    from eaglequant.render.validation_tables import validation_markdown
     from eaglequant.validate.regression import read_previous
     from eaglequant.validate.request import ValidateRequest, validation_spec
     from eaglequant.validate.validation import validate_draft as run
@@ -191,12 +191,11 @@ def validate(
         command=invocation(),
     )
     report = run(request, progress=lambda m: click.echo(f"[eaglequant] {m}", err=True))
-    data = report.to_json()
     if json_path:
-        write_text_atomic(json_path, json.dumps(data, indent=2) + "\n")
+        write_text_atomic(json_path, json.dumps(report.to_json(), indent=2) + "\n")
     if markdown_path:
-        write_text_atomic(markdown_path, validation_markdown(data))
+        write_text_atomic(markdown_path, validation_markdown(report))
     if junit_path:
-        write_text_atomic(junit_path, junit_xml([data]))
-    print_validation(data)
+        write_text_atomic(junit_path, junit_xml([report]))
+    print_validation(report)
     sys.exit(0 if report.passed else 1)

@@ -35,9 +35,10 @@ from eaglequant.manifest import Manifest, read_json_object, read_manifest
 from eaglequant.provenance import ABSOLUTE_PATH, machine_paths
 from eaglequant.render.compare_tables import compare_markdown
 from eaglequant.render.public import NO_REPO_ID, PublicNames, local_paths, public
-from eaglequant.render.reports import PLOTS, tune_markdown, validation_markdown
+from eaglequant.render.reports import PLOTS, tune_markdown
+from eaglequant.render.validation_tables import validation_markdown
 from eaglequant.speculative import schedule_config, speculative_config
-from eaglequant.validation_report import read_report
+from eaglequant.validation_report import ValidationReport, read_report
 
 CARD_FILE = "README.md"
 # The last line of the card: what it was rendered from, for ``eaglequant publish``.
@@ -94,10 +95,10 @@ def write_card(
 
 
 def check_report_binding(
-    path: Path, report: dict[str, Any], files: dict[str, str], folder: Path
+    path: Path, report: ValidationReport, files: dict[str, str], folder: Path
 ) -> None:
     """The validation report validated exactly ``files``; InputError naming the file otherwise."""
-    recorded = ((report.get("files") or {}).get("draft") or {}).get("files")
+    recorded = (report.files.get("draft") or {}).get("files")
     if not isinstance(recorded, dict):
         raise InputError(
             f"{path}: records no sha256 of the files it validated; rerun eaglequant validate "
@@ -156,15 +157,16 @@ def render(
     names: PublicNames,
     config: dict[str, Any],
     manifest: Manifest,
-    report: dict[str, Any] | None,
+    validation: ValidationReport | None,
     tuning: dict[str, Any] | None,
     license_id: str | None,
     comparison: CompareReport | None = None,
 ) -> str:
     """The card's Markdown, naming no path of this machine (InputError if one would remain)."""
     qcfg = config["quantization_config"]
-    local = local_paths(folder, manifest, report, tuning)
-    report = public(report, names, local) if report else None
+    data = validation.to_json() if validation else None
+    local = local_paths(folder, manifest, data, tuning)
+    report = ValidationReport.from_json(public(data, names, local)) if data else None
     tuning = public(tuning, names, local) if tuning else None
     speculative, note = _usage(names.repo_id, report, tuning)
     title = names.repo_id.split("/")[-1] if names.repo_id != NO_REPO_ID else "FP8 EAGLE-3 draft"
@@ -212,7 +214,7 @@ def render(
 
 
 def _usage(
-    name: str, report: dict[str, Any] | None, tuning: dict[str, Any] | None
+    name: str, report: ValidationReport | None, tuning: dict[str, Any] | None
 ) -> tuple[dict[str, Any], str]:
     """The usage line's speculative config (tune's recommendation where there is one), a note."""
     tuned = tuning or {}
@@ -220,7 +222,7 @@ def _usage(
     if choice.get("schedule"):
         note = "\nk by batch size, from the measured schedule in *Tuning* below.\n"
         return schedule_config(name, tuned["schedule"]["ranges"]), note
-    k = choice.get("k") or tuned.get("best_single_k") or (report or {}).get("k") or 6
+    k = choice.get("k") or tuned.get("best_single_k") or (report.k if report else None) or 6
     if choice and not choice["k"] and tuned.get("kind") == "comparison":
         note = (
             f"\nOn the setup measured in *Tuning* below this draft was not chosen at any "
@@ -292,11 +294,11 @@ def calibration_source(calib: dict[str, Any]) -> str:
     return str(kind)
 
 
-def _environment_section(report: dict[str, Any] | None, tuning: dict[str, Any] | None) -> str:
+def _environment_section(report: ValidationReport | None, tuning: dict[str, Any] | None) -> str:
     """Versions and hardware: those the reports recorded, else this machine's (and which)."""
-    if report and report.get("environment"):
+    if report and report.environment:
         block, origin = (
-            report["environment"],
+            report.environment,
             "recorded by `eaglequant validate` with the run above",
         )
     elif tuning and tuning.get("environment"):
@@ -325,13 +327,13 @@ PLACEHOLDER_MEANINGS = {
 def _reproduce_section(
     names: PublicNames,
     manifest: Manifest,
-    report: dict[str, Any] | None,
+    report: ValidationReport | None,
     tuning: dict[str, Any] | None,
 ) -> str:
     """The export, validate and tune command lines as they were run, paths as placeholders."""
     runs = [("export", manifest.get("command"))]
     if report is not None:
-        runs.append(("validate", report.get("command")))
+        runs.append(("validate", report.command))
     if tuning is not None:
         runs.append(("tune", tuning.get("command")))
     lines = [c if c else f"# {name}: the command line was not recorded" for name, c in runs]

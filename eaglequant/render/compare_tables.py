@@ -4,7 +4,8 @@ per candidate against the BF16 draft, each candidate's categories, the recommend
 from __future__ import annotations
 
 from eaglequant.compare_report import CandidateRow, CompareReport, PromptSetSummary
-from eaglequant.render.reports import category_markdown, folder_name, number_text
+from eaglequant.render.reports import folder_name, number_text
+from eaglequant.render.validation_tables import category_markdown
 
 
 def compare_markdown(report: CompareReport, heading: str = "##") -> str:
@@ -69,9 +70,5 @@ def _compare_set(prompt_set: PromptSetSummary, rows: list[CandidateRow]) -> list
     for row in rows:
         if row.categories:
             lines += ["", f"`{row.recipe}` on `{name}` by category:", ""]
-            categories = {
-                "categories": row.categories,
-                "min_category_drafts": row.min_category_drafts,
-            }
-            lines += category_markdown(categories)[:-1]
+            lines += category_markdown(row.categories, row.min_category_drafts)[:-1]
     return lines

@@ -14,14 +14,13 @@ import xml.etree.ElementTree as ET
 from collections.abc import Sequence
 from datetime import datetime, timezone
 from pathlib import PurePath
-from typing import Any
 
-from eaglequant.render.reports import check_verdict
+from eaglequant.validation_report import PASS, ValidationReport
 
 SUITE_PREFIX = "eaglequant.validate"
 
 
-def junit_xml(reports: Sequence[dict[str, Any]]) -> str:
+def junit_xml(reports: Sequence[ValidationReport]) -> str:
     """One ``testsuite`` per report (its draft folder's name), one ``testcase`` per check."""
     root = ET.Element("testsuites", name="eaglequant validate")
     for report in reports:
@@ -30,11 +29,11 @@ def junit_xml(reports: Sequence[dict[str, Any]]) -> str:
     return ET.tostring(root, encoding="unicode", xml_declaration=True) + "\n"
 
 
-def _suite(report: dict[str, Any]) -> ET.Element:
-    classname = f"{SUITE_PREFIX}.{PurePath(report['draft']).name}"
-    checks = report["checks"]
-    failures = sum(check_verdict(c) != "PASS" for c in checks)
-    wall = sum(float(e.get("wall_s") or 0) for e in report["engines"].values())
+def _suite(report: ValidationReport) -> ET.Element:
+    classname = f"{SUITE_PREFIX}.{PurePath(report.draft).name}"
+    checks = report.checks
+    failures = sum(c.verdict != PASS for c in checks)
+    wall = sum(float(e.get("wall_s") or 0) for e in report.engines.values())
     suite = ET.Element(
         "testsuite",
         name=classname,
@@ -47,9 +46,9 @@ def _suite(report: dict[str, Any]) -> ET.Element:
         hostname=platform.node(),
     )
     for check in checks:
-        case = ET.SubElement(suite, "testcase", classname=classname, name=check["name"], time="0")
-        verdict = check_verdict(check)
-        if verdict != "PASS":
-            failure = ET.SubElement(case, "failure", message=f"{verdict}: {check['detail']}")
-            failure.text = check["detail"]
+        case = ET.SubElement(suite, "testcase", classname=classname, name=check.name, time="0")
+        if check.verdict != PASS:
+            message = f"{check.verdict}: {check.detail}"
+            failure = ET.SubElement(case, "failure", message=message)
+            failure.text = check.detail
     return suite

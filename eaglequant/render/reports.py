@@ -1,7 +1,5 @@
-"""Markdown for the measured reports: validation (``validate --json``) and tuning (``tune``).
-
-Both are rendered from their JSON form, so ``validate --markdown``, tune's
-``results.md`` and the model card print the same tables from the same data.
+"""Markdown for tuning (``tune``): ``results.md`` and the model card print the same tables
+from the same data. The validation report's tables: :mod:`eaglequant.render.validation_tables`.
 """
 
 from __future__ import annotations
@@ -10,7 +8,7 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
-from eaglequant.environment import environment_markdown, reproducing_env
+from eaglequant.environment import environment_markdown
 from eaglequant.render.prediction import prediction_markdown
 from eaglequant.tune.summary import (
     BASELINE,
@@ -24,155 +22,6 @@ from eaglequant.tune.summary import (
 )
 
 PLOTS = ("throughput.png", "speedup.png", "acceptance.png")
-
-
-def acceptance_rows(report: dict[str, Any]) -> list[tuple[str, str, str, str]]:
-    """(draft, mean acceptance length, by position, engine timings) for BF16 and FP8."""
-    rows = []
-    for role in ("bf16", "fp8"):
-        engine = report["engines"].get(role, {})
-        acc = engine.get("acceptance") or {}
-        mean = acc.get("mean_length")
-        per_pos = " / ".join(f"{p:.3f}" for p in acc.get("per_position", [])) or "-"
-        timing = f"load {engine.get('load_s', '-')}s, generate {engine.get('generate_s', '-')}s"
-        rows.append((role.upper(), "-" if mean is None else f"{mean:.3f}", per_pos, timing))
-    return rows
-
-
-def category_rows(report: dict[str, Any]) -> list[tuple[str, ...]]:
-    """Per category: prompts, draft tokens, BF16 and FP8 mean acceptance, ratio, by position,
-    and whether the checks judged it (and how)."""
-    rows = []
-    for name, row in (report.get("categories") or {}).items():
-        bf16, fp8 = row["bf16"], row["fp8"]
-        means = (bf16["mean_length"], fp8["mean_length"])
-        ratio = "-"
-        if None not in means and means[0]:
-            ratio = f"{means[1] / means[0]:.3f}"
-        checks = row.get("checks")
-        verdicts = "reported, not judged"
-        if checks:
-            interval = checks["2"]["numbers"]["interval"]
-            ratio += f" [{interval['low']:.3f}, {interval['high']:.3f}]"
-            verdicts = f"2 {checks['2']['verdict']}, 5 {checks['5']['verdict']}"
-        positions = " / ".join(
-            f"{f:.3f}:{b:.3f}"
-            for f, b in zip(fp8["per_position"], bf16["per_position"], strict=False)
-        )
-        rows.append(
-            (
-                name,
-                str(row["prompts"]),
-                f"{bf16['draft_tokens']} / {fp8['draft_tokens']}",
-                *("-" if m is None else f"{m:.3f}" for m in means),
-                ratio,
-                positions or "-",
-                verdicts,
-            )
-        )
-    return rows
-
-
-CATEGORY_COLUMNS = (
-    "category",
-    "prompts",
-    "draft tokens BF16 / FP8",
-    "BF16 mean acceptance",
-    "FP8 mean acceptance",
-    "FP8/BF16 [95% interval]",
-    "by position FP8:BF16",
-    "checks 2 and 5",
-)
-
-
-def category_markdown(report: dict[str, Any]) -> list[str]:
-    """The per-category table (no lines when the report has no categories)."""
-    rows = category_rows(report)
-    if not rows:
-        return []
-    minimum = report.get("min_category_drafts")
-    lines = ["| " + " | ".join(CATEGORY_COLUMNS) + " |", "|" + "---|" * len(CATEGORY_COLUMNS)]
-    lines += ["| " + " | ".join(row) + " |" for row in rows]
-    note = f"Categories with fewer than {minimum} draft tokens are reported, not judged."
-    return [*lines, "", note, ""]
-
-
-def prompts_line(report: dict[str, Any]) -> str:
-    """Which prompts, identified by sha256, how they were rendered, and any calibration overlap."""
-    source = report.get("prompt_set")
-    text = (
-        f"Prompts: `{source['source']}` (sha256 `{source['sha256']}`)"
-        if source
-        else "Prompts: given in the request"
-    )
-    text += (
-        ", rendered with the target's chat template."
-        if report.get("chat_template")
-        else ", sent raw (no chat template)."
-    )
-    overlap = report.get("calibration_overlap")
-    if overlap and overlap["shared"]:
-        text += (
-            f" **{overlap['shared']} of {overlap['prompts']} prompts are among the draft's "
-            f"calibration texts** (`{overlap['calibration']}`): a draft validated on its own "
-            "calibration prompts proves less."
-        )
-    elif overlap:
-        text += f" None is among the draft's calibration texts (`{overlap['calibration']}`)."
-    return text
-
-
-def check_verdict(check: dict[str, Any]) -> str:
-    """A check's PASS, FAIL or INCONCLUSIVE from its JSON form."""
-    return str(check.get("verdict") or ("PASS" if check["passed"] else "FAIL"))
-
-
-def report_verdict(report: dict[str, Any]) -> str:
-    """The report's verdict: FAIL if a check failed, else INCONCLUSIVE if one was, else PASS."""
-    verdicts = {check_verdict(c) for c in report["checks"]}
-    return next((v for v in ("FAIL", "INCONCLUSIVE") if v in verdicts), "PASS")
-
-
-VERDICT_LINES = {
-    "PASS": "All checks passed",
-    "FAIL": "Validation FAILED",
-    "INCONCLUSIVE": "Validation INCONCLUSIVE (too few prompts to decide)",
-}
-
-
-def validation_markdown(report: dict[str, Any], heading: str = "##") -> str:
-    """The validation report: setup, acceptance table, checks, verdict, serve line."""
-    llm = report["engines"].get("fp8", {}).get("engine_config", {}).get("llm", {})
-    lines = [
-        f"{heading} Validation in vLLM speculative decoding (`eaglequant validate`)",
-        "",
-        f"Target `{report['target']}`, FP8 draft `{report['draft']}`, BF16 baseline "
-        f"`{report['baseline']}`; `num_speculative_tokens={report['k']}`, {report['prompts']} "
-        f"prompts x {report['max_tokens']} tokens, greedy"
-        + (", `enforce_eager`" if llm.get("enforce_eager") else "")
-        + f"; backend {report['backend']}"
-        + (", CPU FP8 plugin active" if report["plugin_active"] else "")
-        + ".",
-        "",
-    ]
-    lines += [prompts_line(report), ""]
-    if report.get("serve_command"):
-        lines += [f"Equivalent serve line: `{report['serve_command']}`", ""]
-    config = report["engines"].get("fp8", {}).get("engine_config")
-    if config:
-        kept = reproducing_env(config["env"])  # the JSON keeps all, per-run random ones too
-        env = ", ".join(f"`{k}={v}`" for k, v in sorted(kept.items())) or "none"
-        lines += [f"vLLM {config['vllm']}; environment: {env}.", ""]
-    lines += ["| draft | mean acceptance length | acceptance by position | engine |"]
-    lines += ["|---|---|---|---|"]
-    lines += [f"| {a} | {b} | {c} | {d} |" for a, b, c, d in acceptance_rows(report)]
-    lines += ["", *category_markdown(report)]
-    lines += ["| check | result | detail |", "|---|---|---|"]
-    for check in report["checks"]:
-        detail = check["detail"].replace("|", "\\|")
-        lines.append(f"| {check['name']} | {check_verdict(check)} | {detail} |")
-    verdict = VERDICT_LINES[report_verdict(report)]
-    return "\n".join([*lines, "", f"**{verdict}.**", ""])
 
 
 def tune_markdown(summary: Mapping[str, Any]) -> str:

@@ -3,20 +3,18 @@
 from __future__ import annotations
 
 import sys
-from typing import Any
 
 from rich.console import Console
 from rich.table import Table
 
 from eaglequant.inspection import InspectReport
-from eaglequant.render.reports import (
+from eaglequant.render.validation_tables import (
     CATEGORY_COLUMNS,
     acceptance_rows,
     category_rows,
-    check_verdict,
     prompts_line,
-    report_verdict,
 )
+from eaglequant.validation_report import ValidationReport
 
 VERDICT_STYLES = {"PASS": "green", "FAIL": "red", "INCONCLUSIVE": "yellow"}
 VERDICT_LINES = {
@@ -127,23 +125,23 @@ def _num(value: float | None) -> str:
     return "-" if value is None else f"{value:.4g}"
 
 
-def engines_line(report: dict[str, Any]) -> str:
+def engines_line(report: ValidationReport) -> str:
     """How the engines ran: the mode, target loads, seconds loading against generating (and,
     of that, scoring check 1 teacher-forced)."""
-    scoring = f", {report['score_s']:.1f}s of it scoring" if report.get("score_s") else ""
+    scoring = f", {report.score_s:.1f}s of it scoring" if report.score_s else ""
     return (
-        f"engines: {report['engine_mode']}, target loaded {report['target_loads']}x "
-        f"({report['load_s']:.1f}s loading in engines, {report['generate_s']:.1f}s generating"
+        f"engines: {report.engine_mode}, target loaded {report.target_loads}x "
+        f"({report.load_s:.1f}s loading in engines, {report.generate_s:.1f}s generating"
         f"{scoring})"
     )
 
 
-def print_validation(report: dict[str, Any]) -> None:
-    """A validation report (its JSON form): setup, acceptance, checks, verdict, serve line."""
+def print_validation(report: ValidationReport) -> None:
+    """A validation report: setup, acceptance, checks, verdict, serve line."""
     console.print(
-        f"target {report['target']}, k={report['k']}, {report['prompts']} prompts x "
-        f"{report['max_tokens']} tokens, backend {report['backend']}, "
-        f"CPU FP8 plugin {'active' if report['plugin_active'] else 'inactive'}"
+        f"target {report.target}, k={report.k}, {report.prompts} prompts x "
+        f"{report.max_tokens} tokens, backend {report.backend}, "
+        f"CPU FP8 plugin {'active' if report.plugin_active else 'inactive'}"
     )
     console.print(prompts_line(report).replace("**", "").replace("`", ""))
     table = Table(title="Speculative decoding in vLLM")
@@ -152,7 +150,7 @@ def print_validation(report: dict[str, Any]) -> None:
     for row in acceptance_rows(report):
         table.add_row(*row)
     console.print(table)
-    categories = category_rows(report)
+    categories = category_rows(report.categories)
     if categories:
         by_category = Table(title="By prompt category")
         for column in CATEGORY_COLUMNS:
@@ -160,18 +158,15 @@ def print_validation(report: dict[str, Any]) -> None:
         for category in categories:
             by_category.add_row(*category)
         console.print(by_category)
-    if "target_loads" in report:
-        console.print(engines_line(report))
+    console.print(engines_line(report))
     checks = Table(title="Checks")
     for column in ("check", "result", "detail"):
         checks.add_column(column)
-    for check in report["checks"]:
-        verdict = check_verdict(check)
-        style = VERDICT_STYLES[verdict]
-        checks.add_row(check["name"], f"[{style}]{verdict}[/{style}]", check["detail"])
+    for check in report.checks:
+        style = VERDICT_STYLES[check.verdict]
+        checks.add_row(check.name, f"[{style}]{check.verdict}[/{style}]", check.detail)
     console.print(checks)
-    verdict = report_verdict(report)
-    style = VERDICT_STYLES[verdict]
-    console.print(f"[{style}]{VERDICT_LINES[verdict]}[/{style}]")
-    if report.get("serve_command"):
-        console.print(f"equivalent serve line: {report['serve_command']}", soft_wrap=True)
+    style = VERDICT_STYLES[report.verdict]
+    console.print(f"[{style}]{VERDICT_LINES[report.verdict]}[/{style}]")
+    if report.serve_command:
+        console.print(f"equivalent serve line: {report.serve_command}", soft_wrap=True)

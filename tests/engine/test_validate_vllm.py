@@ -213,7 +213,7 @@ def test_per_prompt_counts_sum_to_vllms_counters_and_give_the_intervals(
     assert f"95% paired-bootstrap interval over {PROMPTS} prompts" in two.detail
     assert len(five.numbers["intervals"]) == 3 and five.verdict == "PASS"
     data = read_report(report_path)
-    assert data["verdict"] == "PASS" and data["prompts_sha256"] == prompts_digest(
+    assert data.verdict == "PASS" and data.prompts_sha256 == prompts_digest(
         _request(TOY / "draft").prompts
     )
 

@@ -13,7 +13,7 @@ LINT_CACHE = "build/typecheck/.mypy_cache"  # where make lint's mypy keeps its c
 PLANTED = """
 
 def _planted() -> int:
-    from eaglequant.validate.check import Check
+    from eaglequant.validation_report import Check
 
     return Check("x", True, "d").passed + Check("x", True, "d").name
 """

@@ -9,9 +9,9 @@ import pytest
 from eaglequant.engine.result import EngineRun, RequestCounts, SpecMetrics
 from eaglequant.recipe import ValidationSpec
 from eaglequant.render.junit import junit_xml
-from eaglequant.render.reports import validation_markdown
+from eaglequant.render.validation_tables import validation_markdown
 from eaglequant.validate.acceptance import AcceptanceThresholds, engine_acceptance_checks
-from eaglequant.validate.check import Check
+from eaglequant.validation_report import Check, CheckId, ValidationReport
 from tests.support import engine_result, finished_engine
 from tests.unit import recorded_counts as recorded
 
@@ -103,23 +103,22 @@ def test_one_prompt_without_counts_fails() -> None:
 
 
 def test_a_check_verdict_agrees_with_passed() -> None:
-    assert Check("x", True, "").verdict == "PASS"
-    assert Check("x", False, "").verdict == "FAIL"
-    assert not Check.judged("x", "INCONCLUSIVE", "").passed
+    assert Check(CheckId.LAYERS, True, "").verdict == "PASS"
+    assert Check(CheckId.LAYERS, False, "").verdict == "FAIL"
+    assert not Check.judged(CheckId.ACCEPTANCE, "INCONCLUSIVE", "").passed
     with pytest.raises(ValueError, match="verdict 'INCONCLUSIVE' with passed=True"):
-        Check("x", True, "", {}, "INCONCLUSIVE")
+        Check(CheckId.ACCEPTANCE, True, "", {}, "INCONCLUSIVE")
+    with pytest.raises(ValueError, match="'x' is not a valid CheckId"):
+        Check("x", True, "")  # type: ignore[arg-type]  # an unknown check is refused
+    assert Check("3 layers", True, "").name is CheckId.LAYERS  # type: ignore[arg-type]
 
 
 def test_inconclusive_renders_as_such_in_markdown_and_junit() -> None:
     two, five = checks(COARSE)
-    report = {
-        "target": "t", "draft": "out/draft-fp8", "baseline": "b", "k": 3, "prompts": 32,
-        "max_tokens": 48, "backend": "cpu", "plugin_active": True, "engines": {},
-        "checks": [
-            {"name": c.name, "passed": c.passed, "verdict": c.verdict, "detail": c.detail}
-            for c in (two, five)
-        ],
-    }  # fmt: skip
+    report = ValidationReport(
+        target="t", draft="out/draft-fp8", baseline="b", k=3, prompts=32, max_tokens=48,
+        backend="cpu", plugin_active=True, engines={}, checks=[two, five], prompts_sha256="",
+    )  # fmt: skip
     text = validation_markdown(report)
     assert "| 2 acceptance | INCONCLUSIVE |" in text and "| 5 per-position | PASS |" in text
     assert "**Validation INCONCLUSIVE (too few prompts to decide).**" in text
@@ -144,14 +143,10 @@ def test_the_terminal_shows_the_inconclusive_verdict() -> None:
     from eaglequant.render.terminal import console, print_validation
 
     two, five = checks(COARSE)
-    report = {
-        "target": "t", "draft": "d", "baseline": "b", "k": 3, "prompts": 32, "max_tokens": 48,
-        "backend": "cpu", "plugin_active": True, "engines": {},
-        "checks": [
-            {"name": c.name, "passed": c.passed, "verdict": c.verdict, "detail": c.detail}
-            for c in (two, five)
-        ],
-    }  # fmt: skip
+    report = ValidationReport(
+        target="t", draft="d", baseline="b", k=3, prompts=32, max_tokens=48, backend="cpu",
+        plugin_active=True, engines={}, checks=[two, five], prompts_sha256="",
+    )  # fmt: skip
     with console.capture() as captured:
         print_validation(report)
     text = captured.get()
@@ -163,10 +158,10 @@ def test_the_markdown_names_the_reproducing_engine_env_only() -> None:
     """A per-run variable (a port, a random path) stays in the JSON, not in validation.md."""
     env = {"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_RPC_BASE_PATH": "/tmp/x1", "VLLM_PORT": "5123"}
     config = {"llm": {}, "env": env, "vllm": "0.32.0", "serve_line": "vllm serve t"}
-    report = {
-        "target": "t", "draft": "d", "baseline": "b", "k": 3, "prompts": 1, "max_tokens": 8,
-        "backend": "cpu", "plugin_active": False, "checks": [],
-        "engines": {"fp8": {"engine_config": config}},
-    }  # fmt: skip
+    report = ValidationReport(
+        target="t", draft="d", baseline="b", k=3, prompts=1, max_tokens=8, backend="cpu",
+        plugin_active=False, checks=[], engines={"fp8": {"engine_config": config}},
+        prompts_sha256="",
+    )  # fmt: skip
     text = validation_markdown(report)
     assert "vLLM 0.32.0; environment: `VLLM_CPU_KVCACHE_SPACE=1`." in text

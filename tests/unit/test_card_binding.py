@@ -17,6 +17,7 @@ from eaglequant.render.reports import PLOTS
 from eaglequant.tune.report import write_reports
 from eaglequant.tune.sweep import TuneRequest, TuneResult, summarize
 from eaglequant.validate.request import ValidateRequest, check_inputs
+from eaglequant.validation_report import ValidationReport
 from tests.conftest import TOY
 from tests.exported import LOCAL_NAMES, Exported, flip_byte, make_exported
 
@@ -207,7 +208,11 @@ def test_a_comparison_that_chose_the_baseline_says_so_in_the_usage_note() -> Non
         "kind": "comparison",
         "recommendation": {"text": "ship the BF16 draft", "by_concurrency": {}, "k": 0},
     }
-    config, note = _usage(REPO_ID, {"k": 3}, tuning)
+    report = ValidationReport(
+        target="t", draft="d", baseline="b", k=3, prompts=1, max_tokens=8, backend="cpu",
+        plugin_active=False, engines={}, checks=[], prompts_sha256="",
+    )  # fmt: skip
+    config, note = _usage(REPO_ID, report, tuning)
     assert config["num_speculative_tokens"] == 3
     assert "this draft was not chosen at any concurrency (ship the BF16 draft)" in note
     assert "no k was faster" not in note

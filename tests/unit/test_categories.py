@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from eaglequant.render.reports import category_markdown
+from eaglequant.render.validation_tables import category_markdown
 from eaglequant.validate.acceptance import AcceptanceThresholds
 from eaglequant.validate.categories import by_category, category_checks, category_regression
 from eaglequant.validate.engine_summary import acceptance
@@ -58,12 +58,12 @@ def test_a_failing_category_fails_checks_2_and_5_by_category() -> None:
 
 
 def test_category_table_in_the_markdown() -> None:
-    lines = category_markdown({"categories": _table(min_drafts=100), "min_category_drafts": 100})
+    lines = category_markdown(_table(min_drafts=100), 100)
     assert lines[2].startswith("| math | 4 | 120 / 120 | 4.000 | 2.875 | 0.719 [0.625, ")
     assert lines[2].endswith("| 0.625:1.000 / 0.625:1.000 / 0.625:1.000 | 2 FAIL, 5 FAIL |")
     assert lines[3].endswith("| reported, not judged |")
     assert lines[-2] == "Categories with fewer than 100 draft tokens are reported, not judged."
-    assert category_markdown({"categories": None}) == []
+    assert category_markdown(None, None) == []
 
 
 def _run(source: str, per_prompt: list[PromptCounts]) -> RunCounts:

@@ -20,6 +20,7 @@ from eaglequant.compare_report import (
 from eaglequant.errors import InputError
 from eaglequant.render.compare_tables import compare_markdown
 from eaglequant.validate.compare import slice_run
+from eaglequant.validation_report import Check, CheckId
 
 ROW = CandidateRow(
     recipe="fp8-static",
@@ -236,11 +237,11 @@ def test_a_failed_engine_is_explained_by_its_logs_last_error() -> None:
     from eaglequant.validate.compare import _failure
 
     checks = [
-        {"name": "engines", "passed": False, "detail": "vLLM engine(s) ['fp8'] failed",
-         "numbers": {"log_tail": {"fp8": "loading\nValueError: no MXFP4 kernel\nexit"}}},
+        Check(CheckId.ENGINES, False, "vLLM engine(s) ['fp8'] failed",
+              {"log_tail": {"fp8": "loading\nValueError: no MXFP4 kernel\nexit"}}),
     ]  # fmt: skip
     assert _failure(checks) == "vLLM engine(s) ['fp8'] failed: ValueError: no MXFP4 kernel"
-    assert _failure([{"name": "1 lossless", "passed": True, "detail": "ok"}]) is None
+    assert _failure([Check(CheckId.LOSSLESS, True, "ok")]) is None
 
 
 def test_a_prompt_set_given_twice_is_refused(tiny_draft: Path, tmp_path: Path) -> None:

@@ -6,7 +6,6 @@ import subprocess
 import sys
 import xml.etree.ElementTree as ET
 from pathlib import Path
-from typing import Any
 
 import junitparser
 import pytest
@@ -14,15 +13,20 @@ import pytest
 from eaglequant.errors import OutputError
 from eaglequant.io.output import check_file_output, write_text_atomic
 from eaglequant.render.junit import junit_xml
+from eaglequant.validation_report import Check, CheckId, ValidationReport
+
+NAMES = (CheckId.LOSSLESS, CheckId.ACCEPTANCE, CheckId.LAYERS, CheckId.ENGINE_LOG)
 
 
-def _report(draft: str, verdicts: list[str]) -> dict[str, Any]:
+def _report(draft: str, verdicts: list[str]) -> ValidationReport:
     checks = [
-        {"name": f"{i + 1} check", "passed": v == "PASS", "verdict": v, "detail": f"detail {i + 1}"}
-        for i, v in enumerate(verdicts)
+        Check(NAMES[i], v == "PASS", f"detail {i + 1}", verdict=v) for i, v in enumerate(verdicts)
     ]
     engines = {"target": {"wall_s": 20.5}, "fp8": {"wall_s": 30.25}}
-    return {"draft": draft, "checks": checks, "engines": engines}
+    return ValidationReport(
+        target="t", draft=draft, baseline="b", k=3, prompts=1, max_tokens=8, backend="cpu",
+        plugin_active=False, engines=engines, checks=checks, prompts_sha256="",
+    )  # fmt: skip
 
 
 REPORTS = [
@@ -43,7 +47,7 @@ def test_one_suite_per_draft_one_case_per_check_failures_carry_the_detail(
     assert (first.tests, first.failures, first.errors, first.skipped) == (4, 2, 0, 0)
     assert first.time == pytest.approx(50.75)
     cases = list(first)
-    assert [c.name for c in cases] == ["1 check", "2 check", "3 check", "4 check"]
+    assert [c.name for c in cases] == ["1 lossless", "2 acceptance", "3 layers", "4 engine log"]
     assert {c.classname for c in cases} == {"eaglequant.validate.draft-fp8"}
     assert [c.is_passed for c in cases] == [True, False, True, False]
     inconclusive, failed = cases[1].result[0], cases[3].result[0]

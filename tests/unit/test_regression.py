@@ -9,15 +9,20 @@ from typing import Any
 import pytest
 
 from eaglequant.errors import InputError
-from eaglequant.validate.check import Check
 from eaglequant.validate.regression import (
     RunCounts,
     check_comparable,
     read_previous,
     regression_check,
 )
-from eaglequant.validate.validation import ValidationReport
-from eaglequant.validation_report import SCHEMA_VERSION, prompts_digest, read_report
+from eaglequant.validation_report import (
+    SCHEMA_VERSION,
+    Check,
+    CheckId,
+    ValidationReport,
+    prompts_digest,
+    read_report,
+)
 from tests.unit import recorded_counts as recorded
 
 PROMPTS = [f"prompt {i}" for i in range(32)]
@@ -43,7 +48,7 @@ def report(
         backend="cpu",
         plugin_active=True,
         engines={"fp8": engine | fp8},
-        checks=[Check("2 acceptance", True, "")],
+        checks=[Check(CheckId.ACCEPTANCE, True, "")],
         prompts_sha256=prompts_digest(prompts),
     )
     return made.to_json()
@@ -58,7 +63,7 @@ def previous(tmp_path: Path, data: dict[str, Any]) -> RunCounts:
 def current(rows: list[tuple[tuple[int, ...], int]], prompts: list[str] = PROMPTS) -> RunCounts:
     from eaglequant.validate.regression import run_counts
 
-    return run_counts(report(rows, prompts), "this run")
+    return run_counts(ValidationReport.from_json(report(rows, prompts)), "this run")
 
 
 def test_the_same_counts_and_tokens_are_identical(tmp_path: Path) -> None:

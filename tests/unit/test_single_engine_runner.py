@@ -58,8 +58,13 @@ def test_counters_are_taken_over_one_run() -> None:
 
 def test_the_report_line_names_mode_loads_and_seconds() -> None:
     from eaglequant.render.terminal import engines_line
+    from eaglequant.validation_report import ValidationReport
 
-    report = {"engine_mode": "single", "target_loads": 3, "load_s": 41.26, "generate_s": 9.0}
+    report = ValidationReport(
+        target="t", draft="d", baseline="b", k=3, prompts=1, max_tokens=8, backend="cpu",
+        plugin_active=False, engines={}, checks=[], prompts_sha256="",
+        engine_mode="single", target_loads=3, load_s=41.26, generate_s=9.0,
+    )  # fmt: skip
     assert engines_line(report) == (
         "engines: single, target loaded 3x (41.3s loading in engines, 9.0s generating)"
     )

@@ -7,18 +7,15 @@ import math
 import pytest
 
 from eaglequant.validate.stats import (
-    FAIL,
-    INCONCLUSIVE,
-    PASS,
     Interval,
     PromptCounts,
     bootstrap_length,
     bootstrap_ratios,
     counts_mismatch,
     judge,
-    overall_verdict,
     pooled_counts,
 )
+from eaglequant.validation_report import FAIL, INCONCLUSIVE, PASS, overall_verdict
 from tests.unit import recorded_counts as recorded
 
 
