@@ -38,14 +38,13 @@ from eaglequant.io.checkpoint import Checkpoint, read_checkpoint
 from eaglequant.io.output import atomic_output_dir, check_output_path
 from eaglequant.io.speculators import with_quantization_config
 from eaglequant.manifest import Manifest, build_manifest
+from eaglequant.progress import Progress
 from eaglequant.quantize.artifact import Artifact
 from eaglequant.quantize.file_to_file import FileToFile
 from eaglequant.quantize.sources import CalibrationSource
 from eaglequant.quantize.timing import timed
 from eaglequant.recipe import Recipe
 from eaglequant.target_fit import check_target_fits
-
-Progress = Callable[[str], None]
 
 
 @dataclass(frozen=True, kw_only=True)

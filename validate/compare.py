@@ -16,7 +16,7 @@ and the six checks under each candidate's recipe thresholds (check 6 on the same
 from __future__ import annotations
 
 import sys
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
@@ -39,6 +39,7 @@ from eaglequant.errors import InputError
 from eaglequant.inspection import size_summary
 from eaglequant.io.checkpoint import read_checkpoint
 from eaglequant.io.output import check_output_path, write_text_atomic
+from eaglequant.progress import Progress
 from eaglequant.prompts.chat import render_for_target
 from eaglequant.prompts.source import PromptSet
 from eaglequant.quantize.sources import CalibrationSource
@@ -57,7 +58,6 @@ from eaglequant.validation_report import Check, CheckId, ValidationReport
 BF16_ROLE, TARGET_ROLE = "bf16", "target"
 CAPTURE_DIR, CANDIDATES_DIR = "capture", "candidates"
 FAILURE_CHARS = 600
-Progress = Callable[[str], None]
 
 
 @dataclass(frozen=True, kw_only=True)

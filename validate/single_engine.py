@@ -42,6 +42,7 @@ from eaglequant.engine.result import (
 )
 from eaglequant.io.checkpoint import read_checkpoint
 from eaglequant.io.output import write_text_atomic
+from eaglequant.progress import Progress
 from eaglequant.spec_counts import VLLM_KEYS, SpecDecodeCounts
 from eaglequant.speculative import speculative_config
 from eaglequant.validate.draft_ranges import DRAFT_RANGES_KEY
@@ -59,7 +60,6 @@ PARTIAL_KEY = "partial_path"  # the spec's file for the runs finished so far
 SHARED_KEYS = ("architectures", "num_hidden_layers")
 
 RunOne = Callable[[Path | None], EngineRun]
-Progress = Callable[[str], None]
 
 
 @dataclass

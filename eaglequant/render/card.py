@@ -18,7 +18,6 @@ import json
 import os
 import re
 import shutil
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +29,7 @@ from eaglequant.environment import environment, environment_markdown
 from eaglequant.errors import InputError
 from eaglequant.exclusions import predict_fates
 from eaglequant.io.checkpoint import read_checkpoint
+from eaglequant.io.output import write_text_atomic
 from eaglequant.io.readback import sha256_file
 from eaglequant.manifest import Manifest, read_json_object, read_manifest
 from eaglequant.provenance import ABSOLUTE_PATH, machine_paths
@@ -86,11 +86,7 @@ def write_card(
                 shutil.copyfile(tune_dir / name, folder / name)
                 os.chmod(folder / name, 0o644)
     target = folder / CARD_FILE
-    fd, temp = tempfile.mkstemp(prefix=".README.md.", dir=folder)
-    with os.fdopen(fd, "w", encoding="utf-8") as handle:
-        handle.write(text)
-    os.chmod(temp, 0o644)
-    os.replace(temp, target)
+    write_text_atomic(target, text)
     return target
 
 

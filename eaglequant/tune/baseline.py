@@ -20,7 +20,7 @@ from __future__ import annotations
 import contextlib
 import sys
 import tempfile
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from statistics import fmean, median
@@ -30,6 +30,7 @@ from eaglequant.engine.config import probe_vllm
 from eaglequant.engine.server import Server
 from eaglequant.environment import environment
 from eaglequant.errors import CheckFailed
+from eaglequant.progress import Progress
 from eaglequant.spec_counts import SpecDecodeCounts
 from eaglequant.speculative import speculative_config
 from eaglequant.tune.bench import BenchClient, bench_command, warm_up
@@ -67,8 +68,6 @@ from eaglequant.tune.summary import (
     ServerStart,
     Verdict,
 )
-
-Progress = Callable[[str], None]
 
 
 @dataclass(frozen=True)

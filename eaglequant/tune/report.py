@@ -14,12 +14,11 @@ naming target, draft, ISL/OSL and the repeats.
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from eaglequant.io.output import write_text_atomic
 from eaglequant.render.reports import (
     comparison_markdown,
     comparison_point,
@@ -31,18 +30,9 @@ from eaglequant.render.reports import (
 from eaglequant.tune.summary import BASELINE, DRAFT, NO_SPECULATION, ComparisonSummary
 
 
-def write_text(path: Path, text: str) -> None:
-    """Write a file whole or not at all (a temporary beside it, then renamed)."""
-    fd, temp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    with os.fdopen(fd, "w", encoding="utf-8") as handle:
-        handle.write(text)
-    os.chmod(temp, 0o644)
-    os.replace(temp, path)
-
-
 def write_comparison(out: Path, summary: ComparisonSummary) -> None:
     """results.json, results.md (the release table) and the plots of a baseline comparison."""
-    write_text(out / "results.json", json.dumps(summary, indent=2) + "\n")
+    write_text_atomic(out / "results.json", json.dumps(summary, indent=2) + "\n")
     heading = (
         "## Draft vs baseline vs no speculation on vllm serve\n\n"
         f"Target `{summary['target']}`, draft `{summary['draft']}`, baseline "
@@ -51,12 +41,12 @@ def write_comparison(out: Path, summary: ComparisonSummary) -> None:
         f"max-model-len {summary['max_model_len']}, {summary['devices']} "
         f"{summary['device_unit']}(s).\n\n"
     )
-    write_text(out / "results.md", heading + comparison_markdown(summary))
+    write_text_atomic(out / "results.md", heading + comparison_markdown(summary))
     plot_comparison(out, summary)
 
 
 def write_reports(out: Path, summary: Mapping[str, Any]) -> None:
-    write_text(out / "results.json", json.dumps(summary, indent=2) + "\n")
+    write_text_atomic(out / "results.json", json.dumps(summary, indent=2) + "\n")
     text = (
         "## num_speculative_tokens sweep on vllm serve\n\n"
         f"ISL {summary['isl']}, OSL {summary['osl']}"
@@ -67,7 +57,7 @@ def write_reports(out: Path, summary: Mapping[str, Any]) -> None:
     )
     if summary["schedule"]["serve_command"] and not summary["recommendation"]["schedule"]:
         text += f"\nThe schedule's serve line: `{summary['schedule']['serve_command']}`\n"
-    write_text(out / "results.md", text)
+    write_text_atomic(out / "results.md", text)
     plot(out, summary)
 
 

@@ -25,6 +25,7 @@ from typing import Any
 from eaglequant.engine.config import probe_vllm
 from eaglequant.engine.server import Server, serving
 from eaglequant.environment import environment
+from eaglequant.progress import Progress, quiet
 from eaglequant.render.reports import mean_positions
 from eaglequant.speculative import schedule_config, speculative_config
 from eaglequant.tune.bench import BenchClient, bench_command
@@ -106,7 +107,7 @@ def measure(
     env: dict[str, str],
     max_len: int,
     scratch: Path,
-    progress: Any,
+    progress: Progress,
     bench: BenchClient,
     concurrencies: Sequence[int] | None = None,
 ) -> list[TuneResult]:
@@ -136,7 +137,7 @@ def measure(
     return results
 
 
-def tune(request: TuneRequest, progress: Any = lambda _m: None) -> SweepSummary:
+def tune(request: TuneRequest, progress: Progress = quiet) -> SweepSummary:
     """Run the sweep and write results.json, results.md and the plots into ``request.out``."""
     request = with_draft_kv_cache(request)
     max_len = check_request(request)

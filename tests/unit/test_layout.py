@@ -26,6 +26,8 @@ CORE = [
     "eaglequant.draft",
     "eaglequant.target_fit",
     "eaglequant.compare_report",
+    "eaglequant.progress",
+    "eaglequant.spec_counts",
     "eaglequant.forms",
     "eaglequant.inspection",
     "eaglequant.manifest",
