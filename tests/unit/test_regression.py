@@ -194,3 +194,19 @@ def test_the_written_report_carries_kind_version_verdict_and_prompts_hash() -> N
     assert (data["passed"], data["verdict"]) == (True, "PASS")
     assert data["prompts_sha256"] == prompts_digest(PROMPTS) != prompts_digest(PROMPTS[::-1])
     assert data["checks"][0]["verdict"] == "PASS"
+
+
+def test_a_report_reads_back_typed_and_a_changed_verdict_is_refused(tmp_path: Path) -> None:
+    data = report(recorded.FP8)
+    path = tmp_path / "report.json"
+    path.write_text(json.dumps(data))
+    read = read_report(path)
+    assert read.to_json() == data  # every field, the checks typed again (CheckId names)
+    assert read.check(CheckId.ACCEPTANCE) is read.checks[0] and read.check(CheckId.LAYERS) is None
+    failing = data | {"checks": [{**data["checks"][0], "passed": False, "verdict": "FAIL"}]}
+    assert _refused(tmp_path, failing) == (
+        "says passed=True, verdict 'PASS', but its checks give passed=False, FAIL; the file "
+        "was changed after validate wrote it: run eaglequant validate --json again"
+    )
+    unknown = data | {"checks": [{**data["checks"][0], "name": "8 vibes"}]}
+    assert _refused(tmp_path, unknown).startswith("not a complete validation report (")
