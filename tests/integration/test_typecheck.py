@@ -13,9 +13,9 @@ LINT_CACHE = "build/typecheck/.mypy_cache"  # where make lint's mypy keeps its c
 PLANTED = """
 
 def _planted() -> int:
-    from eaglequant.validation_report import Check
+    from eaglequant.validation_report import Check, CheckId
 
-    return Check("x", True, "d").passed + Check("x", True, "d").name
+    return Check(CheckId.LAYERS, True, "d").passed + Check(CheckId.LAYERS, True, "d").detail
 """
 
 
