@@ -20,7 +20,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
-from typing import Protocol, cast
+from typing import Protocol
 
 from eaglequant.capture.run import CaptureEngine, CaptureRequest, capture_hidden_states
 from eaglequant.compare_report import (
@@ -34,7 +34,7 @@ from eaglequant.compare_report import (
 )
 from eaglequant.draft import require_bf16_draft
 from eaglequant.engine.config import EngineOptions, check_kv_cache_dtype, probe_vllm
-from eaglequant.engine.result import EngineResult, EngineRun, SpecMetrics
+from eaglequant.engine.result import EngineRun
 from eaglequant.errors import InputError
 from eaglequant.inspection import size_summary
 from eaglequant.io.checkpoint import read_checkpoint
@@ -46,12 +46,12 @@ from eaglequant.quantize.sources import CalibrationSource
 from eaglequant.recipe import Recipe
 from eaglequant.spec_counts import SpecDecodeCounts
 from eaglequant.speculative import SCALED_KV_CACHE_DTYPE, draft_kv_cache_dtype
-from eaglequant.validate.acceptance import ACCEPTANCE, PER_POSITION, prompt_counts
-from eaglequant.validate.lossless import DEFAULT_TIE_MARGIN
+from eaglequant.validate.acceptance import ACCEPTANCE, PER_POSITION
+from eaglequant.validate.lossless import DEFAULT_TIE_MARGIN, DEFAULT_TIE_STEPS
 from eaglequant.validate.prompt_lengths import check_prompt_lengths
 from eaglequant.validate.request import ValidateRequest, engine_prompts, require_layer_inspection
+from eaglequant.validate.run_slices import slice_run
 from eaglequant.validate.single_engine import EngineRuns, run_per_draft, run_single
-from eaglequant.validate.stats import PromptCounts, pooled_counts
 from eaglequant.validate.validation import run_engine, validate_draft
 from eaglequant.validation_report import Check, CheckId, ValidationReport
 
@@ -79,33 +79,9 @@ class CompareRequest:
     engine_per_draft: bool = False
     reference_engine: bool = False  # check 1 against a target-alone engine (one more load)
     tie_margin: float = DEFAULT_TIE_MARGIN  # check 1: a token this close to the best is a tie
+    tie_steps: float = DEFAULT_TIE_STEPS  # or this many BF16 steps of the best raw logit
     chat_template: bool = True  # render with the target's chat template when it has one
     overwrite: bool = False
-
-
-def slice_run(run: EngineRun, start: int, stop: int) -> EngineRun:
-    """One prompt set's part of an engine run over several sets' prompts: its prompts'
-    outputs and per-prompt counts, and the spec-decode counters summed from those counts once
-    the whole run's counts are held to vLLM's counters (else the engine's counters stay, and
-    checks 2 and 5 fail with the reason). Prefix-cache counters belong to the whole run."""
-    result = run.get("result")
-    if result is None:
-        return run
-    part = cast(EngineResult, dict(result))
-    part["token_ids"] = result["token_ids"][start:stop]
-    part["top_logprobs"] = result["top_logprobs"][start:stop]
-    part["texts"] = result["texts"][start:stop]
-    if "teacher_forced" in result:
-        part["teacher_forced"] = result["teacher_forced"][start:stop]
-    if result["per_request"] is not None:
-        part["per_request"] = result["per_request"][start:stop]
-        try:
-            prompt_counts(result)
-        except ValueError:
-            return cast(EngineRun, {**run, "result": part})
-        counts = [PromptCounts.from_json(p) for p in part["per_request"] or [] if p is not None]
-        part["metrics"] = cast(SpecMetrics, pooled_counts(counts).to_vllm())
-    return cast(EngineRun, {**run, "result": part})
 
 
 class EngineRunner(Protocol):
@@ -252,7 +228,7 @@ def compare(
             checked = _validate_request(request, recipe, drafts[recipe.name], capture, prompt_set)
             report = validate_draft(
                 checked,
-                progress=lambda m, label=label: progress(f"{label}: {m}"),
+                progress=_labelled(progress, label),
                 reuse={role: engines[role] for role in (TARGET_ROLE, BF16_ROLE) if role in engines}
                 | {"fp8": engines[recipe.name]},
             )
@@ -265,6 +241,11 @@ def compare(
     result = _report(request, rows, sets, runs, timings)
     _write(request.out, result)
     return result
+
+
+def _labelled(progress: Progress, label: str) -> Progress:
+    """``progress`` with every line prefixed by ``label``."""
+    return lambda message: progress(f"{label}: {message}")
 
 
 def _part(run: EngineRun, start: int, stop: int, request: CompareRequest) -> EngineRun:
@@ -358,6 +339,7 @@ def _validate_request(
         ),
         reference_engine=request.reference_engine,
         tie_margin=request.tie_margin,
+        tie_steps=request.tie_steps,
     )
 
 

@@ -38,7 +38,7 @@ from eaglequant.engine.result import (
     TopLogprobs,
 )
 from eaglequant.validate.draft_ranges import DRAFT_RANGES_KEY
-from eaglequant.validate.lossless import TEACHER_FORCED_KEY
+from eaglequant.validate.lossless import RAW_LOGITS, TEACHER_FORCED_KEY
 
 PRELOAD = VLLM_PRELOAD  # imported once by a fork server
 SPEC_METRICS = {
@@ -205,6 +205,10 @@ def open_llm(spec: dict[str, Any]) -> tuple[Any, dict[str, Any]]:
         disable_log_stats=False,
         per_request_spec_decode_metrics="summary" if speculative else "none",
         worker_extension_cls="eaglequant.validate.engine_run.DraftInspector",
+        # check 1's teacher-forced scores as the target's raw (BF16) logits: their differences
+        # are the logprobs' and their size gives a tie's rounding step (not recorded: it
+        # changes only what is returned, never what is generated)
+        **({"logprobs_mode": RAW_LOGITS} if speculative and spec.get(TEACHER_FORCED_KEY) else {}),
     )
     return llm, kwargs
 
@@ -240,6 +244,7 @@ def generate(llm: Any, spec: dict[str, Any], kwargs: dict[str, Any]) -> Generate
     if speculative and spec.get(TEACHER_FORCED_KEY):
         began = time.perf_counter()
         scored["teacher_forced"] = teacher_forced(llm, outputs, spec[TEACHER_FORCED_KEY])
+        scored["teacher_forced_scores"] = RAW_LOGITS  # asked of the engine in open_llm
         scored["score_s"] = round(time.perf_counter() - began, 2)
     return {
         "schema_version": ENGINE_RESULT_SCHEMA,

@@ -28,7 +28,7 @@ from eaglequant.prompts.source import text_hashes
 from eaglequant.recipe import ValidationSpec, load_recipe
 from eaglequant.speculative import kv_source
 from eaglequant.target_fit import check_target_fits
-from eaglequant.validate.lossless import DEFAULT_MODE, DEFAULT_TIE_MARGIN
+from eaglequant.validate.lossless import DEFAULT_MODE, DEFAULT_TIE_MARGIN, DEFAULT_TIE_STEPS
 from eaglequant.validate.regression import RunCounts, check_comparable
 from eaglequant.validate.stats import DEFAULT_RESAMPLES, DEFAULT_SEED
 
@@ -49,6 +49,7 @@ class ValidateRequest:
     engine: EngineOptions = field(default_factory=EngineOptions)
     lossless: str = DEFAULT_MODE
     tie_margin: float = DEFAULT_TIE_MARGIN
+    tie_steps: float = DEFAULT_TIE_STEPS  # or this many BF16 steps of the best raw logit
     capture: CaptureEngine = field(default_factory=CaptureEngine)
     hidden_states: Path | None = None
     draft_kv_cache_dtype: str | None = None  # the validated draft's KV cache (the BF16 one: auto)

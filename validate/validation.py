@@ -77,6 +77,7 @@ from eaglequant.validate.layers import (
     log_check,
 )
 from eaglequant.validate.lossless import (
+    RAW_LOGITS,
     TEACHER_FORCED_KEY,
     TEACHER_FORCED_RANKS,
     TOP_LOGPROBS,
@@ -281,7 +282,9 @@ def _lossless(request: ValidateRequest, engines: dict[str, EngineRun]) -> Check:
             request.tie_margin,
         )
     scored = {role: (r["token_ids"], r.get("teacher_forced", [])) for role, r in results.items()}
-    return teacher_forced_check(scored, request.lossless, request.tie_margin)
+    logits = all(r.get("teacher_forced_scores") == RAW_LOGITS for r in results.values())
+    steps = request.tie_steps if logits else None
+    return teacher_forced_check(scored, request.lossless, request.tie_margin, steps)
 
 
 def _engine_checks(request: ValidateRequest, engines: dict[str, EngineRun]) -> list[Check]:

@@ -83,6 +83,7 @@ def compare(
     engine_per_draft: bool,
     reference_engine: bool,
     tie_margin: float,
+    tie_steps: float,
     capture_engine: str | None,
     overwrite: bool,
 ) -> None:
@@ -120,6 +121,7 @@ def compare(
         engine_per_draft=engine_per_draft,
         reference_engine=reference_engine,
         tie_margin=tie_margin,
+        tie_steps=tie_steps,
         overwrite=overwrite,
     )
     report = run(request, progress=lambda m: click.echo(f"[eaglequant] {m}", err=True))

@@ -61,13 +61,27 @@ reference_engine_option = click.option(
     "each draft run's output teacher-forced in its own speculative engine.",
 )
 
-tie_margin_option = click.option(
+_TIE_MARGIN = click.option(
     "--tie-margin",
     type=click.FloatRange(min=0),
     default=0.1,  # validate.lossless.DEFAULT_TIE_MARGIN (not imported: the CLI loads lightly)
     show_default=True,
     help="Logprob gap (nats) under which a token counts as tied with the target's best.",
 )
+_TIE_STEPS = click.option(
+    "--tie-steps",
+    type=click.FloatRange(min=0),
+    default=4.0,  # validate.lossless.DEFAULT_TIE_STEPS
+    show_default=True,
+    help="Or: gap in BF16 rounding steps of the target's best logit (check 1 teacher-forced, "
+    "where the engine returns raw logits) under which a token counts as tied.",
+)
+
+
+def tie_margin_option(command: Any) -> Any:
+    """check 1's near-tie tolerances: ``--tie-margin`` (nats) and ``--tie-steps`` (BF16 steps)."""
+    return _TIE_MARGIN(_TIE_STEPS(command))
+
 
 SETS_HELP = "a prompt set mt-bench, humaneval or sharegpt (NAME:N: its first N)"
 

@@ -132,6 +132,7 @@ def validate(
     hidden_states: Path | None,
     lossless: str,
     tie_margin: float,
+    tie_steps: float,
     engine_per_draft: bool,
     reference_engine: bool,
     against: Path | None,
@@ -179,6 +180,7 @@ def validate(
         engine=engine_settings(tensor_parallel_size, engine_args, max_model_len),
         lossless=lossless,
         tie_margin=tie_margin,
+        tie_steps=tie_steps,
         capture=capture_engine_for(
             capture_engine, "--capture-engine", engine_settings(tensor_parallel_size, engine_args)
         ),

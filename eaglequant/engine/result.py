@@ -108,6 +108,7 @@ class Generated(TypedDict):
     # Per prompt, per generated position: the target's ranked logprobs when the prompt and the
     # run's own output are scored in one prefill of the same engine (``prompt_logprobs``).
     teacher_forced: NotRequired[list[TopLogprobs]]
+    teacher_forced_scores: NotRequired[str]  # vLLM's logprobs_mode for them ("raw_logits")
     score_s: NotRequired[float]  # seconds of that scoring
     # Per draft linear as vLLM built it: calls, largest |input| and largest |output| per fused
     # part, seen while generating (check 6's ranges; ``eaglequant.validate.draft_ranges``).

@@ -172,10 +172,11 @@ def test_validate_passes_its_parallelism_and_engine_args_to_check_6s_capture(
     assert dict(capture.options.engine_args) == dict(engine.engine_args) == {"max_num_seqs": 8}
 
 
-def test_the_tie_margin_option_defaults_to_the_checks_own_default() -> None:
+def test_the_tie_options_default_to_the_checks_own_defaults() -> None:
     """The CLI does not import the check (it loads lightly), so the two must agree."""
     from eaglequant.cli.options import tie_margin_option
-    from eaglequant.validate.lossless import DEFAULT_TIE_MARGIN
+    from eaglequant.validate.lossless import DEFAULT_TIE_MARGIN, DEFAULT_TIE_STEPS
 
     command = tie_margin_option(click.Command("x"))
-    assert [p.default for p in command.params if p.name == "tie_margin"] == [DEFAULT_TIE_MARGIN]
+    defaults = {p.name: p.default for p in command.params}
+    assert defaults == {"tie_margin": DEFAULT_TIE_MARGIN, "tie_steps": DEFAULT_TIE_STEPS}

@@ -19,7 +19,7 @@ from eaglequant.compare_report import (
 )
 from eaglequant.errors import InputError
 from eaglequant.render.compare_tables import compare_markdown
-from eaglequant.validate.compare import slice_run
+from eaglequant.validate.run_slices import slice_run
 from eaglequant.validation_report import Check, CheckId
 
 ROW = CandidateRow(
