@@ -21,7 +21,6 @@ from typing import Any
 
 from eaglequant.engine import vllm_internals
 
-DRAFT_RANGES_KEY = "draft_ranges"  # an engine spec's switch, and the result's key
 WATCH_ATTRIBUTE = "_eaglequant_range_watch"
 # A checkpoint linear's part in vLLM's fused linear: (fused name, part index).
 FUSED = {

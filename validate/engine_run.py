@@ -26,6 +26,7 @@ from typing import Any, cast
 
 from eaglequant.engine import vllm_internals
 from eaglequant.engine.child import VLLM_PRELOAD
+from eaglequant.engine.request import EngineRequest
 from eaglequant.engine.result import (
     ENGINE_RESULT_SCHEMA,
     SCALE_NAMES,
@@ -37,8 +38,7 @@ from eaglequant.engine.result import (
     SpecMetrics,
     TopLogprobs,
 )
-from eaglequant.validate.draft_ranges import DRAFT_RANGES_KEY
-from eaglequant.validate.lossless import RAW_LOGITS, TEACHER_FORCED_KEY
+from eaglequant.validate.lossless import RAW_LOGITS
 
 PRELOAD = VLLM_PRELOAD  # imported once by a fork server
 SPEC_METRICS = {
@@ -154,10 +154,12 @@ class DraftInspector:
 
 
 def run(spec: dict[str, Any]) -> EngineResult:
+    """In the engine child: the engine ``spec`` asks for (an :class:`EngineRequest`), its run."""
+    request = EngineRequest.from_json(spec)
     started = time.perf_counter()
-    llm, kwargs = open_llm(spec)
+    llm, kwargs = open_llm(request)
     loaded = time.perf_counter()
-    result = generate(llm, spec, kwargs)
+    result = generate(llm, request, kwargs)
     return {
         **result,
         "load_s": round(loaded - started, 2),
@@ -182,8 +184,8 @@ def require_cpu_patches() -> None:
         )
 
 
-def open_llm(spec: dict[str, Any]) -> tuple[Any, dict[str, Any]]:
-    """The offline engine for ``spec["llm"]`` with the platform's defaults, and its arguments."""
+def open_llm(request: EngineRequest) -> tuple[Any, dict[str, Any]]:
+    """The offline engine for ``request.llm`` with the platform's defaults, and its arguments."""
     from vllm import LLM
     from vllm.platforms import current_platform
 
@@ -197,7 +199,7 @@ def open_llm(spec: dict[str, Any]) -> tuple[Any, dict[str, Any]]:
     on_cpu = current_platform.is_cpu()
     if on_cpu:
         require_cpu_patches()
-    kwargs = platform_defaults(spec["llm"], on_cpu)
+    kwargs = platform_defaults(request.llm, on_cpu)
     os.environ.update(platform_env(os.environ, on_cpu, worker_count(kwargs), usable_cores()))
     speculative = kwargs.get("speculative_config") is not None
     llm = LLM(
@@ -208,13 +210,13 @@ def open_llm(spec: dict[str, Any]) -> tuple[Any, dict[str, Any]]:
         # check 1's teacher-forced scores as the target's raw (BF16) logits: their differences
         # are the logprobs' and their size gives a tie's rounding step (not recorded: it
         # changes only what is returned, never what is generated)
-        **({"logprobs_mode": RAW_LOGITS} if speculative and spec.get(TEACHER_FORCED_KEY) else {}),
+        **({"logprobs_mode": RAW_LOGITS} if speculative and request.teacher_forced else {}),
     )
     return llm, kwargs
 
 
-def generate(llm: Any, spec: dict[str, Any], kwargs: dict[str, Any]) -> Generated:
-    """Greedy outputs of ``spec``'s prompts and what the engine reports (metrics are cumulative)."""
+def generate(llm: Any, request: EngineRequest, kwargs: dict[str, Any]) -> Generated:
+    """Greedy outputs of the request's prompts and what the engine reports (cumulative metrics)."""
     from vllm import SamplingParams
     from vllm.platforms import current_platform
 
@@ -222,28 +224,28 @@ def generate(llm: Any, spec: dict[str, Any], kwargs: dict[str, Any]) -> Generate
 
     params = SamplingParams(
         temperature=0.0,
-        max_tokens=spec["max_tokens"],
+        max_tokens=request.max_tokens,
         ignore_eos=True,
-        logprobs=spec.get("logprobs"),
+        logprobs=request.logprobs,
     )
     speculative = kwargs.get("speculative_config") is not None
-    ranged = speculative and bool(spec.get(DRAFT_RANGES_KEY))
+    ranged = speculative and request.draft_ranges
     if ranged:
         llm.collective_rpc("eaglequant_watch_ranges")
     outputs = llm.generate(
-        spec["prompts"],
+        request.prompts,
         params,
         use_tqdm=False,
-        tokenization_kwargs={"add_special_tokens": spec.get("add_special_tokens", True)},
+        tokenization_kwargs={"add_special_tokens": request.add_special_tokens},
     )
     scored: dict[str, Any] = {}
     if ranged:  # the first worker that holds the draft (it runs at draft TP 1)
         scored["draft_ranges"] = next(
             (r for r in llm.collective_rpc("eaglequant_draft_ranges") if r), {}
         )
-    if speculative and spec.get(TEACHER_FORCED_KEY):
+    if speculative and request.teacher_forced:
         began = time.perf_counter()
-        scored["teacher_forced"] = teacher_forced(llm, outputs, spec[TEACHER_FORCED_KEY])
+        scored["teacher_forced"] = teacher_forced(llm, outputs, request.teacher_forced)
         scored["teacher_forced_scores"] = RAW_LOGITS  # asked of the engine in open_llm
         scored["score_s"] = round(time.perf_counter() - began, 2)
     return {

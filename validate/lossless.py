@@ -36,9 +36,8 @@ DEFAULT_TIE_STEPS = 4.0
 RAW_LOGITS = "raw_logits"  # the engine result's teacher_forced_scores when they are logits
 BF16_MANTISSA_BITS = 7
 TOP_LOGPROBS = 5
-# Teacher-forced scoring (the engine child's spec key): the target's best tokens asked at every
+# Teacher-forced scoring (EngineRequest.teacher_forced): the target's best tokens asked at every
 # generated position, besides the generated one (vLLM adds it): two give the top-2 margin.
-TEACHER_FORCED_KEY = "teacher_forced"
 TEACHER_FORCED_RANKS = 2
 
 TopLogprobs = Sequence[Sequence[Sequence[float]]]  # position -> rank -> (token, logprob)

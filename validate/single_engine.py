@@ -32,6 +32,7 @@ from eaglequant.draft import dims_from_config
 from eaglequant.engine.child import VLLM_PRELOAD
 from eaglequant.engine.config import llm_kwargs
 from eaglequant.engine.process import run_engine_child
+from eaglequant.engine.request import EngineRequest
 from eaglequant.engine.result import (
     ENGINE_RESULT_SCHEMA,
     EngineResult,
@@ -45,8 +46,7 @@ from eaglequant.io.output import write_text_atomic
 from eaglequant.progress import Progress
 from eaglequant.spec_counts import VLLM_KEYS, SpecDecodeCounts
 from eaglequant.speculative import speculative_config
-from eaglequant.validate.draft_ranges import DRAFT_RANGES_KEY
-from eaglequant.validate.lossless import TEACHER_FORCED_KEY, TEACHER_FORCED_RANKS
+from eaglequant.validate.lossless import TEACHER_FORCED_RANKS
 from eaglequant.validation_report import PER_DRAFT
 
 if TYPE_CHECKING:
@@ -146,7 +146,7 @@ def run_shared(
     spec = shared_spec(request, rendered, [d for _, d in drafts])
     outcome = run_engine_child(
         "eaglequant.validate.single_engine",
-        spec,
+        spec.to_json(),
         read=read_shared_runs,
         timeout=request.engine_timeout_s * len(drafts),
         partial_key=PARTIAL_KEY,
@@ -183,20 +183,20 @@ def run_shared(
 
 def shared_spec(
     request: ValidateRequest, rendered: RenderedPrompts, drafts: Sequence[Path]
-) -> dict[str, Any]:
+) -> EngineRequest:
     """The engine child's input: the engine (built with the first draft), each draft, prompts
     as the target-alone run gets them."""
     backend = request.draft_attention_backend
     speculative = [speculative_config(str(d), request.k, attention_backend=backend) for d in drafts]
-    return {
-        "llm": llm_kwargs(request.engine, str(request.target), speculative[0]),
-        "drafts": speculative,
-        "prompts": rendered.texts,
-        "add_special_tokens": rendered.add_special_tokens,
-        "max_tokens": request.max_tokens,
-        TEACHER_FORCED_KEY: None if request.reference_engine else TEACHER_FORCED_RANKS,
-        DRAFT_RANGES_KEY: request.hidden_states is None,  # check 6 from these runs
-    }
+    return EngineRequest(
+        llm=llm_kwargs(request.engine, str(request.target), speculative[0]),
+        drafts=speculative,
+        prompts=rendered.texts,
+        add_special_tokens=rendered.add_special_tokens,
+        max_tokens=request.max_tokens,
+        teacher_forced=None if request.reference_engine else TEACHER_FORCED_RANKS,
+        draft_ranges=request.hidden_states is None,  # check 6 from these runs
+    )
 
 
 def _done(progress: Progress, role: str, engine: EngineRun) -> None:
@@ -221,16 +221,17 @@ def metrics_delta(after: SpecMetrics, before: SpecMetrics) -> SpecMetrics:
 
 
 def run(spec: dict[str, Any]) -> SharedRuns:
-    """In the engine child: each of ``spec["drafts"]`` in turn, swapped into one engine."""
+    """In the engine child: each of the request's drafts in turn, swapped into one engine."""
     from eaglequant.engine.introspection import engine_record
     from eaglequant.validate.engine_run import generate, open_llm
 
+    request = EngineRequest.from_json(spec)
     started = time.perf_counter()
-    llm, kwargs = open_llm(spec)
+    llm, kwargs = open_llm(request)
     ready = time.perf_counter()
     runs: list[EngineResult] = []
     before: SpecMetrics = {}
-    for index, speculative in enumerate(spec["drafts"]):
+    for index, speculative in enumerate(request.drafts):
         load_s = ready - started
         if index:
             refused = _swap(llm, speculative)
@@ -239,7 +240,7 @@ def run(spec: dict[str, Any]) -> SharedRuns:
             load_s = time.perf_counter() - ready
         began = time.perf_counter()
         drafted = kwargs | {"speculative_config": speculative}
-        generated = generate(llm, spec, drafted)
+        generated = generate(llm, request, drafted)
         cumulative = generated["metrics"]
         result: EngineResult = {
             **generated,
@@ -251,8 +252,8 @@ def run(spec: dict[str, Any]) -> SharedRuns:
         }
         before = cumulative
         runs.append(result)
-        if spec.get(PARTIAL_KEY):  # where the parent reads them should the engine end early
-            write_text_atomic(Path(spec[PARTIAL_KEY]), json.dumps(_shared_runs(runs, None)))
+        if request.partial_path:  # where the parent reads them should the engine end early
+            write_text_atomic(Path(request.partial_path), json.dumps(_shared_runs(runs, None)))
         ready = time.perf_counter()
     return _shared_runs(runs, None)
 

@@ -46,6 +46,7 @@ from typing import Any, Literal
 
 from eaglequant.engine.config import llm_kwargs, probe_vllm
 from eaglequant.engine.process import ChildRun, log_tail, run_engine_child
+from eaglequant.engine.request import EngineRequest
 from eaglequant.engine.result import (
     EngineRun,
     read_engine_result,
@@ -68,7 +69,6 @@ from eaglequant.validate.categories import (
     category_checks,
     category_regression,
 )
-from eaglequant.validate.draft_ranges import DRAFT_RANGES_KEY
 from eaglequant.validate.engine_summary import acceptance, engine_summary, outputs_digest
 from eaglequant.validate.layers import (
     checkpoint_kv_scales,
@@ -78,7 +78,6 @@ from eaglequant.validate.layers import (
 )
 from eaglequant.validate.lossless import (
     RAW_LOGITS,
-    TEACHER_FORCED_KEY,
     TEACHER_FORCED_RANKS,
     TOP_LOGPROBS,
     lossless_check,
@@ -233,18 +232,18 @@ def run_engine(
             kv_cache_dtype,
             attention_backend=request.draft_attention_backend,
         )
-    spec = {
-        "llm": llm_kwargs(request.engine, str(request.target), speculative),
-        "prompts": rendered.texts,
-        "add_special_tokens": rendered.add_special_tokens,
-        "max_tokens": request.max_tokens,
-        "logprobs": None if draft else TOP_LOGPROBS,
-        TEACHER_FORCED_KEY: TEACHER_FORCED_RANKS if scored else None,
-        DRAFT_RANGES_KEY: bool(draft) and request.hidden_states is None,  # check 6
-    }
+    spec = EngineRequest(
+        llm=llm_kwargs(request.engine, str(request.target), speculative),
+        prompts=rendered.texts,
+        add_special_tokens=rendered.add_special_tokens,
+        max_tokens=request.max_tokens,
+        logprobs=None if draft else TOP_LOGPROBS,
+        teacher_forced=TEACHER_FORCED_RANKS if scored else None,
+        draft_ranges=bool(draft) and request.hidden_states is None,  # check 6
+    )
     outcome = run_engine_child(
         "eaglequant.validate.engine_run",
-        spec,
+        spec.to_json(),
         read=read_engine_result,
         timeout=request.engine_timeout_s,
     )

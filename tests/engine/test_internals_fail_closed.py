@@ -55,7 +55,7 @@ def _run(mutant: str, module: str, spec: dict) -> tuple[bool, str, dict | None]:
 )
 def test_a_missing_draft_internal_is_a_named_error(mutant: str, named: str, toy_fp8: Path) -> None:
     request = _request(toy_fp8)
-    spec = shared_spec(request, engine_prompts(request), [toy_fp8])
+    spec = shared_spec(request, engine_prompts(request), [toy_fp8]).to_json()
     one = {k: spec[k] for k in ("llm", "prompts", "add_special_tokens", "max_tokens")}
     ok, log, result = _run(mutant, "engine_run", one | {"logprobs": None})
     assert not ok and result is None  # no result that a check could read as a pass
@@ -64,7 +64,7 @@ def test_a_missing_draft_internal_is_a_named_error(mutant: str, named: str, toy_
 
 def test_a_swap_without_its_internal_is_refused_by_name(toy_fp8: Path) -> None:
     request = _request(toy_fp8)
-    spec = shared_spec(request, engine_prompts(request), [TOY / "draft", toy_fp8])
+    spec = shared_spec(request, engine_prompts(request), [TOY / "draft", toy_fp8]).to_json()
     ok, log, result = _run("no-attn-names", "single_engine", spec)
     assert ok and result is not None, log[-2000:]
     assert len(result["runs"]) == 1  # the first draft ran; the swap to the second was refused

@@ -124,7 +124,7 @@ def test_a_faulty_swap_is_caught(
     spec_path, out = tmp_path / "spec.json", tmp_path / "out.json"
     request = _request(toy_fp8)
     spec = shared_spec(request, engine_prompts(request), [other_bf16, TOY / "draft"])
-    spec_path.write_text(json.dumps(spec))
+    spec_path.write_text(json.dumps(spec.to_json()))
     env = os.environ | {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
     argv = [PYTHON, "-m", "tests.swap_mutants", mutant, str(spec_path), str(out)]
     run_child(argv, cwd=REPO, env=env)

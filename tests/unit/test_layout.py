@@ -42,6 +42,7 @@ CORE = [
     "eaglequant.engine.config",
     "eaglequant.engine.process",
     "eaglequant.engine.result",
+    "eaglequant.engine.request",
     "eaglequant.engine.server",
     "eaglequant.tune.request",
     "eaglequant.tune.choice",

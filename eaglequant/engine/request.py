@@ -1,0 +1,42 @@
+"""What an engine child is asked to do (its ``spec.json``), as one type.
+
+The parent builds an :class:`EngineRequest` (validate's engine, the shared engine of several
+drafts); :func:`eaglequant.engine.process.run_engine_child` writes it as JSON; the child
+reads it back with :meth:`EngineRequest.from_json`, which refuses a key it does not know (a
+parent and a child of different eaglequant versions) in one line. Torch-free.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field, fields
+from typing import Any
+
+
+@dataclass(frozen=True, kw_only=True)
+class EngineRequest:
+    llm: dict[str, Any]  # vllm.LLM's arguments before the platform's defaults
+    prompts: list[str]
+    max_tokens: int
+    add_special_tokens: bool = True
+    logprobs: int | None = None  # the target's top logprobs per generated token (None: none)
+    # Check 1 teacher-forced: the target's best tokens asked per generated position (None: not
+    # scored); the engine then returns the target's raw logits for them.
+    teacher_forced: int | None = None
+    draft_ranges: bool = False  # check 6: record the draft linears' input and output ranges
+    drafts: list[dict[str, Any]] = field(default_factory=list)  # a shared engine's, in turn
+    partial_path: str | None = None  # a shared engine's file for the runs finished so far
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> EngineRequest:
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise ValueError(
+                f"engine request with unknown keys {unknown}: the parent and this engine child "
+                "are different eaglequant versions; reinstall one eaglequant"
+            )
+        return cls(**data)
