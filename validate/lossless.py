@@ -29,10 +29,11 @@ MODES = ("near-tie", "strict")
 DEFAULT_MODE = "near-tie"
 DEFAULT_TIE_MARGIN = 0.1
 # Teacher-forced scores are the target's raw BF16 logits (the engine child asks vLLM for
-# ``logprobs_mode="raw_logits"``), so a near-tie may also be judged in rounding steps of the
-# best logit's own size: prefill against decode moved SmolLM2-135M's logits by up to 3 steps
-# (0.375 at a logit of 16-32) on MT-Bench, beyond any fixed margin in nats that fits the toy.
-DEFAULT_TIE_STEPS = 4.0
+# ``logprobs_mode="raw_logits"``), so each near-tie is also measured in rounding steps of the
+# best logit's own size, and may be judged in them (``tie_steps``; 0: not). Off by default:
+# on SmolLM2-135M most prefill-against-decode flips were 1-2 steps, but one was 10 (0.156 at a
+# logit of 2-4): the noise follows the hidden state, not the logit's size (docs/known-issues.md).
+DEFAULT_TIE_STEPS = 0.0
 RAW_LOGITS = "raw_logits"  # the engine result's teacher_forced_scores when they are logits
 BF16_MANTISSA_BITS = 7
 TOP_LOGPROBS = 5
@@ -170,8 +171,8 @@ def teacher_forced_check(
                 best = int(ranked[0][0]) if ranked else None
                 steps = _steps(ranked, margin) if tie_steps is not None else None
                 verdict = _verdict(margin, mode, tie_margin)
-                if verdict == "fail" and mode == "near-tie" and steps is not None:
-                    verdict = "tie" if steps <= (tie_steps or 0.0) else "fail"
+                if verdict == "fail" and mode == "near-tie" and steps is not None and tie_steps:
+                    verdict = "tie" if steps <= tie_steps else "fail"
                 divergences.append(
                     Divergence(draft, prompt, position, best, token, margin, verdict, True, steps)
                 )

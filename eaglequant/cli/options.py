@@ -71,10 +71,11 @@ _TIE_MARGIN = click.option(
 _TIE_STEPS = click.option(
     "--tie-steps",
     type=click.FloatRange(min=0),
-    default=4.0,  # validate.lossless.DEFAULT_TIE_STEPS
+    default=0.0,  # validate.lossless.DEFAULT_TIE_STEPS
     show_default=True,
     help="Or: gap in BF16 rounding steps of the target's best logit (check 1 teacher-forced, "
-    "where the engine returns raw logits) under which a token counts as tied.",
+    "where the engine returns raw logits) under which a token counts as tied; 0: not used "
+    "(the report records each near-tie's steps either way).",
 )
 
 

@@ -180,13 +180,13 @@ def test_a_run_without_teacher_forced_scores_asks_for_the_target_alone() -> None
 
 def test_raw_logits_judge_a_near_tie_in_bf16_steps_of_the_best_logit() -> None:
     """The SmolLM2 case: the best raw logit 22.625 (BF16 step 0.125), the generated token
-    0.375 below it: 3 steps, a tie at the default 4, a failure at 2; and 12.0 below a best
-    of 22.625 is 96 steps, a failure whatever the margin in nats says."""
+    0.375 below it: 3 steps, a tie at 4 steps, a failure at 2 and at the default (steps not
+    used, recorded); and 12.0 below a best of 22.625 is 96 steps, a failure."""
     from eaglequant.validate.lossless import DEFAULT_TIE_STEPS, bf16_step
 
     assert (bf16_step(22.625), bf16_step(-3.0), bf16_step(0.0)) == (0.125, 2.0**-6, 0.0)
     top = [[[[11, 22.625], [7, 22.25]]]]  # one prompt, one position: raw logits by rank
-    tie = teacher_forced_check({"fp8": ([[7]], top)}, tie_margin=0.1, tie_steps=DEFAULT_TIE_STEPS)
+    tie = teacher_forced_check({"fp8": ([[7]], top)}, tie_margin=0.1, tie_steps=4.0)
     assert tie.passed and tie.numbers["scores"] == "raw_logits"
     (divergence,) = tie.numbers["divergences"]
     assert (divergence["steps"], divergence["verdict"]) == (3.0, "tie")
@@ -194,7 +194,9 @@ def test_raw_logits_judge_a_near_tie_in_bf16_steps_of_the_best_logit() -> None:
     tight = teacher_forced_check({"fp8": ([[7]], top)}, tie_margin=0.1, tie_steps=2.0)
     assert not tight.passed and tight.numbers["divergences"][0]["verdict"] == "fail"
     far = [[[[11, 22.625], [7, 10.625]]]]
-    assert not teacher_forced_check({"fp8": ([[7]], far)}, tie_steps=DEFAULT_TIE_STEPS).passed
+    assert not teacher_forced_check({"fp8": ([[7]], far)}, tie_steps=4.0).passed
+    default = teacher_forced_check({"fp8": ([[7]], top)}, tie_steps=DEFAULT_TIE_STEPS)
+    assert not default.passed and default.numbers["divergences"][0]["steps"] == 3.0
     # logprobs (no tie_steps): the margin in nats alone, as before
     nats = teacher_forced_check({"fp8": ([[7]], top)}, tie_margin=0.1)
     assert not nats.passed and nats.numbers["scores"] == "logprobs"
