@@ -89,7 +89,7 @@ class _StaticInput:
     def __init__(self, linear: Any, dtype: Any, inverse: Any, scale: Any) -> None:
         import torch
 
-        self.linear, self.dtype, self.inverse, self.scale = linear, dtype, inverse, scale
+        self.linear, self.inverse, self.scale = linear, inverse, scale
         # The 256 E4M3 values in the GEMM's dtype: a lookup by code is about twice as fast
         # as a cast from FP8 on a CPU.
         self.values = torch.arange(256, dtype=torch.uint8).view(torch.float8_e4m3fn).to(dtype)
