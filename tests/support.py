@@ -37,7 +37,9 @@ def invoke(args: list[str]) -> tuple[int, str]:
 
 def run_cli_checked(args: list[str]) -> tuple[int, str]:
     """Run the CLI; on failure, every folder argument is unchanged and nothing new was created."""
-    folders = {Path(a): tree_digest(Path(a)) for a in args if Path(a).is_dir()}
+    # Folders given as paths (a command's name, "validate", is also the package's folder here,
+    # whose __pycache__ a first import may fill)
+    folders = {Path(a): tree_digest(Path(a)) for a in args if "/" in a and Path(a).is_dir()}
     absent = [Path(a) for a in args if "/" in a and not Path(a).exists()]
     result = CliRunner().invoke(main, args)
     if result.exit_code != 0:
