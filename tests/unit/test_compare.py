@@ -255,3 +255,38 @@ def test_a_prompt_set_given_twice_is_refused(tiny_draft: Path, tmp_path: Path) -
         == f"error: prompt sets {[str(tmp_path / 'p.txt')] * 2}: each set may be given once\n"
     )
     assert not (tmp_path / "o").exists()
+
+
+def test_a_calibration_free_candidate_is_exported_without_the_capture(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """compare hands every calibrated recipe the one capture, and fp8-static-fixed none (its
+    export refuses calibration inputs)."""
+    from eaglequant.quantize import export
+    from eaglequant.recipe import load_recipe
+    from eaglequant.validate import compare as compare_module
+
+    given: dict[str, object] = {}
+    monkeypatch.setattr(
+        export,
+        "export_draft",
+        lambda request, _progress: given.update({request.recipe.name: request.calibration}),
+    )
+    request = compare_module.CompareRequest(
+        baseline=tmp_path / "bf16", target=tmp_path / "t", prompt_sets=(), recipes=(),
+        out=tmp_path / "out",
+    )  # fmt: skip
+    for name in ("fp8-static", "fp8-static-fixed"):
+        compare_module._export(request, load_recipe(name), tmp_path / "capture", lambda _m: None)
+    assert given["fp8-static"].kind == "capture"  # type: ignore[attr-defined]
+    assert given["fp8-static"].capture == tmp_path / "capture"  # type: ignore[attr-defined]
+    assert given["fp8-static-fixed"].kind == "none"  # type: ignore[attr-defined]
+
+
+def test_an_engine_request_reads_back_and_refuses_an_unknown_key() -> None:
+    from eaglequant.engine.request import EngineRequest
+
+    request = EngineRequest(llm={"model": "t"}, prompts=["p"], max_tokens=8, teacher_forced=2)
+    assert EngineRequest.from_json(request.to_json()) == request
+    with pytest.raises(ValueError, match=r"unknown keys \['logprob_mode'\]: the parent and"):
+        EngineRequest.from_json(request.to_json() | {"logprob_mode": "raw"})
