@@ -16,7 +16,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field, fields
 from enum import StrEnum
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 from eaglequant.errors import InputError
 from eaglequant.manifest import read_json_object
@@ -37,6 +37,22 @@ def overall_verdict(verdicts: Sequence[str]) -> str:
     if FAIL in verdicts:
         return FAIL
     return INCONCLUSIVE if INCONCLUSIVE in verdicts else PASS
+
+
+class PromptSetRecord(TypedDict):
+    """Which prompts a report was measured on: the source as given, its file's sha256, count."""
+
+    source: str
+    sha256: str
+    prompts: int
+
+
+class CalibrationOverlap(TypedDict):
+    """How many of the prompts the draft was calibrated on (its manifest's text hashes)."""
+
+    calibration: str | None
+    shared: int
+    prompts: int
 
 
 class CheckId(StrEnum):
@@ -105,8 +121,8 @@ class ValidationReport:
     command: str | None = None
     environment: dict[str, Any] = field(default_factory=dict)
     chat_template: bool = False
-    prompt_set: dict[str, Any] | None = None
-    calibration_overlap: dict[str, Any] | None = None
+    prompt_set: PromptSetRecord | None = None
+    calibration_overlap: CalibrationOverlap | None = None
     categories: dict[str, dict[str, Any]] | None = None
     min_category_drafts: int | None = None
     prompt_categories: list[str] | None = None

@@ -375,7 +375,7 @@ def _row(
         failed_checks=[str(c.name) for c in report.checks if not c.passed],
         failure=_failure(report.checks),
         verdict=report.verdict,
-        prompt_set=str((report.prompt_set or {}).get("source", "")),
+        prompt_set=report.prompt_set["source"] if report.prompt_set else "",
         categories=report.categories,
         min_category_drafts=report.min_category_drafts,
     )

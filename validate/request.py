@@ -31,6 +31,7 @@ from eaglequant.target_fit import check_target_fits
 from eaglequant.validate.lossless import DEFAULT_MODE, DEFAULT_TIE_MARGIN, DEFAULT_TIE_STEPS
 from eaglequant.validate.regression import RunCounts, check_comparable
 from eaglequant.validate.stats import DEFAULT_RESAMPLES, DEFAULT_SEED
+from eaglequant.validation_report import CalibrationOverlap, PromptSetRecord
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -56,7 +57,7 @@ class ValidateRequest:
     draft_attention_backend: str | None = None  # both drafts' (vLLM's name); None: vLLM picks
     categories: list[str] | None = None  # one per prompt
     min_category_drafts: int = ValidationSpec.min_category_drafts
-    prompt_set: dict[str, Any] | None = None  # the prompts' source and sha256
+    prompt_set: PromptSetRecord | None = None  # the prompts' source and sha256
     chat_template: bool = True  # render with the target's chat template when it has one
     against: RunCounts | None = None
     resamples: int = DEFAULT_RESAMPLES
@@ -135,7 +136,7 @@ def engine_prompts(request: ValidateRequest) -> RenderedPrompts:
     return render_for_target(request.target, request.prompts, request.chat_template)
 
 
-def calibration_overlap(draft: Path, prompts: list[str]) -> dict[str, Any] | None:
+def calibration_overlap(draft: Path, prompts: list[str]) -> CalibrationOverlap | None:
     """How many validation prompts the draft was calibrated on (its manifest's text hashes);
     None when the manifest records none."""
     manifest = draft / MANIFEST_FILE

@@ -115,7 +115,7 @@ def validate_draft(
         rendered,
         engine=request.engine,
         install=probe_vllm(sys.executable),
-        source=str((request.prompt_set or {}).get("source") or "the prompts"),
+        source=request.prompt_set["source"] if request.prompt_set else "the prompts",
     )
     engines: dict[str, EngineRun] = dict(reuse or {})
 

@@ -11,11 +11,11 @@ import hashlib
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from eaglequant.errors import InputError
 from eaglequant.prompts.format import Prompt, read_prompt_file, text_hash
 from eaglequant.prompts.registry import SETS
+from eaglequant.validation_report import PromptSetRecord
 
 _SET_NAME = re.compile(r"^(?P<name>[A-Za-z0-9_-]+)(?::(?P<limit>[^:]*))?$")
 
@@ -53,7 +53,7 @@ class PromptSet:
             return None
         return [p.category or "uncategorised" for p in self.prompts]
 
-    def describe(self) -> dict[str, Any]:
+    def describe(self) -> PromptSetRecord:
         return {"source": self.source, "sha256": self.sha256, "prompts": len(self.prompts)}
 
 
