@@ -5,12 +5,12 @@ Torch-free: the card and its tests read it without vLLM."""
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 from eaglequant.errors import InputError
-from eaglequant.manifest import check_schema, read_json_object
+from eaglequant.manifest import check_schema, field_values, read_json_object
 
 COMPARE_JSON, COMPARE_MD = "compare.json", "compare.md"  # in ``eaglequant compare --out``
 COMPARE_SCHEMA_VERSION = 3  # compare.json
@@ -76,22 +76,16 @@ class CompareReport:
     def from_json(cls, data: dict[str, Any], *, where: Path | str = COMPARE_JSON) -> CompareReport:
         """The report :meth:`to_json` wrote (its schema checked by the caller)."""
         try:
-            fields_ = _known(cls, data)
+            fields_ = field_values(cls, data)
             fields_["prompt_sets"] = [
-                PromptSetSummary(**_known(PromptSetSummary, s)) for s in data["prompt_sets"]
+                PromptSetSummary(**field_values(PromptSetSummary, s)) for s in data["prompt_sets"]
             ]
-            fields_["rows"] = [CandidateRow(**_known(CandidateRow, r)) for r in data["rows"]]
+            fields_["rows"] = [CandidateRow(**field_values(CandidateRow, r)) for r in data["rows"]]
             return cls(**fields_)
         except (KeyError, TypeError) as exc:
             raise InputError(
                 f"{where}: not a complete comparison ({exc}); {RERUN_COMPARE}"
             ) from exc
-
-
-def _known(kind: type, data: dict[str, Any]) -> dict[str, Any]:
-    """The entries of ``data`` that are fields of the dataclass ``kind``."""
-    names = {f.name for f in fields(kind)}
-    return {key: value for key, value in data.items() if key in names}
 
 
 def recommend(rows: Sequence[CandidateRow]) -> CandidateRow | None:

@@ -8,9 +8,11 @@ file. The model card and the benchmark read it back.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import platform
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, TypedDict, cast
 
@@ -113,3 +115,10 @@ def read_json_object(path: Path, what: str) -> dict[str, Any]:
     if not isinstance(data, dict):
         raise InputError(f"{path}: the {what} must be a JSON object")
     return data
+
+
+def field_values(kind: type, data: Mapping[str, Any]) -> dict[str, Any]:
+    """The entries of a JSON object that are fields of the dataclass ``kind`` (what a reader of
+    eaglequant's own files builds the type from; other keys, like ``tool``, are left out)."""
+    names = {f.name for f in dataclasses.fields(kind)}
+    return {key: value for key, value in data.items() if key in names}

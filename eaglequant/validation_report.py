@@ -13,13 +13,13 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field
 from enum import StrEnum
 from pathlib import Path
 from typing import Any, TypedDict
 
 from eaglequant.errors import InputError
-from eaglequant.manifest import read_json_object
+from eaglequant.manifest import field_values, read_json_object
 
 REPORT_KIND = "eaglequant validation report"
 SCHEMA_VERSION = 1
@@ -154,8 +154,7 @@ class ValidationReport:
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> ValidationReport:
         """The report :meth:`to_json` wrote (kind and schema checked by :func:`read_report`)."""
-        names = {f.name for f in fields(cls)}
-        values = {key: value for key, value in data.items() if key in names}
+        values = field_values(cls, data)
         values["checks"] = [Check(**check) for check in data["checks"]]
         return cls(**values)
 

@@ -125,13 +125,12 @@ def run_engine_child(
     read: Callable[[Path], Result],
     timeout: float | None,
     partial_key: str | None = None,
-    env: Mapping[str, str] | None = None,
 ) -> EngineChildOutcome[Result]:
     """Run ``python -m module SPEC OUT`` in a scratch folder: ``spec`` as ``spec.json``, the
     child's output read back from ``out.json`` with ``read`` (which checks its schema), its
     log kept. With ``partial_key`` the spec also names a file for what the child finished
     before it ended, read back only when it did not end well. vLLM's engine core runs in the
-    child's own process (``VLLM_ENABLE_V1_MULTIPROCESSING=0`` unless ``env`` sets it)."""
+    child's own process (``VLLM_ENABLE_V1_MULTIPROCESSING=0`` unless the environment sets it)."""
     with tempfile.TemporaryDirectory(prefix="eaglequant-engine-") as scratch:
         folder = Path(scratch)
         spec_path, out_path = folder / "spec.json", folder / "out.json"
@@ -139,7 +138,7 @@ def run_engine_child(
         if partial_key is not None:
             spec = {**spec, partial_key: str(partial_path)}
         spec_path.write_text(json.dumps(spec))
-        child_env = dict(os.environ if env is None else env)
+        child_env = dict(os.environ)
         child_env.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
         argv = [sys.executable, "-m", module, str(spec_path), str(out_path)]
         ended = run_child(argv, log_path, child_env, timeout)
