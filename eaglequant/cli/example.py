@@ -47,9 +47,23 @@ def smollm2(out: Path, overwrite: bool) -> None:
     required=True,
     help="Folder for the answers, states and checkpoints (kept: a rerun resumes).",
 )
+@click.option(
+    "--device",
+    default="auto",
+    show_default=True,
+    help="Where a `generator: transformers` recipe runs (auto: CUDA when there is one).",
+)
 @click.option("--overwrite", is_flag=True, help="Replace a non-empty OUT.")
-def train_draft(target: Path, out: Path, recipe: Path | None, work: Path, overwrite: bool) -> None:
-    """Train an EAGLE-3 draft for TARGET on its own answers into OUT (hours on 2 cores)."""
+def train_draft(
+    target: Path, out: Path, recipe: Path | None, work: Path, device: str, overwrite: bool
+) -> None:
+    """Train an EAGLE-3 draft for TARGET on its own answers into OUT.
+
+    A recipe whose data say `generator: vllm` answers with vLLM and trains on
+    the CPU (hours on 2 cores); `generator: transformers` (the committed
+    SmolLM2 draft's) answers and trains with transformers on --device (minutes
+    on a GPU).
+    """
     from eaglequant.examples.reproduce import read_recipe, reproduce
     from eaglequant.examples.selfdistill import DataRecipe
     from eaglequant.examples.train_draft import TrainRecipe
@@ -59,5 +73,21 @@ def train_draft(target: Path, out: Path, recipe: Path | None, work: Path, overwr
     check_output_path(out, [target, work], overwrite)
     work.mkdir(parents=True, exist_ok=True)
     with atomic_output_dir(out, overwrite) as temp:
-        reproduce(target=target, work=work, out=temp, data=data, train=train, log=progress)
+        if data.generator == "transformers":
+            import torch
+
+            from eaglequant.examples.accelerated import reproduce_on_device
+
+            where = ("cuda" if torch.cuda.is_available() else "cpu") if device == "auto" else device
+            reproduce_on_device(
+                target=target,
+                work=work,
+                out=temp,
+                data=data,
+                train=train,
+                device=where,
+                log=progress,
+            )
+        else:
+            reproduce(target=target, work=work, out=temp, data=data, train=train, log=progress)
     click.echo(f"{out}: the draft and its recipe.json")

@@ -85,7 +85,7 @@ def reproduce(
     record = {
         "data": asdict(data),
         "train": asdict(train),
-        "target": _target_record(target),
+        "target": target_record(target),
         "held_out_sets": overlap,
         "answers": {
             "chunks": [{"file": p.name, "sha256": file_sha256(p)} for p in chunks],
@@ -97,18 +97,18 @@ def reproduce(
         "aux_layers": list(aux),
         "result": summary,
         "timings": timings | {"total_s": round(time.monotonic() - started, 1)},
-        "code_commit": _commit(),
+        "code_commit": code_commit(),
     }
     write_text(out / RECIPE_FILE, json.dumps(record, indent=2) + "\n")
     return record
 
 
-def _target_record(target: Path) -> dict[str, Any]:
+def target_record(target: Path) -> dict[str, Any]:
     source = target / "eaglequant-source.json"
     return json.loads(source.read_text()) if source.is_file() else {"path": target.name}
 
 
-def _commit() -> str:
+def code_commit() -> str:
     done = subprocess.run(
         ["git", "rev-parse", "HEAD"],
         cwd=Path(__file__).parent,

@@ -40,6 +40,8 @@ class DataRecipe:
     max_answer_tokens: int = 256
     chunk: int = 256
     seed: int = 0
+    generator: str = "vllm"  # or "transformers" (eaglequant.examples.accelerated, any device)
+    answered: int = 0  # how many of the kept prompts are answered (0: all)
 
 
 def _shingles(text: str, n: int = 8) -> set[tuple[str, ...]]:
@@ -63,6 +65,17 @@ def held_out_sets() -> list[PromptSet]:
     from eaglequant.prompts.source import load_prompts, parse_source
 
     return [load_prompts(parse_source(name)) for name in HELD_OUT_SETS]
+
+
+def without_overlap(texts: list[str], held_out: list[PromptSet]) -> tuple[list[str], int]:
+    """``texts`` less any that equals, or shares a run of 8 words with, a held-out prompt;
+    and how many were left out."""
+    held = {p.text.strip() for s in held_out for p in s.prompts}
+    held_shingles: set[tuple[str, ...]] = set().union(
+        *(_shingles(p.text) for s in held_out for p in s.prompts)
+    )
+    kept = [t for t in texts if t.strip() not in held and not (_shingles(t) & held_shingles)]
+    return kept, len(texts) - len(kept)
 
 
 def disjointness(texts: list[str], held_out: list[PromptSet]) -> dict[str, Any]:

@@ -191,10 +191,10 @@ def ttt_loss(
     step k predicts the token at i+k+2, which counts where it lies in the answer.
     """
     b, t = aux.shape[0], aux.shape[1] - 1
-    base = torch.arange(t).expand(b, t)
+    base = torch.arange(t, device=aux.device).expand(b, t)
     hidden = draft.fc(draft.fc_input(aux[:, :t].float()))
     caches: list[tuple[list[torch.Tensor], ...]] = [([], []) for _ in range(draft.dims.layers)]
-    total: torch.Tensor = torch.zeros(())
+    total: torch.Tensor = torch.zeros((), device=aux.device)
     accuracy = []
     for k in range(recipe.ttt_steps):
         tokens = ids[:, k + 1 : k + 1 + t]
@@ -205,24 +205,28 @@ def ttt_loss(
         logits = draft.lm_head(draft.norm(out.prenorm[valid]))
         target = labels[valid]
         total = total + recipe.step_decay**k * F.cross_entropy(logits.float(), target)
-        accuracy.append(float((logits.argmax(-1) == target).float().mean()))
+        accuracy.append((logits.argmax(-1) == target).float().mean())
         hidden = out.prenorm
-    return total, accuracy
+    return total, [float(a) for a in torch.stack(accuracy).tolist()]
 
 
 def _collate(
     group: list[int], sequences: list[Sequence], features: list[torch.Tensor], steps: int
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """One padded batch, on the features' device."""
+    device = features[group[0]].device
     length = max(len(sequences[i].ids) for i in group)
     ids = torch.zeros(len(group), length + steps + 1, dtype=torch.long)
-    aux = torch.zeros(len(group), length, features[group[0]].shape[-1], dtype=torch.bfloat16)
+    aux = torch.zeros(
+        len(group), length, features[group[0]].shape[-1], dtype=torch.bfloat16, device=device
+    )
     for row, i in enumerate(group):
         n = len(sequences[i].ids)
         ids[row, :n] = sequences[i].ids
         aux[row, :n] = features[i]
     lengths = torch.tensor([len(sequences[i].ids) for i in group])
     starts = torch.tensor([sequences[i].answer_start for i in group])
-    return aux, ids, lengths, starts
+    return aux, ids.to(device), lengths.to(device), starts.to(device)
 
 
 def train(
@@ -234,10 +238,14 @@ def train(
     work: Path,
     log: Log,
 ) -> dict[str, Any]:
-    """Train ``draft`` in place (resuming from ``work``'s checkpoint); returns the run's summary."""
-    to_draft = torch.full((draft.dims.vocab,), -1, dtype=torch.long)
-    draft_ids = torch.arange(draft.dims.draft_vocab) + draft.d2t
-    to_draft[draft_ids] = torch.arange(draft.dims.draft_vocab)
+    """Train ``draft`` in place (resuming from ``work``'s checkpoint); returns the run's summary.
+
+    Runs on the draft's device (the features must be there too), in BF16 autocast.
+    """
+    device = draft.fc.weight.device
+    to_draft = torch.full((draft.dims.vocab,), -1, dtype=torch.long, device=device)
+    draft_ids = torch.arange(draft.dims.draft_vocab, device=device) + draft.d2t
+    to_draft[draft_ids] = torch.arange(draft.dims.draft_vocab, device=device)
     params = [p for p in draft.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(params, lr=recipe.lr, weight_decay=0.0, betas=(0.9, 0.95))
     plan = [
@@ -247,6 +255,7 @@ def train(
             [len(s.ids) for s in sequences], recipe.batch_tokens, random.Random(recipe.seed + epoch)
         )
     ]
+    work.mkdir(parents=True, exist_ok=True)
     done = _resume(draft, optimizer, work)
     started, smoothed = time.monotonic(), [float("nan")] * recipe.ttt_steps
     draft.train()
@@ -254,7 +263,7 @@ def train(
         for group in optimizer.param_groups:
             group["lr"] = recipe.lr * _schedule(step, len(plan), recipe.warmup_steps)
         batch = _collate(plan[step], sequences, features, recipe.ttt_steps)
-        with torch.autocast("cpu", dtype=torch.bfloat16):
+        with torch.autocast(device.type, dtype=torch.bfloat16):
             loss, accuracy = ttt_loss(draft, embed, *batch, to_draft=to_draft, recipe=recipe)
         optimizer.zero_grad()
         loss.backward()
@@ -306,6 +315,6 @@ def _resume(draft: Eagle3Draft, optimizer: Any, work: Path) -> int:
     for name, p in draft.named_parameters():
         prefix = f"optim.{name}."
         state = {k[len(prefix) :]: v for k, v in tensors.items() if k.startswith(prefix)}
-        if state:
-            optimizer.state[p] = state
+        if state:  # AdamW keeps its step count on the CPU
+            optimizer.state[p] = {k: v if k == "step" else v.to(p.device) for k, v in state.items()}
     return step

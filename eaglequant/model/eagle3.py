@@ -102,7 +102,7 @@ class Attention(nn.Module):
 
     def _rope(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         hd = self.head_dim
-        inv_freq = 1.0 / (self.rope_theta ** (torch.arange(0, hd, 2).float() / hd))
+        inv_freq = 1.0 / (self.rope_theta ** (torch.arange(0, hd, 2, device=x.device).float() / hd))
         freqs = positions.float()[..., None] * inv_freq  # (b, t, hd/2)
         cos = torch.cat([freqs.cos(), freqs.cos()], -1)[:, None].to(x.dtype)
         sin = torch.cat([freqs.sin(), freqs.sin()], -1)[:, None].to(x.dtype)

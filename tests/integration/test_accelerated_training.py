@@ -1,0 +1,136 @@
+"""The accelerator recipe's stages on the toy target, on the CPU: batched work equals one at a time.
+
+The lent accelerator runs these same functions on CUDA (the committed SmolLM2 draft was
+made so); here the batched greedy answers (left-padded) are held to each prompt answered
+alone, the batched states (right-padded) to each sequence's own forward, and training to a
+lower loss on its own batch. The target runs in float64 so that batching changes no argmax.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from eaglequant.examples import accelerated
+from eaglequant.examples import train_draft as td
+from eaglequant.examples.answers import cut_answer, generate_answers, pack_ids, unpack_ids
+from eaglequant.target_fit import default_aux_layers
+from tests.conftest import TOY
+
+ROWS = [[5, 6, 7], [], [8], [9, 10, 11, 12, 13]]
+
+
+@pytest.fixture(scope="module")
+def target() -> torch.nn.Module:
+    from transformers import LlamaForCausalLM
+
+    model = LlamaForCausalLM.from_pretrained(TOY / "target", dtype=torch.float64).eval()
+    model.requires_grad_(False)
+    return model
+
+
+@pytest.fixture(scope="module")
+def prompts() -> list[list[int]]:
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(TOY / "target")
+    texts = ["def add(a, b):", "import os\n", "class Point:\n    def __init__(self", "x = ["]
+    return [tokenizer(t)["input_ids"] for t in texts]
+
+
+def test_ids_round_trip_through_safetensors(tmp_path: Path) -> None:
+    save_file(pack_ids(ROWS), str(tmp_path / "ids.safetensors"))
+    assert unpack_ids(load_file(str(tmp_path / "ids.safetensors"))) == ROWS
+
+
+def test_an_answer_keeps_its_first_stop_token_and_nothing_after() -> None:
+    assert cut_answer([4, 2, 9, 2], {2}) == [4, 2]
+    assert cut_answer([4, 9], {2}) == [4, 9]
+
+
+def test_the_weights_digest_sees_one_changed_value(target: torch.nn.Module) -> None:
+    state = {k: v.clone() for k, v in target.state_dict().items()}
+    before = accelerated.weights_digest(state)
+    assert accelerated.weights_digest(state) == before
+    next(iter(state.values())).view(-1)[0] += 1
+    assert accelerated.weights_digest(state) != before
+
+
+def test_batched_answers_equal_each_prompt_answered_alone(
+    target: torch.nn.Module, prompts: list[list[int]]
+) -> None:
+    def answers(rows: list[list[int]], chunk: int) -> list[list[int]]:
+        return generate_answers(
+            target,
+            rows,
+            max_new_tokens=12,
+            chunk=chunk,
+            stop_ids={0},
+            pad_id=0,
+            deadline=float("inf"),
+            log=lambda _m: None,
+        )
+
+    batched = answers(prompts, chunk=3)
+    assert batched == [answers([p], chunk=1)[0] for p in prompts]
+    assert all(len(a) >= 2 for a in batched)  # a check that answered nothing proves nothing
+
+
+def test_batched_states_equal_each_sequence_alone(
+    target: torch.nn.Module, prompts: list[list[int]]
+) -> None:
+    sequences = [td.Sequence(torch.tensor([*p, 7, 8, 9]), len(p)) for p in prompts]
+    layers = (1, 2, 3)
+    batched = accelerated.device_features(target, sequences, layers, batch_tokens=48)
+    for sequence, states in zip(sequences, batched, strict=True):
+        alone = td._aux_states(target, sequence.ids, layers)
+        assert states.shape == alone.shape == (len(sequence.ids), 3 * target.config.hidden_size)
+        torch.testing.assert_close(states.float(), alone.float(), rtol=0, atol=0)
+
+
+def test_training_from_answers_lowers_the_loss_on_its_own_batch(
+    prompts: list[list[int]], tmp_path: Path
+) -> None:
+    from transformers import LlamaForCausalLM
+
+    model = LlamaForCausalLM.from_pretrained(TOY / "target", dtype=torch.bfloat16).eval()
+    model.requires_grad_(False)
+    answers = generate_answers(
+        model,
+        prompts,
+        max_new_tokens=24,
+        chunk=4,
+        stop_ids={0},
+        pad_id=0,
+        deadline=float("inf"),
+        log=lambda _m: None,
+    )
+    recipe = td.TrainRecipe(draft_vocab=256, epochs=0, batch_tokens=4096, lr=3e-3, warmup_steps=1)
+    untrained, *_ = accelerated.train_from_answers(
+        model, prompts, answers, recipe, tmp_path / "a", lambda _m: None
+    )
+    trained, config, as_trained, summary = accelerated.train_from_answers(
+        model, prompts, answers, replace(recipe, epochs=12), tmp_path / "b", lambda _m: None
+    )
+    aux = tuple(summary["aux_layers"])
+    assert as_trained.epochs == 12 and summary["result"]["steps"] == 12
+    assert config["draft_vocab_size"] == 256 and aux == default_aux_layers(4)
+    sequences = [
+        td.Sequence(torch.tensor(p + a), len(p)) for p, a in zip(prompts, answers, strict=True)
+    ]
+    features = accelerated.device_features(model, sequences, aux, 4096)
+    batch = td._collate(list(range(len(sequences))), sequences, features, recipe.ttt_steps)
+
+    def loss(draft: td.Eagle3Draft) -> float:
+        to_draft = torch.full((draft.dims.vocab,), -1, dtype=torch.long)
+        rows = torch.arange(draft.dims.draft_vocab)
+        to_draft[rows + draft.d2t] = rows
+        with torch.no_grad():
+            value, _ = td.ttt_loss(draft, model.model.embed_tokens, *batch, to_draft, recipe)
+        return float(value)
+
+    assert loss(trained) < 0.8 * loss(untrained)
