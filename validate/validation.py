@@ -283,7 +283,9 @@ def _lossless(request: ValidateRequest, engines: dict[str, EngineRun]) -> Check:
     scored = {role: (r["token_ids"], r.get("teacher_forced", [])) for role, r in results.items()}
     logits = all(r.get("teacher_forced_scores") == RAW_LOGITS for r in results.values())
     steps = request.tie_steps if logits else None
-    return teacher_forced_check(scored, request.lossless, request.tie_margin, steps)
+    return teacher_forced_check(
+        scored, request.lossless, request.tie_margin, steps, reference=ROLES[0]
+    )
 
 
 def _engine_checks(request: ValidateRequest, engines: dict[str, EngineRun]) -> list[Check]:

@@ -91,11 +91,13 @@ if TYPE_CHECKING:
 )
 @click.option(
     "--lossless",
-    type=click.Choice(["near-tie", "strict"]),
-    default="near-tie",
+    type=click.Choice(["paired", "near-tie", "strict"]),
+    default="paired",  # validate.lossless.DEFAULT_MODE
     show_default=True,
-    help="strict: outputs must equal the target's exactly; near-tie: a first divergence where "
-    "the run chose a token within --tie-margin of the target's best passes.",
+    help="strict: outputs must equal the target's exactly; near-tie: a token within "
+    "--tie-margin of the target's best passes; paired: also one the BF16 draft's own run "
+    "chose after the same prefix (the target's verify-against-prefill noise; teacher-forced "
+    "check 1 only).",
 )
 @tie_margin_option
 @engine_per_draft_option

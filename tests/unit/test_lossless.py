@@ -202,3 +202,52 @@ def test_raw_logits_judge_a_near_tie_in_bf16_steps_of_the_best_logit() -> None:
     assert not nats.passed and nats.numbers["scores"] == "logprobs"
     # strict passes no near-tie, in steps either
     assert not teacher_forced_check({"fp8": ([[7]], top)}, mode="strict", tie_steps=4.0).passed
+
+
+# The paired mode: prompt 1's position 2 scored 1.1 nats below the best (token 1 for 3)
+FLIPPED = [TARGET[0], [1, 2, 1, 4]]
+
+
+def _paired(bf16: list[list[int]], fp8: list[list[int]], reference: str | None = "bf16"):
+    return teacher_forced_check(
+        {"bf16": (bf16, TOP), "fp8": (fp8, TOP)}, mode="paired", tie_margin=0.1,
+        reference=reference,
+    )  # fmt: skip
+
+
+def test_paired_passes_a_flip_the_reference_run_makes_too_and_records_its_noise() -> None:
+    check = _paired(FLIPPED, FLIPPED)
+    assert check.passed, check.detail
+    noise, paired = check.numbers["divergences"]
+    assert (noise["draft"], noise["verdict"], noise["margin"]) == ("bf16", "noise", 1.1)
+    assert (paired["draft"], paired["prompt"], paired["position"]) == ("fp8", 1, 2)
+    assert paired["verdict"] == "paired"
+    assert check.numbers["paired_with"] == "bf16"
+    assert check.numbers["reference_noise"] == {"flips": 1, "largest_margin": 1.1}
+    assert "1 flip(s) the reference draft's run makes too" in check.detail
+    assert "margins up to 1.1" in check.detail
+
+
+def test_paired_fails_a_flip_the_reference_run_does_not_make() -> None:
+    check = _paired(TARGET, FLIPPED)
+    assert not check.passed
+    (failed,) = check.numbers["divergences"]
+    assert (failed["draft"], failed["verdict"]) == ("fp8", "fail")
+    assert check.numbers["reference_noise"] == {"flips": 0, "largest_margin": None}
+
+
+def test_paired_needs_the_same_prefix_not_only_the_same_token() -> None:
+    """The reference flipped the same token at the same position, after another prefix: no
+    pairing (its context differed), so the candidate's flip is judged on its own."""
+    other_prefix = [TARGET[0], [1, 12, 1, 4]]
+    check = _paired(other_prefix, FLIPPED)
+    assert not check.passed
+    assert [d["verdict"] for d in check.numbers["divergences"] if d["draft"] == "fp8"] == ["fail"]
+
+
+def test_paired_without_a_reference_run_judges_as_near_tie() -> None:
+    check = _paired(FLIPPED, FLIPPED, reference=None)
+    assert not check.passed and check.numbers["mode"] == "near-tie"
+    assert {d["verdict"] for d in check.numbers["divergences"]} == {"fail"}
+    near = _paired([[5, 11, 7, 8], TARGET[1]], [[5, 11, 7, 8], TARGET[1]], reference="absent")
+    assert near.passed and {d["verdict"] for d in near.numbers["divergences"]} == {"tie"}
