@@ -11,7 +11,7 @@ import pytest
 
 from eaglequant.errors import FetchFailed, InputError
 from eaglequant.examples import smollm2
-from eaglequant.examples.selfdistill import disjointness
+from eaglequant.examples.selfdistill import disjointness, without_overlap
 from eaglequant.io import packaged
 from eaglequant.prompts import cache
 from eaglequant.prompts.format import Prompt
@@ -103,3 +103,14 @@ def test_overlap_with_a_held_out_set_is_refused_and_counted() -> None:
     copied = "Please compose an engaging travel blog post about a trip to Hawaii today"
     with pytest.raises(InputError, match=r"mt-bench: 0 equal, 1 share a run of 8 words"):
         disjointness([*train, copied], [held])
+
+
+def test_overlapping_training_prompts_are_left_out_and_counted() -> None:
+    """The accelerator recipe drops what the CPU recipe refuses; what is left is disjoint."""
+    blog = Prompt("Compose an engaging travel blog post about a trip to Hawaii", "writing")
+    held = PromptSet("mt-bench", "0" * 64, [Prompt("Solve x + 1 = 2.", "math"), blog])
+    copied = "Please compose an engaging travel blog post about a trip to Hawaii today"
+    texts = ["Why is the sky blue?", " Solve x + 1 = 2. ", copied, "Tell me about Rust."]
+    kept, left_out = without_overlap(texts, [held])
+    assert kept == ["Why is the sky blue?", "Tell me about Rust."] and left_out == 2
+    assert disjointness(kept, [held])["mt-bench"]["shared_8_words"] == 0
