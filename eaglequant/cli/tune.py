@@ -137,6 +137,7 @@ def tune(
         isl=isl,
         osl=osl,
         prompts=bench_dataset_file(prompts, dataset) if prompts is not None else None,
+        prompts_source=None if prompts is None else str(prompts),
         dataset=dataset,
         num_prompts=num_prompts,
         repeats=repeats,

@@ -55,6 +55,9 @@ class TuneRequest:
     isl: int = 1024
     osl: int = 1024
     prompts: Path | None = None
+    # The prompts as the user named them (a set's name, or the path given), for the results:
+    # a set's resolved file lies in this machine's cache.
+    prompts_source: str | None = None
     # None: custom where prompts are given, else random.
     dataset: str | None = None
     num_prompts: int | None = None
@@ -209,7 +212,7 @@ def workload(request: TuneRequest, max_len: int) -> Workload:
         "isl": request.isl,
         "osl": request.osl,
         "repeats": request.repeats,
-        "prompts": str(request.prompts) if request.prompts else None,
+        "prompts": request.prompts_source or (str(request.prompts) if request.prompts else None),
         "dataset": dataset_name(request),
         "max_model_len": max_len,
         "tensor_parallel_size": request.engine.tensor_parallel_size,

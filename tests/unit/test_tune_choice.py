@@ -216,3 +216,16 @@ def test_under_data_parallelism_the_schedule_is_not_served_and_the_best_single_k
     assert summary["recommendation"]["reason"].startswith(
         "vLLM turns per-batch-size schedules off under data parallelism; "
     )
+
+
+def test_the_results_name_a_prompt_set_as_given_not_its_cached_file(tmp_path: Path) -> None:
+    """Results are published: a set's file lies in this machine's cache, so its name is kept."""
+    from dataclasses import replace
+
+    from eaglequant.tune.request import workload
+
+    cached = tmp_path / "cache" / "prompts" / "files" / "mt-bench-all.jsonl"
+    named = replace(REQUEST, prompts=cached, prompts_source="mt-bench")
+    assert workload(named, 256)["prompts"] == "mt-bench"
+    given = replace(REQUEST, prompts=Path("prompts.jsonl"))
+    assert workload(given, 256)["prompts"] == "prompts.jsonl"
