@@ -36,7 +36,7 @@ from eaglequant.render.card import (
 )
 from eaglequant.render.public import local_paths, replace_strings
 from eaglequant.render.reports import PLOTS
-from eaglequant.validation_report import ValidationReport, read_report
+from eaglequant.validation_report import PASS, ValidationReport, read_report
 
 VALIDATION_FILE = "validation.json"
 # Written beside the export by ``validate --json/--markdown`` when asked; read, never uploaded.
@@ -139,7 +139,7 @@ def check_folder(request: PublishRequest) -> tuple[list[Upload], str]:
     report = read_report(validation)
     check_report_binding(validation, report, files, folder)
     if not report.passed:
-        failed = [c.name for c in report.checks if not c.passed]
+        failed = [c.name for c in report.checks if c.counted != PASS]
         raise InputError(
             f"{validation}: the validation did not pass (failed: {', '.join(map(str, failed))}); "
             "only a draft that passed is published"
@@ -209,7 +209,9 @@ def _check_card(folder: Path, repo_id: str, files: dict[str, str], validation: P
 
 def verdict_text(report: ValidationReport) -> str:
     passed = sum(1 for c in report.checks if c.passed)
-    return f"validation passed ({passed}/{len(report.checks)} checks)"
+    undecided = report.undecided_categories
+    note = f"; undecided: {', '.join(undecided)}" if undecided else ""
+    return f"validation passed ({passed}/{len(report.checks)} checks{note})"
 
 
 def commit_message(verdict: str) -> str:

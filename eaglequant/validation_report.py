@@ -22,7 +22,7 @@ from eaglequant.errors import InputError
 from eaglequant.manifest import field_values, read_json_object
 
 REPORT_KIND = "eaglequant validation report"
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # 2: an undecided category check no longer holds back the overall verdict
 REPORT_KEYS = ("checks", "engines", "passed", "verdict", "prompts_sha256", "k", "max_tokens")
 PER_DRAFT = "per-draft"  # engine_mode: one engine per draft (the other: single, swapped)
 
@@ -71,6 +71,19 @@ class CheckId(StrEnum):
     ENGINES = "engines"  # an engine failed: no other check could run
 
 
+# Checks over the prompt categories: a category holds a tenth of MT-Bench (10 prompts), too few
+# to decide most of the time, so these hold the overall verdict back only when one FAILs. The
+# whole set's checks 2 and 5 must still be decided; an undecided category stays INCONCLUSIVE in
+# its own row, and the report says which.
+ADVISORY_WHEN_UNDECIDED = frozenset(
+    {
+        CheckId.ACCEPTANCE_BY_CATEGORY,
+        CheckId.PER_POSITION_BY_CATEGORY,
+        CheckId.REGRESSION_BY_CATEGORY,
+    }
+)
+
+
 @dataclass
 class Check:
     """One check's outcome. ``verdict`` is PASS, FAIL or INCONCLUSIVE (a pass/fail check:
@@ -91,6 +104,14 @@ class Check:
             raise ValueError(
                 f"check {self.name}: verdict {self.verdict!r} with passed={self.passed}"
             )
+
+    @property
+    def counted(self) -> str:
+        """The verdict as it counts towards the report's: an undecided category check's counts
+        as PASS (:data:`ADVISORY_WHEN_UNDECIDED`)."""
+        if self.verdict == INCONCLUSIVE and self.name in ADVISORY_WHEN_UNDECIDED:
+            return PASS
+        return self.verdict
 
     @classmethod
     def judged(
@@ -134,11 +155,16 @@ class ValidationReport:
 
     @property
     def passed(self) -> bool:
-        return all(c.passed for c in self.checks)
+        return self.verdict == PASS
 
     @property
     def verdict(self) -> str:
-        return overall_verdict([c.verdict for c in self.checks])
+        return overall_verdict([c.counted for c in self.checks])
+
+    @property
+    def undecided_categories(self) -> list[str]:
+        """The category checks left INCONCLUSIVE (they do not hold the verdict back)."""
+        return [str(c.name) for c in self.checks if c.counted != c.verdict]
 
     def check(self, name: CheckId) -> Check | None:
         """The check of that name (None: the report has none, e.g. after an engine failed)."""

@@ -53,7 +53,7 @@ from eaglequant.validate.request import ValidateRequest, engine_prompts, require
 from eaglequant.validate.run_slices import slice_run
 from eaglequant.validate.single_engine import EngineRuns, run_per_draft, run_single
 from eaglequant.validate.validation import run_engine, validate_draft
-from eaglequant.validation_report import Check, CheckId, ValidationReport
+from eaglequant.validation_report import PASS, Check, CheckId, ValidationReport
 
 BF16_ROLE, TARGET_ROLE = "bf16", "target"
 CAPTURE_DIR, CANDIDATES_DIR = "capture", "candidates"
@@ -372,7 +372,7 @@ def _row(
         acceptance_ratio=numbers.get("ratio"),
         min_acceptance_ratio=recipe.validation.min_acceptance_ratio,
         passed=report.passed,
-        failed_checks=[str(c.name) for c in report.checks if not c.passed],
+        failed_checks=[str(c.name) for c in report.checks if c.counted != PASS],
         failure=_failure(report.checks),
         verdict=report.verdict,
         prompt_set=report.prompt_set["source"] if report.prompt_set else "",
@@ -383,7 +383,7 @@ def _row(
 
 def _failure(checks: list[Check]) -> str | None:
     """The first failed check's detail; a failed engine's with its log's last error line."""
-    failed = next((c for c in checks if not c.passed), None)
+    failed = next((c for c in checks if c.counted != PASS), None)
     if failed is None:
         return None
     detail = failed.detail

@@ -167,6 +167,11 @@ def print_validation(report: ValidationReport) -> None:
         checks.add_row(check.name, f"[{style}]{check.verdict}[/{style}]", check.detail)
     console.print(checks)
     style = VERDICT_STYLES[report.verdict]
-    console.print(f"[{style}]{VERDICT_LINES[report.verdict]}[/{style}]")
+    line = VERDICT_LINES[report.verdict]
+    if report.verdict == "PASS" and report.undecided_categories:
+        line = "passed; undecided by category (too few prompts each): " + ", ".join(
+            report.undecided_categories
+        )
+    console.print(f"[{style}]{line}[/{style}]")
     if report.serve_command:
         console.print(f"equivalent serve line: {report.serve_command}", soft_wrap=True)
