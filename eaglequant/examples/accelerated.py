@@ -312,7 +312,7 @@ def recipe_record(
         "prompts": {
             "taken": prepared["prompts"],
             "kept": prepared["kept"],
-            "answered": summary["sequences"],
+            "answered": data.answered or prepared["kept"],
             "ids_sha256": prepared["sha256"],
             "rule": PROMPT_RULE,
         },

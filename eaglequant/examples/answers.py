@@ -97,13 +97,16 @@ def answer(
     log: Log,
 ) -> list[list[int]]:
     """Greedy answers to ``prompts``: those in ``answers_path`` are kept, the rest generated
-    a chunk at a time until ``deadline``, the file rewritten after each chunk."""
+    a chunk at a time while the last chunk's time still fits before ``deadline``, the file
+    rewritten after each chunk."""
     from safetensors.torch import load_file, save_file
 
     answers = unpack_ids(load_file(str(answers_path))) if answers_path.is_file() else []
     stop_ids = {int(tokenizer.eos_token_id)}
     pad_id = int(tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0)
-    while len(answers) < len(prompts) and time.monotonic() < deadline:
+    last = 0.0
+    while len(answers) < len(prompts) and time.monotonic() + last <= deadline:
+        began = time.monotonic()
         chunk = prompts[len(answers) : len(answers) + data.chunk]
         answers += generate_answers(
             model,
@@ -118,6 +121,7 @@ def answer(
         partial = answers_path.with_suffix(".partial")
         save_file(pack_ids(answers), str(partial))
         partial.rename(answers_path)
+        last = time.monotonic() - began
         log(f"{len(answers)}/{len(prompts)} prompts answered")
     return answers
 

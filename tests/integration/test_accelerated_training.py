@@ -134,3 +134,23 @@ def test_training_from_answers_lowers_the_loss_on_its_own_batch(
         return float(value)
 
     assert loss(trained) < 0.8 * loss(untrained)
+
+
+def test_answering_keeps_what_was_answered_and_stops_at_the_deadline(
+    target: torch.nn.Module, prompts: list[list[int]], tmp_path: Path
+) -> None:
+    from transformers import AutoTokenizer
+
+    from eaglequant.examples.answers import answer
+    from eaglequant.examples.selfdistill import DataRecipe
+
+    tokenizer = AutoTokenizer.from_pretrained(TOY / "target")
+    data = DataRecipe(max_answer_tokens=6, chunk=1, generator="transformers")
+    path = tmp_path / "answers.safetensors"
+    save_file(pack_ids([[41, 42]]), str(path))  # the first prompt's, from an earlier run
+    expired = answer(target, tokenizer, prompts, data, path, float("-inf"), lambda _m: None)
+    assert expired == [[41, 42]]  # nothing started after the deadline
+    done = answer(target, tokenizer, prompts, data, path, float("inf"), lambda _m: None)
+    assert done[0] == [41, 42] and len(done) == len(prompts)
+    assert all(1 <= len(a) <= 6 for a in done[1:])
+    assert unpack_ids(load_file(str(path))) == done  # rewritten as it went: a rerun resumes
