@@ -6,12 +6,13 @@ and transformers but no vLLM, and a bounded lease. So this module:
 
 - converts the pinned GGUF exactly as ``eaglequant example smollm2`` does, and
   proves the weights equal the CPU conversion's (a digest over every tensor);
-- generates the target's greedy answers with transformers (left-padded batches,
-  chunk by chunk in the prompts' order, each answer cut after its first
-  end-of-turn token, as vLLM's are);
+- generates the target's greedy answers with transformers
+  (:mod:`eaglequant.examples.answers`);
 - keeps every sequence's auxiliary states in accelerator memory;
-- sizes the epochs to the time left (measured on a few throwaway steps), then
-  trains with :func:`eaglequant.examples.train_draft.train` on the device.
+- sizes the epochs to the time left (measured on a few throwaway steps; it
+  overestimates, since a batch shape's first steps and the final checkpoint are
+  in the probe), or takes the recipe's, then trains with
+  :func:`eaglequant.examples.train_draft.train` on the device.
 
 What it chose (prompts answered, epochs) goes into its summary, so the recipe
 that ``recipe.json`` records is fixed numbers, not a time budget. Outputs:
