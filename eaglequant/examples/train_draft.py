@@ -229,6 +229,7 @@ def _collate(
     return aux, ids.to(device), lengths.to(device), starts.to(device)
 
 
+@torch.enable_grad()  # whatever the caller's grad mode (vLLM and Quark turn it off globally)
 def train(
     draft: Eagle3Draft,
     embed: torch.nn.Embedding,
