@@ -49,42 +49,26 @@ def generate_answers(
     prompts: list[list[int]],
     *,
     max_new_tokens: int,
-    chunk: int,
     stop_ids: set[int],
     pad_id: int,
-    deadline: float,
-    log: Log,
 ) -> list[list[int]]:
-    """Greedy answers for a prefix of ``prompts``, whole chunks at a time, until ``deadline``
-    (a chunk is started only when the last one's time still fits)."""
+    """Greedy answers to ``prompts`` as one left-padded batch."""
     device = next(model.parameters()).device
-    answers: list[list[int]] = []
-    last = 0.0
-    for start in range(0, len(prompts), chunk):
-        if time.monotonic() + last > deadline:
-            break
-        began = time.monotonic()
-        rows = prompts[start : start + chunk]
-        width = max(len(r) for r in rows)
-        ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
-        mask = torch.zeros((len(rows), width), dtype=torch.long)
-        for i, r in enumerate(rows):  # left padding
-            ids[i, width - len(r) :] = torch.tensor(r)
-            mask[i, width - len(r) :] = 1
-        out = model.generate(
-            input_ids=ids.to(device),
-            attention_mask=mask.to(device),
-            max_new_tokens=max_new_tokens,
-            do_sample=False,
-            pad_token_id=pad_id,
-            eos_token_id=sorted(stop_ids),
-        )
-        new = out[:, width:].tolist()
-        answers += [cut_answer(r, stop_ids) for r in new]
-        last = time.monotonic() - began
-        tokens = sum(len(a) for a in answers[start:])
-        log(f"answers {start + len(rows)}/{len(prompts)}: {tokens} tokens in {last:.1f} s")
-    return answers
+    width = max(len(r) for r in prompts)
+    ids = torch.full((len(prompts), width), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(prompts), width), dtype=torch.long)
+    for i, r in enumerate(prompts):  # left padding
+        ids[i, width - len(r) :] = torch.tensor(r)
+        mask[i, width - len(r) :] = 1
+    out = model.generate(
+        input_ids=ids.to(device),
+        attention_mask=mask.to(device),
+        max_new_tokens=max_new_tokens,
+        do_sample=False,
+        pad_token_id=pad_id,
+        eos_token_id=sorted(stop_ids),
+    )
+    return [cut_answer(r, stop_ids) for r in out[:, width:].tolist()]
 
 
 def answer(
@@ -108,25 +92,22 @@ def answer(
     while len(answers) < len(prompts) and time.monotonic() + last <= deadline:
         began = time.monotonic()
         chunk = prompts[len(answers) : len(answers) + data.chunk]
-        answers += generate_answers(
-            model,
-            chunk,
-            max_new_tokens=data.max_answer_tokens,
-            chunk=data.chunk,
-            stop_ids=stop_ids,
-            pad_id=pad_id,
-            deadline=deadline,
-            log=log,
+        new = generate_answers(
+            model, chunk, max_new_tokens=data.max_answer_tokens, stop_ids=stop_ids, pad_id=pad_id
         )
+        answers += new
         partial = answers_path.with_suffix(".partial")
         save_file(pack_ids(answers), str(partial))
         partial.rename(answers_path)
         last = time.monotonic() - began
-        log(f"{len(answers)}/{len(prompts)} prompts answered")
+        tokens = sum(len(a) for a in new)
+        log(f"{len(answers)}/{len(prompts)} prompts answered ({tokens} tokens in {last:.1f} s)")
     return answers
 
 
-def prepare_prompts(data: Any, target: Path, max_prompt_tokens: int, out: Path) -> dict[str, Any]:
+def prepare_prompts(
+    data: DataRecipe, target: Path, max_prompt_tokens: int, out: Path
+) -> dict[str, Any]:
     """The recipe's training prompts, rendered through the target's chat template and
     tokenized as vLLM's chat endpoint does, those over ``max_prompt_tokens`` left out;
     written with :func:`pack_ids`. Refuses prompts that overlap MT-Bench or HumanEval."""

@@ -63,20 +63,11 @@ def test_the_weights_digest_sees_one_changed_value(target: torch.nn.Module) -> N
 def test_batched_answers_equal_each_prompt_answered_alone(
     target: torch.nn.Module, prompts: list[list[int]]
 ) -> None:
-    def answers(rows: list[list[int]], chunk: int) -> list[list[int]]:
-        return generate_answers(
-            target,
-            rows,
-            max_new_tokens=12,
-            chunk=chunk,
-            stop_ids={0},
-            pad_id=0,
-            deadline=float("inf"),
-            log=lambda _m: None,
-        )
+    def answers(rows: list[list[int]]) -> list[list[int]]:
+        return generate_answers(target, rows, max_new_tokens=12, stop_ids={0}, pad_id=0)
 
-    batched = answers(prompts, chunk=3)
-    assert batched == [answers([p], chunk=1)[0] for p in prompts]
+    batched = answers(prompts)
+    assert batched == [answers([p])[0] for p in prompts]
     assert all(len(a) >= 2 for a in batched)  # a check that answered nothing proves nothing
 
 
@@ -99,16 +90,7 @@ def test_training_from_answers_lowers_the_loss_on_its_own_batch(
 
     model = LlamaForCausalLM.from_pretrained(TOY / "target", dtype=torch.bfloat16).eval()
     model.requires_grad_(False)
-    answers = generate_answers(
-        model,
-        prompts,
-        max_new_tokens=24,
-        chunk=4,
-        stop_ids={0},
-        pad_id=0,
-        deadline=float("inf"),
-        log=lambda _m: None,
-    )
+    answers = generate_answers(model, prompts, max_new_tokens=24, stop_ids={0}, pad_id=0)
     recipe = td.TrainRecipe(draft_vocab=256, epochs=0, batch_tokens=4096, lr=3e-3, warmup_steps=1)
     untrained, *_ = accelerated.train_from_answers(
         model, prompts, answers, recipe, tmp_path / "a", lambda _m: None
