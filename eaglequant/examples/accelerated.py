@@ -12,7 +12,8 @@ and transformers but no vLLM, and a bounded lease. So this module:
 - sizes the epochs to the time left (measured on a few throwaway steps; it
   overestimates, since a batch shape's first steps and the final checkpoint are
   in the probe), or takes the recipe's, then trains with
-  :func:`eaglequant.examples.train_draft.train` on the device.
+  :func:`eaglequant.examples.train_draft.train` on the device (with
+  ``held_out``, the epoch kept is the one that predicts held-out answers best).
 
 What it chose (prompts answered, epochs) goes into its summary, so the recipe
 that ``recipe.json`` records is fixed numbers, not a time budget. Outputs:
@@ -178,9 +179,9 @@ def train_from_answers(
     features = device_features(model, sequences, aux, FEATURE_BATCH_TOKENS)
     timings = {"features_s": round(time.monotonic() - mark, 1)}
     torch.manual_seed(train.seed)
-    draft, config = td.build_draft(
-        model, td.draft_vocabulary(sequences, train.draft_vocab), aux, train
-    )
+    fit, _ = td.split_held_out(len(sequences), train)  # the vocabulary sees no held-out answer
+    vocabulary = td.draft_vocabulary([sequences[i] for i in fit], train.draft_vocab)
+    draft, config = td.build_draft(model, vocabulary, aux, train)
     draft.to(device)
     embed = model.model.embed_tokens
     if seconds is not None:
@@ -241,7 +242,7 @@ def run(args: argparse.Namespace, log: Log) -> dict[str, Any]:
         "torch": torch.__version__,
         "target_weights_digest": digest,
         "prompts_answered": len(answers),
-        "answer_tokens": args.answer_tokens,
+        "max_answer_tokens": args.answer_tokens,
         "train": asdict(train),
         **summary,
     }

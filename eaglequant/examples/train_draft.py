@@ -23,7 +23,7 @@ import json
 import math
 import random
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -55,6 +55,7 @@ class TrainRecipe:
     checkpoint_every: int = 50
     seed: int = 0
     threads: int = 2
+    held_out: int = 0  # sequences kept out (seeded) to choose the epoch; 0: the last epoch
 
 
 @dataclass(frozen=True)
@@ -175,6 +176,37 @@ def batches(lengths: list[int], batch_tokens: int, rng: random.Random) -> list[l
     return groups
 
 
+def _unrolled(
+    draft: Eagle3Draft,
+    embed: torch.nn.Embedding,
+    aux: torch.Tensor,
+    ids: torch.Tensor,
+    lengths: torch.Tensor,
+    answer_starts: torch.Tensor,
+    to_draft: torch.Tensor,
+    steps: int,
+) -> Iterator[tuple[torch.Tensor, torch.Tensor, int]]:
+    """Each unrolled step's logits and draft-vocabulary labels at the answer positions whose
+    label the draft vocabulary holds, and how many answer positions the step had.
+
+    ``ids`` (b, L + steps) padded; ``aux`` (b, L, fc_in); base position i's
+    step k predicts the token at i+k+2, which counts where it lies in the answer.
+    """
+    b, t = aux.shape[0], aux.shape[1] - 1
+    base = torch.arange(t, device=aux.device).expand(b, t)
+    hidden = draft.fc(draft.fc_input(aux[:, :t].float()))
+    caches: list[tuple[list[torch.Tensor], ...]] = [([], []) for _ in range(draft.dims.layers)]
+    for k in range(steps):
+        tokens = ids[:, k + 1 : k + 1 + t]
+        out = draft._step(embed(tokens).float(), hidden, base + k, caches)
+        position = base + k + 2
+        labels = to_draft[ids[:, k + 2 : k + 2 + t]]
+        answer = (position < lengths[:, None]) & (position >= answer_starts[:, None])
+        valid = answer & (labels >= 0)
+        yield draft.lm_head(draft.norm(out.prenorm[valid])), labels[valid], int(answer.sum())
+        hidden = out.prenorm
+
+
 def ttt_loss(
     draft: Eagle3Draft,
     embed: torch.nn.Embedding,
@@ -185,29 +217,53 @@ def ttt_loss(
     to_draft: torch.Tensor,
     recipe: TrainRecipe,
 ) -> tuple[torch.Tensor, list[float]]:
-    """The weighted loss over the unrolled steps and each step's top-1 accuracy.
-
-    ``ids`` (b, L + steps) padded; ``aux`` (b, L, fc_in); base position i's
-    step k predicts the token at i+k+2, which counts where it lies in the answer.
-    """
-    b, t = aux.shape[0], aux.shape[1] - 1
-    base = torch.arange(t, device=aux.device).expand(b, t)
-    hidden = draft.fc(draft.fc_input(aux[:, :t].float()))
-    caches: list[tuple[list[torch.Tensor], ...]] = [([], []) for _ in range(draft.dims.layers)]
+    """The weighted loss over the unrolled steps and each step's top-1 accuracy (over the
+    answer tokens the draft vocabulary holds)."""
     total: torch.Tensor = torch.zeros((), device=aux.device)
     accuracy = []
-    for k in range(recipe.ttt_steps):
-        tokens = ids[:, k + 1 : k + 1 + t]
-        out = draft._step(embed(tokens).float(), hidden, base + k, caches)
-        position = base + k + 2
-        labels = to_draft[ids[:, k + 2 : k + 2 + t]]
-        valid = (position < lengths[:, None]) & (position >= answer_starts[:, None]) & (labels >= 0)
-        logits = draft.lm_head(draft.norm(out.prenorm[valid]))
-        target = labels[valid]
+    batch = (aux, ids, lengths, answer_starts)
+    for k, (logits, target, _) in enumerate(
+        _unrolled(draft, embed, *batch, to_draft, recipe.ttt_steps)
+    ):
         total = total + recipe.step_decay**k * F.cross_entropy(logits.float(), target)
         accuracy.append((logits.argmax(-1) == target).float().mean())
-        hidden = out.prenorm
     return total, [float(a) for a in torch.stack(accuracy).tolist()]
+
+
+@torch.no_grad()
+def held_out_top1(
+    draft: Eagle3Draft,
+    embed: torch.nn.Embedding,
+    sequences: list[Sequence],
+    features: list[torch.Tensor],
+    to_draft: torch.Tensor,
+    recipe: TrainRecipe,
+) -> list[float]:
+    """Each unrolled step's top-1 over every answer token of ``sequences`` (a token outside
+    the draft vocabulary is a miss), the correct tokens fed in as vLLM feeds accepted ones."""
+    hits, seen = [0] * recipe.ttt_steps, [0] * recipe.ttt_steps
+    was_training = draft.training
+    draft.eval()
+    device = draft.fc.weight.device
+    for group in batches([len(s.ids) for s in sequences], recipe.batch_tokens, random.Random(0)):
+        batch = _collate(group, sequences, features, recipe.ttt_steps)
+        with torch.autocast(device.type, dtype=torch.bfloat16):
+            for k, (logits, target, answer) in enumerate(
+                _unrolled(draft, embed, *batch, to_draft, recipe.ttt_steps)
+            ):
+                hits[k] += int((logits.argmax(-1) == target).sum())
+                seen[k] += answer
+    draft.train(was_training)
+    return [h / max(1, n) for h, n in zip(hits, seen, strict=True)]
+
+
+def acceptance_proxy(top1: list[float]) -> float:
+    """1 + p1 + p1*p2 + ...: the mean acceptance length if the steps' hits were independent."""
+    length, chain = 1.0, 1.0
+    for p in top1:
+        chain *= p
+        length += chain
+    return length
 
 
 def _collate(
@@ -229,6 +285,12 @@ def _collate(
     return aux, ids.to(device), lengths.to(device), starts.to(device)
 
 
+def split_held_out(count: int, recipe: TrainRecipe) -> tuple[list[int], list[int]]:
+    """The indices trained on and the ``recipe.held_out`` kept out (seeded), each sorted."""
+    kept_out = set(random.Random(recipe.seed).sample(range(count), min(recipe.held_out, count)))
+    return [i for i in range(count) if i not in kept_out], sorted(kept_out)
+
+
 @torch.enable_grad()  # whatever the caller's grad mode (vLLM and Quark turn it off globally)
 def train(
     draft: Eagle3Draft,
@@ -242,6 +304,9 @@ def train(
     """Train ``draft`` in place (resuming from ``work``'s checkpoint); returns the run's summary.
 
     Runs on the draft's device (the features must be there too), in BF16 autocast.
+    With ``recipe.held_out``, that many sequences are kept out of training; after
+    each epoch their per-step top-1 is measured, and the draft ends with the
+    weights of the epoch whose :func:`acceptance_proxy` was highest.
     """
     device = draft.fc.weight.device
     to_draft = torch.full((draft.dims.vocab,), -1, dtype=torch.long, device=device)
@@ -249,15 +314,19 @@ def train(
     to_draft[draft_ids] = torch.arange(draft.dims.draft_vocab, device=device)
     params = [p for p in draft.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(params, lr=recipe.lr, weight_decay=0.0, betas=(0.9, 0.95))
-    plan = [
-        group
-        for epoch in range(recipe.epochs)
-        for group in batches(
+    fit, kept_out = split_held_out(len(sequences), recipe)
+    held = [sequences[i] for i in kept_out], [features[i] for i in kept_out]
+    sequences, features = [sequences[i] for i in fit], [features[i] for i in fit]
+    epochs = [
+        batches(
             [len(s.ids) for s in sequences], recipe.batch_tokens, random.Random(recipe.seed + epoch)
         )
+        for epoch in range(recipe.epochs)
     ]
+    plan = [group for groups in epochs for group in groups]
+    epoch_ends = {sum(len(g) for g in epochs[: e + 1]) for e in range(len(epochs))}
     work.mkdir(parents=True, exist_ok=True)
-    done = _resume(draft, optimizer, work)
+    done, best = _resume(draft, optimizer, work)
     started, smoothed = time.monotonic(), [float("nan")] * recipe.ttt_steps
     draft.train()
     for step in range(done, len(plan)):
@@ -279,9 +348,37 @@ def train(
                 f"step {step + 1}/{len(plan)}: loss {loss.item():.3f}, top-1 by step {shown}, "
                 f"{rate:.2f} steps/s"
             )
+        if held[0] and step + 1 in epoch_ends:
+            top1 = held_out_top1(draft, embed, *held, to_draft, recipe)
+            best = _record_epoch(best, draft, top1)
+            shown = ", ".join(f"{a:.4f}" for a in top1)
+            log(f"epoch {len(best['by_epoch'])}: held-out top-1 by step {shown}")
         if (step + 1) % recipe.checkpoint_every == 0 or step + 1 == len(plan):
-            _checkpoint(draft, optimizer, step + 1, work)
-    return {"steps": len(plan), "top1_by_step_smoothed": [round(a, 4) for a in smoothed]}
+            _checkpoint(draft, optimizer, step + 1, best, work)
+    summary: dict[str, Any] = {
+        "steps": len(plan),
+        "top1_by_step_smoothed": [round(a, 4) for a in smoothed],
+    }
+    if held[0]:
+        draft.load_state_dict(best["weights"])
+        summary["held_out"] = {
+            "sequences": len(held[0]),
+            "top1_by_step_by_epoch": best["by_epoch"],
+            "chosen_epoch": best["epoch"],
+        }
+        log(f"kept epoch {best['epoch']} of {len(epochs)} (held-out acceptance proxy)")
+    return summary
+
+
+def _record_epoch(best: dict[str, Any], draft: Eagle3Draft, top1: list[float]) -> dict[str, Any]:
+    """``best`` with this epoch's held-out top-1 added, and its weights if it is the best."""
+    by_epoch = [*best["by_epoch"], [round(a, 4) for a in top1]]
+    if best["epoch"] and acceptance_proxy(top1) <= acceptance_proxy(
+        best["by_epoch"][best["epoch"] - 1]
+    ):
+        return best | {"by_epoch": by_epoch}
+    weights = {k: v.detach().cpu().clone() for k, v in draft.state_dict().items()}
+    return {"by_epoch": by_epoch, "epoch": len(by_epoch), "weights": weights}
 
 
 def _schedule(step: int, steps: int, warmup: int) -> float:
@@ -289,10 +386,13 @@ def _schedule(step: int, steps: int, warmup: int) -> float:
     return min(1.0, (step + 1) / warmup) * (0.1 + 0.45 * (1 + math.cos(math.pi * step / steps)))
 
 
-def _checkpoint(draft: Eagle3Draft, optimizer: Any, step: int, work: Path) -> None:
+def _checkpoint(
+    draft: Eagle3Draft, optimizer: Any, step: int, best: dict[str, Any], work: Path
+) -> None:
     from safetensors.torch import save_file
 
     tensors = {f"model.{k}": v.contiguous() for k, v in draft.state_dict().items()}
+    tensors |= {f"best.{k}": v.contiguous() for k, v in best["weights"].items()}
     names = {id(p): n for n, p in draft.named_parameters()}
     for group in optimizer.param_groups:
         for p in group["params"]:
@@ -302,20 +402,30 @@ def _checkpoint(draft: Eagle3Draft, optimizer: Any, step: int, work: Path) -> No
     partial = work / (CHECKPOINT + ".partial")
     save_file(tensors, str(partial))
     partial.rename(work / CHECKPOINT)
-    (work / CHECKPOINT_STATE).write_text(json.dumps({"step": step}) + "\n")
+    state = {"step": step, "best_epoch": best["epoch"], "by_epoch": best["by_epoch"]}
+    (work / CHECKPOINT_STATE).write_text(json.dumps(state) + "\n")
 
 
-def _resume(draft: Eagle3Draft, optimizer: Any, work: Path) -> int:
+def _resume(draft: Eagle3Draft, optimizer: Any, work: Path) -> tuple[int, dict[str, Any]]:
+    """The steps done and the held-out record (best epoch, its weights, every epoch's top-1)."""
     from safetensors.torch import load_file
 
+    best: dict[str, Any] = {"by_epoch": [], "epoch": 0, "weights": {}}
     if not (work / CHECKPOINT_STATE).is_file():
-        return 0
-    step = int(json.loads((work / CHECKPOINT_STATE).read_text())["step"])
+        return 0, best
+    state = json.loads((work / CHECKPOINT_STATE).read_text())
     tensors = load_file(str(work / CHECKPOINT))
     draft.load_state_dict({k[6:]: v for k, v in tensors.items() if k.startswith("model.")})
+    best = {
+        "by_epoch": state.get("by_epoch", []),
+        "epoch": state.get("best_epoch", 0),
+        "weights": {k[5:]: v for k, v in tensors.items() if k.startswith("best.")},
+    }
     for name, p in draft.named_parameters():
         prefix = f"optim.{name}."
-        state = {k[len(prefix) :]: v for k, v in tensors.items() if k.startswith(prefix)}
-        if state:  # AdamW keeps its step count on the CPU
-            optimizer.state[p] = {k: v if k == "step" else v.to(p.device) for k, v in state.items()}
-    return step
+        state_p = {k[len(prefix) :]: v for k, v in tensors.items() if k.startswith(prefix)}
+        if state_p:  # AdamW keeps its step count on the CPU
+            optimizer.state[p] = {
+                k: v if k == "step" else v.to(p.device) for k, v in state_p.items()
+            }
+    return int(state["step"]), best

@@ -8,6 +8,7 @@ lower loss on its own batch. The target runs in float64 so that batching changes
 
 from __future__ import annotations
 
+import copy
 from dataclasses import replace
 from pathlib import Path
 
@@ -137,3 +138,62 @@ def test_answering_keeps_what_was_answered_and_stops_at_the_deadline(
     assert done[0] == [41, 42] and len(done) == len(prompts)
     assert all(1 <= len(a) <= 6 for a in done[1:])
     assert unpack_ids(load_file(str(path))) == done  # rewritten as it went: a rerun resumes
+
+
+def test_held_out_sequences_choose_the_epoch_the_draft_ends_with(tmp_path: Path) -> None:
+    from transformers import AutoTokenizer, LlamaForCausalLM
+
+    model = LlamaForCausalLM.from_pretrained(TOY / "target", dtype=torch.bfloat16).eval()
+    model.requires_grad_(False)
+    tokenizer = AutoTokenizer.from_pretrained(TOY / "target")
+    heads = ["def ", "import ", "class ", "for ", "if ", "return ", "with ", "    self."]
+    prompts = [tokenizer(h)["input_ids"] for h in heads]
+    answers = generate_answers(model, prompts, max_new_tokens=48, stop_ids={0}, pad_id=0)
+    recipe = td.TrainRecipe(
+        draft_vocab=256, epochs=6, batch_tokens=4096, lr=3e-3, warmup_steps=1, held_out=2
+    )
+    logged: list[str] = []
+    trained, _config, _recipe, summary = accelerated.train_from_answers(
+        model, prompts, answers, recipe, tmp_path, logged.append
+    )
+    held = summary["result"]["held_out"]
+    by_epoch = held["top1_by_step_by_epoch"]
+    assert held["sequences"] == 2 and summary["result"]["steps"] == 6 and len(by_epoch) == 6
+    proxies = [td.acceptance_proxy(t) for t in by_epoch]
+    assert held["chosen_epoch"] == 1 + proxies.index(max(proxies))
+    assert any(max(t) > 0 for t in by_epoch)  # a held-out set that saw no hit chose nothing
+    # the draft is the chosen epoch's: its held-out top-1, measured again, is that epoch's
+    assert all(len(a) >= 2 for a in answers)  # so train_from_answers kept every sequence
+    fit, kept_out = td.split_held_out(len(prompts), recipe)
+    assert len(kept_out) == 2 and sorted(fit + kept_out) == list(range(len(prompts)))
+    held_out = [
+        td.Sequence(torch.tensor(prompts[i] + answers[i]), len(prompts[i])) for i in kept_out
+    ]
+    aux = tuple(summary["aux_layers"])
+    features = accelerated.device_features(model, held_out, aux, 4096)
+    to_draft = torch.full((trained.dims.vocab,), -1, dtype=torch.long)
+    rows = torch.arange(trained.dims.draft_vocab)
+    to_draft[rows + trained.d2t] = rows
+    top1 = td.held_out_top1(trained, model.model.embed_tokens, held_out, features, to_draft, recipe)
+    assert [round(a, 4) for a in top1] == by_epoch[held["chosen_epoch"] - 1]
+    assert any("held-out top-1" in line for line in logged)
+    # a rerun in the same folder resumes from the last checkpoint, which keeps the choice
+    every = [
+        td.Sequence(torch.tensor(p + a), len(p)) for p, a in zip(prompts, answers, strict=True)
+    ]
+    resumed = copy.deepcopy(trained)
+    with torch.no_grad():
+        for parameter in resumed.parameters():
+            parameter.add_(1.0)
+    again = td.train(
+        resumed,
+        model.model.embed_tokens,
+        every,
+        accelerated.device_features(model, every, aux, 4096),
+        recipe,
+        tmp_path / "train",
+        lambda _m: None,
+    )
+    assert again["held_out"] == held
+    for name, value in trained.state_dict().items():
+        torch.testing.assert_close(resumed.state_dict()[name], value, rtol=0, atol=0)
