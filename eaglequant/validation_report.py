@@ -13,13 +13,15 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from enum import StrEnum
 from pathlib import Path
 from typing import Any, TypedDict
 
+from eaglequant.engine.result import EngineRecord, RequestCounts, SpecMetrics
 from eaglequant.errors import InputError
 from eaglequant.manifest import field_values, read_json_object
+from eaglequant.spec_counts import Acceptance
 
 REPORT_KIND = "eaglequant validation report"
 SCHEMA_VERSION = 2  # 2: an undecided category check no longer holds back the overall verdict
@@ -121,6 +123,43 @@ class Check:
         return cls(name, verdict == PASS, detail, numbers or {}, verdict)
 
 
+@dataclass(frozen=True)
+class EngineSummary:
+    """What a report keeps of one engine run (``engines.<role>``): how it ended, and when it
+    finished its timings, vLLM's counters and the acceptance they give, its configuration,
+    per-prompt counts (None: no speculation) and outputs; a failed run's log tail. The fields
+    after ``wall_s`` are written only where they are set."""
+
+    ok: bool
+    returncode: int | None
+    timed_out: bool
+    wall_s: float
+    load_s: float | None = None
+    generate_s: float | None = None
+    swapped: bool | None = None
+    metrics: SpecMetrics | None = None
+    kernels: list[str] | None = None
+    engine_config: EngineRecord | None = None
+    acceptance: Acceptance | None = None
+    per_prompt: list[RequestCounts | None] | None = None
+    outputs_sha256: str | None = None
+    token_ids: list[list[int]] | None = None
+    log_tail: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        data = {f.name: getattr(self, f.name) for f in fields(self)}
+        data["acceptance"] = self.acceptance.to_json() if self.acceptance else None
+        always = ("ok", "returncode", "timed_out", "wall_s")
+        return {key: value for key, value in data.items() if value is not None or key in always}
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> EngineSummary:
+        values = field_values(cls, data)
+        if values.get("acceptance") is not None:
+            values["acceptance"] = Acceptance.from_json(values["acceptance"])
+        return cls(**values)
+
+
 @dataclass
 class ValidationReport:
     """What ``validate`` measured and decided (its JSON: :meth:`to_json`)."""
@@ -133,7 +172,7 @@ class ValidationReport:
     max_tokens: int
     backend: str
     plugin_active: bool
-    engines: dict[str, dict[str, Any]]  # by role: what the report keeps of each engine run
+    engines: dict[str, EngineSummary]  # by role
     checks: list[Check]
     prompts_sha256: str
     serve_command: str | None = None
@@ -172,6 +211,7 @@ class ValidationReport:
 
     def to_json(self) -> dict[str, Any]:
         data = {"kind": REPORT_KIND, "schema_version": SCHEMA_VERSION, **asdict(self)}
+        data["engines"] = {role: e.to_json() for role, e in self.engines.items()}
         data["checks"] = [asdict(c) | {"name": str(c.name)} for c in self.checks]
         data["passed"] = self.passed
         data["verdict"] = self.verdict
@@ -182,6 +222,7 @@ class ValidationReport:
         """The report :meth:`to_json` wrote (kind and schema checked by :func:`read_report`)."""
         values = field_values(cls, data)
         values["checks"] = [Check(**check) for check in data["checks"]]
+        values["engines"] = {r: EngineSummary.from_json(e) for r, e in data["engines"].items()}
         return cls(**values)
 
 

@@ -13,11 +13,10 @@ reports have categories (:func:`category_regression`).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, replace
 from typing import Any
 
-from eaglequant.spec_counts import SpecDecodeCounts
 from eaglequant.validate.acceptance import AcceptanceThresholds, acceptance_checks
 from eaglequant.validate.regression import RunCounts, regression_check
 from eaglequant.validate.stats import PromptCounts, pooled_counts
@@ -43,10 +42,9 @@ def by_category(
     *,
     min_drafts: int,
     thresholds: AcceptanceThresholds,
-    acceptance: Callable[[SpecDecodeCounts], dict[str, Any]],
 ) -> dict[str, dict[str, Any]]:
-    """For each category: its prompt count, each draft's acceptance (``acceptance`` of the
-    pooled counts), whether it is judged and, if so, its checks 2 and 5.
+    """For each category: its prompt count, each draft's acceptance (of the pooled counts, with
+    the tokens drafted), whether it is judged and, if so, its checks 2 and 5.
 
     ``counts``: for ``bf16`` and ``fp8``, one record per prompt, in prompt order.
     """
@@ -56,7 +54,7 @@ def by_category(
         row: dict[str, Any] = {"prompts": len(indices)}
         for role in ROLES:
             pooled = pooled_counts(subset[role])
-            row[role] = acceptance(pooled) | {"draft_tokens": pooled.draft_tokens}
+            row[role] = pooled.acceptance(with_draft_tokens=True).to_json()
         row["judged"] = all(row[role]["draft_tokens"] >= min_drafts for role in ROLES)
         if row["judged"]:
             checks = acceptance_checks(subset["fp8"], subset["bf16"], thresholds)

@@ -69,7 +69,7 @@ from eaglequant.validate.categories import (
     category_checks,
     category_regression,
 )
-from eaglequant.validate.engine_summary import acceptance, engine_summary, outputs_digest
+from eaglequant.validate.engine_summary import engine_summary, outputs_digest
 from eaglequant.validate.layers import (
     checkpoint_kv_scales,
     expected_schemes,
@@ -197,7 +197,6 @@ def _categories(
         counts,
         min_drafts=request.min_category_drafts,
         thresholds=_thresholds(request),
-        acceptance=acceptance,
     )
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from eaglequant.engine.result import EngineRecord
 from eaglequant.environment import reproducing_env
 from eaglequant.validation_report import FAIL, INCONCLUSIVE, PASS, ValidationReport
 
@@ -30,13 +31,18 @@ def acceptance_rows(report: ValidationReport) -> list[tuple[str, str, str, str]]
     """(draft, mean acceptance length, by position, engine timings) for BF16 and FP8."""
     rows = []
     for role in ("bf16", "fp8"):
-        engine = report.engines.get(role, {})
-        acc = engine.get("acceptance") or {}
-        mean = acc.get("mean_length")
-        per_pos = " / ".join(f"{p:.3f}" for p in acc.get("per_position", [])) or "-"
-        timing = f"load {engine.get('load_s', '-')}s, generate {engine.get('generate_s', '-')}s"
-        rows.append((role.upper(), "-" if mean is None else f"{mean:.3f}", per_pos, timing))
+        engine = report.engines.get(role)
+        acc = engine.acceptance if engine else None
+        mean = acc.mean_length if acc else None
+        per_pos = " / ".join(f"{p:.3f}" for p in acc.per_position) if acc else ""
+        load, generate = (engine.load_s, engine.generate_s) if engine else (None, None)
+        timing = f"load {_or_dash(load)}s, generate {_or_dash(generate)}s"
+        rows.append((role.upper(), "-" if mean is None else f"{mean:.3f}", per_pos or "-", timing))
     return rows
+
+
+def _or_dash(value: object) -> str:
+    return "-" if value is None else str(value)
 
 
 def category_rows(categories: Mapping[str, Mapping[str, Any]] | None) -> list[tuple[str, ...]]:
@@ -113,9 +119,15 @@ def prompts_line(report: ValidationReport) -> str:
     return text
 
 
+def _fp8_config(report: ValidationReport) -> EngineRecord | None:
+    fp8 = report.engines.get("fp8")
+    return fp8.engine_config if fp8 else None
+
+
 def validation_markdown(report: ValidationReport, heading: str = "##") -> str:
     """The validation report: setup, acceptance table, checks, verdict, serve line."""
-    llm = report.engines.get("fp8", {}).get("engine_config", {}).get("llm", {})
+    config = _fp8_config(report)
+    llm = config["llm"] if config else {}
     lines = [
         f"{heading} Validation in vLLM speculative decoding (`eaglequant validate`)",
         "",
@@ -131,7 +143,6 @@ def validation_markdown(report: ValidationReport, heading: str = "##") -> str:
     lines += [prompts_line(report), ""]
     if report.serve_command:
         lines += [f"Equivalent serve line: `{report.serve_command}`", ""]
-    config = report.engines.get("fp8", {}).get("engine_config")
     if config:
         kept = reproducing_env(config["env"])  # the JSON keeps all, per-run random ones too
         env = ", ".join(f"`{k}={v}`" for k, v in sorted(kept.items())) or "none"

@@ -7,7 +7,6 @@ import pytest
 from eaglequant.render.validation_tables import category_markdown
 from eaglequant.validate.acceptance import AcceptanceThresholds
 from eaglequant.validate.categories import by_category, category_checks, category_regression
-from eaglequant.validate.engine_summary import acceptance
 from eaglequant.validate.regression import RunCounts
 from eaglequant.validate.stats import PromptCounts
 
@@ -26,9 +25,7 @@ def _table(min_drafts: int) -> dict:
         "bf16": [_counts(full), _counts([1, 1, 1, 1]), *[_counts(full)] * 3],
         "fp8": [_counts(half), _counts([1, 1, 1, 1]), _counts(half), _counts(half), _counts(full)],
     }
-    return by_category(
-        categories, per_request, min_drafts=min_drafts, thresholds=THRESHOLDS, acceptance=acceptance
-    )
+    return by_category(categories, per_request, min_drafts=min_drafts, thresholds=THRESHOLDS)
 
 
 def test_pooled_category_counts_give_vllms_mean_and_per_position() -> None:
