@@ -123,6 +123,56 @@ class Check:
         return cls(name, verdict == PASS, detail, numbers or {}, verdict)
 
 
+def check_json(check: Check) -> dict[str, Any]:
+    """One check as a report writes it (its name as shown)."""
+    return asdict(check) | {"name": str(check.name)}
+
+
+@dataclass(frozen=True)
+class CategoryRow:
+    """One prompt category of a report (``categories.<name>``): its prompts, each draft's
+    acceptance pooled over them (with the tokens drafted), and checks 2 and 5 on its prompts
+    alone when it is judged (both drafts drafted enough tokens in it)."""
+
+    prompts: int
+    bf16: Acceptance
+    fp8: Acceptance
+    checks: tuple[Check, Check] | None = None  # 2 acceptance, 5 per-position
+
+    @property
+    def judged(self) -> bool:
+        return self.checks is not None
+
+    def to_json(self) -> dict[str, Any]:
+        data = {
+            "prompts": self.prompts,
+            "bf16": self.bf16.to_json(),
+            "fp8": self.fp8.to_json(),
+            "judged": self.judged,
+        }
+        if self.checks is not None:
+            data["checks"] = {n: check_json(c) for n, c in zip("25", self.checks, strict=True)}
+        return data
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> CategoryRow:
+        checks = data.get("checks")
+        return cls(
+            prompts=int(data["prompts"]),
+            bf16=Acceptance.from_json(data["bf16"]),
+            fp8=Acceptance.from_json(data["fp8"]),
+            checks=(Check(**checks["2"]), Check(**checks["5"])) if checks else None,
+        )
+
+
+def categories_json(categories: Mapping[str, CategoryRow] | None) -> dict[str, Any] | None:
+    return None if categories is None else {n: r.to_json() for n, r in categories.items()}
+
+
+def categories_from_json(data: Mapping[str, Any] | None) -> dict[str, CategoryRow] | None:
+    return None if data is None else {n: CategoryRow.from_json(r) for n, r in data.items()}
+
+
 @dataclass(frozen=True)
 class EngineSummary:
     """What a report keeps of one engine run (``engines.<role>``): how it ended, and when it
@@ -183,7 +233,7 @@ class ValidationReport:
     chat_template: bool = False
     prompt_set: PromptSetRecord | None = None
     calibration_overlap: CalibrationOverlap | None = None
-    categories: dict[str, dict[str, Any]] | None = None
+    categories: dict[str, CategoryRow] | None = None
     min_category_drafts: int | None = None
     prompt_categories: list[str] | None = None
     engine_mode: str = PER_DRAFT
@@ -212,7 +262,8 @@ class ValidationReport:
     def to_json(self) -> dict[str, Any]:
         data = {"kind": REPORT_KIND, "schema_version": SCHEMA_VERSION, **asdict(self)}
         data["engines"] = {role: e.to_json() for role, e in self.engines.items()}
-        data["checks"] = [asdict(c) | {"name": str(c.name)} for c in self.checks]
+        data["checks"] = [check_json(c) for c in self.checks]
+        data["categories"] = categories_json(self.categories)
         data["passed"] = self.passed
         data["verdict"] = self.verdict
         return data
@@ -223,6 +274,7 @@ class ValidationReport:
         values = field_values(cls, data)
         values["checks"] = [Check(**check) for check in data["checks"]]
         values["engines"] = {r: EngineSummary.from_json(e) for r, e in data["engines"].items()}
+        values["categories"] = categories_from_json(data.get("categories"))
         return cls(**values)
 
 

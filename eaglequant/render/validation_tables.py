@@ -4,11 +4,10 @@ and the per-category table compare shares, read from a :class:`ValidationReport`
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
 
 from eaglequant.engine.result import EngineRecord
 from eaglequant.environment import reproducing_env
-from eaglequant.validation_report import FAIL, INCONCLUSIVE, PASS, ValidationReport
+from eaglequant.validation_report import FAIL, INCONCLUSIVE, PASS, CategoryRow, ValidationReport
 
 CATEGORY_COLUMNS = (
     "category",
@@ -45,31 +44,30 @@ def _or_dash(value: object) -> str:
     return "-" if value is None else str(value)
 
 
-def category_rows(categories: Mapping[str, Mapping[str, Any]] | None) -> list[tuple[str, ...]]:
+def category_rows(categories: Mapping[str, CategoryRow] | None) -> list[tuple[str, ...]]:
     """Per category: prompts, draft tokens, BF16 and FP8 mean acceptance, ratio, by position,
     and whether the checks judged it (and how)."""
     rows = []
     for name, row in (categories or {}).items():
-        bf16, fp8 = row["bf16"], row["fp8"]
-        means = (bf16["mean_length"], fp8["mean_length"])
+        bf16, fp8 = row.bf16, row.fp8
+        means = (bf16.mean_length, fp8.mean_length)
         ratio = "-"
-        if None not in means and means[0]:
+        if means[0] and means[1] is not None:
             ratio = f"{means[1] / means[0]:.3f}"
-        checks = row.get("checks")
         verdicts = "reported, not judged"
-        if checks:
-            interval = checks["2"]["numbers"]["interval"]
+        if row.checks:
+            two, five = row.checks
+            interval = two.numbers["interval"]
             ratio += f" [{interval['low']:.3f}, {interval['high']:.3f}]"
-            verdicts = f"2 {checks['2']['verdict']}, 5 {checks['5']['verdict']}"
+            verdicts = f"2 {two.verdict}, 5 {five.verdict}"
         positions = " / ".join(
-            f"{f:.3f}:{b:.3f}"
-            for f, b in zip(fp8["per_position"], bf16["per_position"], strict=False)
+            f"{f:.3f}:{b:.3f}" for f, b in zip(fp8.per_position, bf16.per_position, strict=False)
         )
         rows.append(
             (
                 name,
-                str(row["prompts"]),
-                f"{bf16['draft_tokens']} / {fp8['draft_tokens']}",
+                str(row.prompts),
+                f"{bf16.draft_tokens} / {fp8.draft_tokens}",
                 *("-" if m is None else f"{m:.3f}" for m in means),
                 ratio,
                 positions or "-",
@@ -80,7 +78,7 @@ def category_rows(categories: Mapping[str, Mapping[str, Any]] | None) -> list[tu
 
 
 def category_markdown(
-    categories: Mapping[str, Mapping[str, Any]] | None, min_category_drafts: int | None
+    categories: Mapping[str, CategoryRow] | None, min_category_drafts: int | None
 ) -> list[str]:
     """The per-category table (no lines when there are no categories)."""
     rows = category_rows(categories)
