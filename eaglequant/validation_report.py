@@ -18,6 +18,7 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Any, TypedDict
 
+from eaglequant.binding import Binding
 from eaglequant.engine.result import EngineRecord, RequestCounts, SpecMetrics
 from eaglequant.errors import InputError
 from eaglequant.manifest import field_values, read_json_object
@@ -226,8 +227,7 @@ class ValidationReport:
     checks: list[Check]
     prompts_sha256: str
     serve_command: str | None = None
-    # The bytes validated: {"draft"|"baseline": {"name", "files": {relative path: sha256}}}.
-    files: dict[str, Any] = field(default_factory=dict)
+    files: dict[str, Binding] = field(default_factory=dict)  # the bytes validated, by role
     command: str | None = None
     environment: dict[str, Any] = field(default_factory=dict)
     chat_template: bool = False
@@ -264,6 +264,7 @@ class ValidationReport:
         data["engines"] = {role: e.to_json() for role, e in self.engines.items()}
         data["checks"] = [check_json(c) for c in self.checks]
         data["categories"] = categories_json(self.categories)
+        data["files"] = {role: b.to_json() for role, b in self.files.items()}
         data["passed"] = self.passed
         data["verdict"] = self.verdict
         return data
@@ -275,6 +276,7 @@ class ValidationReport:
         values["checks"] = [Check(**check) for check in data["checks"]]
         values["engines"] = {r: EngineSummary.from_json(e) for r, e in data["engines"].items()}
         values["categories"] = categories_from_json(data.get("categories"))
+        values["files"] = {r: Binding.from_json(b) for r, b in data.get("files", {}).items()}
         return cls(**values)
 
 

@@ -94,8 +94,9 @@ def check_report_binding(
     path: Path, report: ValidationReport, files: dict[str, str], folder: Path
 ) -> None:
     """The validation report validated exactly ``files``; InputError naming the file otherwise."""
-    recorded = (report.files.get("draft") or {}).get("files")
-    if not isinstance(recorded, dict):
+    draft = report.files.get("draft")
+    recorded = draft.files if draft else None
+    if recorded is None:
         raise InputError(
             f"{path}: records no sha256 of the files it validated; rerun eaglequant validate "
             f"on {folder}"
