@@ -118,16 +118,55 @@ class Workload(TypedDict):
     command: str | None
 
 
+class SweepRow(TypedDict):
+    """One server (a single k, 0: no speculation, or the schedule's) at one concurrency, over
+    its repeats: throughput, its spread and speedup, latency and acceptance as the bench gave
+    them."""
+
+    k: int
+    concurrency: int
+    runs: list[float]
+    mean_tpot_ms: float | None
+    acceptance_length: float | None
+    per_position: list[float]
+    schedule: bool
+    output_throughput: float
+    throughput_min: float
+    throughput_max: float
+    speedup: float | None
+
+
+class SweepSchedule(TypedDict):
+    """The per-batch-size schedule: its ranges ``[low, high, k]``, whether it was given or
+    built from the winners, and its rows where it was served."""
+
+    ranges: list[list[int]]
+    given: bool
+    measured: bool
+    not_measured_because: str | None
+    results: list[SweepRow]
+    serve_command: str | None
+
+
+class SweepRecommendation(TypedDict):
+    """What a sweep recommends: ``choice`` single, none or schedule, its k, and why."""
+
+    choice: Literal["single", "none", "schedule"]
+    k: int
+    schedule: bool
+    reason: str
+
+
 class SweepSummary(Workload):
     """No speculation and each k of one draft, the schedule, and what was recommended."""
 
     schema_version: int
     kind: Literal["sweep"]
-    results: list[dict[str, Any]]
+    results: list[SweepRow]
     recommended_k: dict[str, int]
     best_single_k: int
-    schedule: dict[str, Any]
-    recommendation: dict[str, Any]
+    schedule: SweepSchedule
+    recommendation: SweepRecommendation
     serve_command: str
     environment: dict[str, Any] | None
     prediction: NotRequired[dict[str, Any]]  # tune --predict: predicted beside measured
@@ -165,3 +204,7 @@ def check_summary(summary: Mapping[str, Any], where: str = "tune results.json") 
 
 def as_comparison(summary: Mapping[str, Any]) -> ComparisonSummary:
     return cast(ComparisonSummary, summary)
+
+
+def as_sweep(summary: Mapping[str, Any]) -> SweepSummary:
+    return cast(SweepSummary, summary)

@@ -48,7 +48,13 @@ from eaglequant.tune.request import (
     with_draft_kv_cache,
     workload,
 )
-from eaglequant.tune.summary import SCHEMA_VERSION, SWEEP, SweepSummary
+from eaglequant.tune.summary import (
+    SCHEMA_VERSION,
+    SWEEP,
+    SweepRecommendation,
+    SweepRow,
+    SweepSummary,
+)
 
 
 @dataclass
@@ -292,7 +298,7 @@ def recommend(
     ranges: Schedule,
     skipped: str | None,
     scheduled: list[TuneResult],
-) -> dict[str, Any]:
+) -> SweepRecommendation:
     """One winner everywhere; else the schedule where it held; else the best single k (0: none)."""
     winners = {c: winner(runs) for c, runs in sweep.items()}
     misses = (
@@ -335,9 +341,16 @@ def _name(k: int) -> str:
     return f"k={k}" if k else "no speculation"
 
 
-def _row(r: TuneResult, sweep: dict[int, dict[int, Runs]]) -> dict[str, Any]:
+def _row(r: TuneResult, sweep: dict[int, dict[int, Runs]]) -> SweepRow:
     baseline = fmean(sweep[r.concurrency][0])
-    return asdict(r) | {
+    return {
+        "k": r.k,
+        "concurrency": r.concurrency,
+        "runs": list(r.runs),
+        "mean_tpot_ms": r.mean_tpot_ms,
+        "acceptance_length": r.acceptance_length,
+        "per_position": list(r.per_position),
+        "schedule": r.schedule,
         "output_throughput": r.output_throughput,
         "throughput_min": min(r.runs),
         "throughput_max": max(r.runs),
