@@ -34,11 +34,14 @@ def tune_markdown(summary: Mapping[str, Any]) -> str:
     """
     if check_summary(summary) == COMPARISON:
         return comparison_markdown(as_comparison(summary))
-    text = sweep_markdown(as_sweep(summary))
-    if summary.get("prediction"):
-        text += "\n" + prediction_markdown(summary["prediction"])
-    if summary.get("environment"):
-        text += "\nEnvironment:\n\n" + environment_markdown(summary["environment"])
+    sweep = as_sweep(summary)
+    text = sweep_markdown(sweep)
+    prediction = sweep.get("prediction")
+    if prediction:
+        text += "\n" + prediction_markdown(prediction)
+    environment = sweep.get("environment")
+    if environment:
+        text += "\nEnvironment:\n\n" + environment_markdown(environment)
     return text
 
 

@@ -157,6 +157,31 @@ class SweepRecommendation(TypedDict):
     reason: str
 
 
+class PredictedPoint(TypedDict):
+    """``tune --predict``: one (k, concurrency) predicted [low, high], with what was measured
+    there (None: only predicted); ``fitted``: its k was measured to fit the model."""
+
+    k: int
+    concurrency: int
+    point: float
+    low: float
+    high: float
+    extrapolated: bool
+    measured: float | None
+    fitted: bool
+
+
+class PredictionRecord(TypedDict):
+    """``tune --predict``'s block: the ks fitted on, every point, the median error where a
+    prediction was then measured, and the server starts spent against the full sweep's."""
+
+    fitted_on: list[int]
+    points: list[PredictedPoint]
+    median_abs_error: float | None
+    server_starts: int
+    full_sweep_server_starts: int
+
+
 class SweepSummary(Workload):
     """No speculation and each k of one draft, the schedule, and what was recommended."""
 
@@ -169,7 +194,7 @@ class SweepSummary(Workload):
     recommendation: SweepRecommendation
     serve_command: str
     environment: dict[str, Any] | None
-    prediction: NotRequired[dict[str, Any]]  # tune --predict: predicted beside measured
+    prediction: NotRequired[PredictionRecord]  # tune --predict: predicted beside measured
 
 
 class ComparisonSummary(Workload):

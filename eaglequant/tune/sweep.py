@@ -16,7 +16,7 @@ from __future__ import annotations
 import sys
 import tempfile
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
 from statistics import fmean
@@ -51,6 +51,8 @@ from eaglequant.tune.request import (
 from eaglequant.tune.summary import (
     SCHEMA_VERSION,
     SWEEP,
+    PredictedPoint,
+    PredictionRecord,
     SweepRecommendation,
     SweepRow,
     SweepSummary,
@@ -205,17 +207,29 @@ def predicted_sweep(
 
 def prediction_block(
     prediction: list[Prediction], results: list[TuneResult], request: TuneRequest
-) -> dict[str, Any]:
+) -> PredictionRecord:
     """results.json's ``prediction``: each (k, concurrency) predicted, with what was measured
     there (None: only predicted), and the server starts spent against the full sweep's."""
     measured = {(r.k, r.concurrency): r.output_throughput for r in results if not r.schedule}
     fitted = {0, max(request.ks)}
-    rows = [
-        asdict(p) | {"measured": measured.get((p.k, p.concurrency)), "fitted": p.k in fitted}
+    rows: list[PredictedPoint] = [
+        {
+            "k": p.k,
+            "concurrency": p.concurrency,
+            "point": p.point,
+            "low": p.low,
+            "high": p.high,
+            "extrapolated": p.extrapolated,
+            "measured": measured.get((p.k, p.concurrency)),
+            "fitted": p.k in fitted,
+        }
         for p in prediction
     ]
-    checked = [r for r in rows if r["measured"] is not None and not r["fitted"]]
-    errors = sorted(abs(r["point"] / r["measured"] - 1) for r in checked)
+    errors = sorted(
+        abs(r["point"] / found - 1)
+        for r in rows
+        if (found := r["measured"]) is not None and not r["fitted"]
+    )
     return {
         "fitted_on": sorted(fitted),
         "points": rows,
