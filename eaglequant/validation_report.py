@@ -20,6 +20,7 @@ from typing import Any, TypedDict
 
 from eaglequant.binding import Binding
 from eaglequant.engine.result import EngineRecord, RequestCounts, SpecMetrics
+from eaglequant.environment import EnvironmentRecord
 from eaglequant.errors import InputError
 from eaglequant.manifest import field_values, read_json_object
 from eaglequant.spec_counts import Acceptance
@@ -229,7 +230,7 @@ class ValidationReport:
     serve_command: str | None = None
     files: dict[str, Binding] = field(default_factory=dict)  # the bytes validated, by role
     command: str | None = None
-    environment: dict[str, Any] = field(default_factory=dict)
+    environment: EnvironmentRecord = field(default_factory=EnvironmentRecord)
     chat_template: bool = False
     prompt_set: PromptSetRecord | None = None
     calibration_overlap: CalibrationOverlap | None = None

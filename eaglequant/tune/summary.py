@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, Literal, TypedDict, cast
 
+from eaglequant.environment import EnvironmentRecord
 from eaglequant.errors import InputError
 
 if TYPE_CHECKING:
@@ -193,7 +194,7 @@ class SweepSummary(Workload):
     schedule: SweepSchedule
     recommendation: SweepRecommendation
     serve_command: str
-    environment: dict[str, Any] | None
+    environment: EnvironmentRecord | None
     prediction: NotRequired[PredictionRecord]  # tune --predict: predicted beside measured
 
 
@@ -211,7 +212,7 @@ class ComparisonSummary(Workload):
     verdicts: list[Verdict]
     recommendation: Recommendation
     serve_lines: list[ServeLine]
-    environment: dict[str, Any]
+    environment: EnvironmentRecord
 
 
 def check_summary(summary: Mapping[str, Any], where: str = "tune results.json") -> str:

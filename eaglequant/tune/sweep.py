@@ -24,7 +24,7 @@ from typing import Any
 
 from eaglequant.engine.config import probe_vllm
 from eaglequant.engine.server import Server, serving
-from eaglequant.environment import environment
+from eaglequant.environment import EnvironmentRecord, environment
 from eaglequant.progress import Progress, quiet
 from eaglequant.render.reports import mean_positions
 from eaglequant.speculative import schedule_config, speculative_config
@@ -267,7 +267,7 @@ def summarize(
     request: TuneRequest,
     results: list[TuneResult],
     max_len: int,
-    env: dict[str, Any] | None = None,
+    env: EnvironmentRecord | None = None,
 ) -> SweepSummary:
     """results.json's content (``env``: the run's ``environment()`` block)."""
     sweep = sweep_runs(results)
