@@ -31,7 +31,7 @@ from eaglequant.exclusions import predict_fates
 from eaglequant.io.checkpoint import read_checkpoint
 from eaglequant.io.output import write_text_atomic
 from eaglequant.io.readback import sha256_file
-from eaglequant.manifest import Manifest, read_json_object, read_manifest
+from eaglequant.manifest import CalibrationRecord, Manifest, read_json_object, read_manifest
 from eaglequant.provenance import ABSOLUTE_PATH, machine_paths
 from eaglequant.render.compare_tables import compare_markdown
 from eaglequant.render.public import NO_REPO_ID, PublicNames, local_paths, public
@@ -276,7 +276,7 @@ def _fmt(value: float | None, spec: str, missing: str = "dynamic") -> str:
     return missing if value is None else format(value, spec)
 
 
-def calibration_source(calib: dict[str, Any]) -> str:
+def calibration_source(calib: CalibrationRecord) -> str:
     """Where the calibration inputs came from, described without locating them."""
     engine = ((calib.get("capture") or {}).get("engine") or {}).get("name")
     on = f" ({engine})" if engine else ""
