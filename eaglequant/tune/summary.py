@@ -234,3 +234,12 @@ def as_comparison(summary: Mapping[str, Any]) -> ComparisonSummary:
 
 def as_sweep(summary: Mapping[str, Any]) -> SweepSummary:
     return cast(SweepSummary, summary)
+
+
+TuneSummary = SweepSummary | ComparisonSummary
+
+
+def tune_summary(summary: Mapping[str, Any]) -> TuneSummary:
+    """``summary`` typed once :func:`check_summary` has accepted it (an InputError otherwise)."""
+    check_summary(summary)
+    return cast(TuneSummary, summary)
