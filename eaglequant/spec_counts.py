@@ -8,7 +8,7 @@ request a histogram of verify steps by tokens accepted (``per_request_spec_decod
 :class:`SpecDecodeCounts` holds either, adds and subtracts (pooling prompts or repeats, the
 difference of two snapshots), and gives the mean acceptance length (1 + accepted / drafts, as
 vLLM's own example prints it) and each position's acceptance rate (accepted there / drafts);
-:class:`Acceptance` is what a validation report shows of them.
+:class:`AcceptanceRecord` is what a validation report shows of them.
 
 The engine result's JSON keeps vLLM's counter names (:data:`VLLM_KEYS`): it is what the
 engine child reports. Torch-free.
@@ -99,9 +99,9 @@ class SpecDecodeCounts:
         """Each draft position's acceptance rate, accepted there / drafts ([]: nothing drafted)."""
         return [a / self.drafts for a in self.accepted_per_position] if self.drafts else []
 
-    def acceptance(self, *, with_draft_tokens: bool = False) -> Acceptance:
+    def acceptance(self, *, with_draft_tokens: bool = False) -> AcceptanceRecord:
         """What a report shows of these counts (a category's also says the tokens drafted)."""
-        return Acceptance(
+        return AcceptanceRecord(
             mean_length=self.mean_acceptance_length,
             per_position=tuple(self.per_position_rates),
             drafts=self.drafts,
@@ -111,7 +111,7 @@ class SpecDecodeCounts:
 
 
 @dataclass(frozen=True)
-class Acceptance:
+class AcceptanceRecord:
     """A validation report's acceptance (``engines.<role>.acceptance``, a category's
     ``bf16``/``fp8``): mean acceptance length and per position, with the counts they come from
     (``draft_tokens``: written only where it is set, in the category rows)."""
@@ -134,7 +134,7 @@ class Acceptance:
         return data
 
     @classmethod
-    def from_json(cls, data: Mapping[str, Any]) -> Acceptance:
+    def from_json(cls, data: Mapping[str, Any]) -> AcceptanceRecord:
         draft_tokens = data.get("draft_tokens")
         return cls(
             mean_length=data["mean_length"],

@@ -23,7 +23,7 @@ from eaglequant.engine.result import EngineRecord, RequestCounts, SpecMetrics
 from eaglequant.environment import EnvironmentRecord
 from eaglequant.errors import InputError
 from eaglequant.manifest import field_values, read_json_object
-from eaglequant.spec_counts import Acceptance
+from eaglequant.spec_counts import AcceptanceRecord
 
 REPORT_KIND = "eaglequant validation report"
 SCHEMA_VERSION = 2  # 2: an undecided category check no longer holds back the overall verdict
@@ -137,8 +137,8 @@ class CategoryRow:
     alone when it is judged (both drafts drafted enough tokens in it)."""
 
     prompts: int
-    bf16: Acceptance
-    fp8: Acceptance
+    bf16: AcceptanceRecord
+    fp8: AcceptanceRecord
     checks: tuple[Check, Check] | None = None  # 2 acceptance, 5 per-position
 
     @property
@@ -161,8 +161,8 @@ class CategoryRow:
         checks = data.get("checks")
         return cls(
             prompts=int(data["prompts"]),
-            bf16=Acceptance.from_json(data["bf16"]),
-            fp8=Acceptance.from_json(data["fp8"]),
+            bf16=AcceptanceRecord.from_json(data["bf16"]),
+            fp8=AcceptanceRecord.from_json(data["fp8"]),
             checks=(Check(**checks["2"]), Check(**checks["5"])) if checks else None,
         )
 
@@ -192,7 +192,7 @@ class EngineSummary:
     metrics: SpecMetrics | None = None
     kernels: list[str] | None = None
     engine_config: EngineRecord | None = None
-    acceptance: Acceptance | None = None
+    acceptance: AcceptanceRecord | None = None
     per_prompt: list[RequestCounts | None] | None = None
     outputs_sha256: str | None = None
     token_ids: list[list[int]] | None = None
@@ -208,7 +208,7 @@ class EngineSummary:
     def from_json(cls, data: Mapping[str, Any]) -> EngineSummary:
         values = field_values(cls, data)
         if values.get("acceptance") is not None:
-            values["acceptance"] = Acceptance.from_json(values["acceptance"])
+            values["acceptance"] = AcceptanceRecord.from_json(values["acceptance"])
         return cls(**values)
 
 

@@ -21,7 +21,7 @@ from eaglequant.io.readback import sha256_file
 from eaglequant.manifest import MANIFEST_FILE, build_manifest, write_manifest
 from eaglequant.provenance import command_string
 from eaglequant.recipe import load_recipe
-from eaglequant.spec_counts import Acceptance
+from eaglequant.spec_counts import AcceptanceRecord
 from eaglequant.validation_report import (
     Check,
     CheckId,
@@ -111,7 +111,9 @@ def validation_report(folder: Path, source: Path, target: Path, passed: bool) ->
         "env": {"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_DIST_IDENT": "a81c2f", "TMPDIR": str(folder)},
         "vllm": "0.32.0",
     }
-    fp8 = Acceptance(mean_length=3.19, per_position=(0.862, 0.693, 0.635), drafts=100, accepted=219)
+    fp8 = AcceptanceRecord(
+        mean_length=3.19, per_position=(0.862, 0.693, 0.635), drafts=100, accepted=219
+    )
     engines = {
         "target": EngineSummary(ok=True, returncode=0, timed_out=False, wall_s=40.0),
         "bf16": EngineSummary(

@@ -19,16 +19,16 @@ from eaglequant.compare_report import (
 )
 from eaglequant.errors import InputError
 from eaglequant.render.compare_tables import compare_markdown
-from eaglequant.spec_counts import Acceptance
+from eaglequant.spec_counts import AcceptanceRecord
 from eaglequant.validate.run_slices import slice_run
 from eaglequant.validation_report import CategoryRow, Check, CheckId
 
 MATH = CategoryRow(  # one category, not judged
     prompts=4,
-    bf16=Acceptance(
+    bf16=AcceptanceRecord(
         mean_length=3.0, per_position=(0.9,), drafts=100, accepted=200, draft_tokens=300
     ),
-    fp8=Acceptance(
+    fp8=AcceptanceRecord(
         mean_length=2.4, per_position=(0.7,), drafts=100, accepted=140, draft_tokens=310
     ),
 )
