@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -62,9 +64,25 @@ def bound_files(folder: Path) -> dict[str, str]:
     return listed
 
 
-def binding(folder: Path) -> dict[str, Any]:
-    """The report block for one folder: its name and its bound files."""
-    return {"name": folder.name, "files": bound_files(folder)}
+@dataclass(frozen=True)
+class Binding:
+    """A report's record of one folder: its name and its bound files (relative path ->
+    sha256)."""
+
+    name: str
+    files: dict[str, str]
+
+    def to_json(self) -> dict[str, Any]:
+        return {"name": self.name, "files": dict(self.files)}
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> Binding:
+        return cls(name=str(data["name"]), files=dict(data["files"]))
+
+
+def binding(folder: Path) -> Binding:
+    """The report's record of one folder: its name and its bound files."""
+    return Binding(name=folder.name, files=bound_files(folder))
 
 
 def files_digest(files: dict[str, str]) -> str:

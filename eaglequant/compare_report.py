@@ -4,13 +4,14 @@ Torch-free: the card and its tests read it without vLLM."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 from eaglequant.errors import InputError
 from eaglequant.manifest import check_schema, field_values, read_json_object
+from eaglequant.validation_report import CategoryRow, categories_from_json, categories_json
 
 COMPARE_JSON, COMPARE_MD = "compare.json", "compare.md"  # in ``eaglequant compare --out``
 COMPARE_SCHEMA_VERSION = 3  # compare.json
@@ -38,7 +39,7 @@ class CandidateRow:
     failure: str | None = None  # the first failed check's detail (an engine's: its log's cause)
     verdict: str = "FAIL"  # PASS, FAIL or INCONCLUSIVE (too few prompts decided a gate)
     prompt_set: str = ""  # the set's source as given
-    categories: dict[str, Any] | None = None  # the validation report's, by category
+    categories: dict[str, CategoryRow] | None = None  # the validation report's
     min_category_drafts: int | None = None
 
 
@@ -70,7 +71,10 @@ class CompareReport:
     engine_fallback: str | None  # why some drafts had engines of their own
 
     def to_json(self) -> dict[str, Any]:
-        return {"tool": "eaglequant", **asdict(self)}
+        data = {"tool": "eaglequant", **asdict(self)}
+        for row, written in zip(self.rows, data["rows"], strict=True):
+            written["categories"] = categories_json(row.categories)
+        return data
 
     @classmethod
     def from_json(cls, data: dict[str, Any], *, where: Path | str = COMPARE_JSON) -> CompareReport:
@@ -80,12 +84,18 @@ class CompareReport:
             fields_["prompt_sets"] = [
                 PromptSetSummary(**field_values(PromptSetSummary, s)) for s in data["prompt_sets"]
             ]
-            fields_["rows"] = [CandidateRow(**field_values(CandidateRow, r)) for r in data["rows"]]
+            fields_["rows"] = [_candidate_row(r) for r in data["rows"]]
             return cls(**fields_)
         except (KeyError, TypeError) as exc:
             raise InputError(
                 f"{where}: not a complete comparison ({exc}); {RERUN_COMPARE}"
             ) from exc
+
+
+def _candidate_row(data: Mapping[str, Any]) -> CandidateRow:
+    values = field_values(CandidateRow, data)
+    values["categories"] = categories_from_json(data.get("categories"))
+    return CandidateRow(**values)
 
 
 def recommend(rows: Sequence[CandidateRow]) -> CandidateRow | None:

@@ -13,7 +13,7 @@ import platform
 import subprocess
 from importlib import metadata
 from pathlib import Path
-from typing import Any
+from typing import TypedDict
 
 from eaglequant import __version__
 
@@ -50,6 +50,37 @@ REPRODUCING_ENV = (
 )
 
 
+class CpuInfo(TypedDict, total=False):
+    """The CPU: model, family, logical CPUs, machine and the ISA flags of :data:`ISA_FLAGS`
+    (:func:`cpu_info` writes every key; a reader of a stored block asks for each)."""
+
+    model: str
+    family: str | None
+    logical_cpus: int | None
+    machine: str
+    isa_flags: list[str]
+
+
+class GpuInfo(TypedDict):
+    """The GPUs: names, count, CUDA or ROCm runtime and driver."""
+
+    names: list[str]
+    count: int
+    runtime: str
+    driver: str | None
+
+
+class EnvironmentRecord(TypedDict, total=False):
+    """The environment block (every key written by :func:`environment`; a reader of a report
+    that has none gets an empty one)."""
+
+    versions: dict[str, str | None]
+    cpu: CpuInfo
+    gpus: GpuInfo | None
+    os: str
+    env: dict[str, str]
+
+
 def package_version(name: str) -> str | None:
     """The installed version of a distribution, or None."""
     try:
@@ -71,7 +102,7 @@ def versions() -> dict[str, str | None]:
     return found
 
 
-def cpu_info(cpuinfo: str | None = None) -> dict[str, Any]:
+def cpu_info(cpuinfo: str | None = None) -> CpuInfo:
     """CPU model, core count and the ISA flags that matter, from ``/proc/cpuinfo``."""
     if cpuinfo is None:
         try:
@@ -96,7 +127,7 @@ def cpu_info(cpuinfo: str | None = None) -> dict[str, Any]:
     }
 
 
-def gpu_info() -> dict[str, Any] | None:
+def gpu_info() -> GpuInfo | None:
     """GPU names, count, driver and CUDA/ROCm version through torch; None without GPUs."""
     try:
         import torch
@@ -133,7 +164,7 @@ def reproducing_env(environ: dict[str, str]) -> dict[str, str]:
     return {k: environ[k] for k in REPRODUCING_ENV if k in environ}
 
 
-def environment(*, environ: dict[str, str] | None = None, gpus: bool = True) -> dict[str, Any]:
+def environment(*, environ: dict[str, str] | None = None, gpus: bool = True) -> EnvironmentRecord:
     """The whole block: versions, platform (CPU always, GPUs when present), reproducing env."""
     import os
 
@@ -146,11 +177,11 @@ def environment(*, environ: dict[str, str] | None = None, gpus: bool = True) -> 
     }
 
 
-def environment_markdown(block: dict[str, Any]) -> str:
+def environment_markdown(block: EnvironmentRecord) -> str:
     """The block as a short Markdown list (for results.md and the model card)."""
     v = block.get("versions", {})
     stack = ", ".join(f"{name} {v[name]}" for name in v if v[name] is not None)
-    cpu = block.get("cpu") or {}
+    cpu = block.get("cpu") or CpuInfo()
     lines = [
         f"- Software: {stack}",
         f"- CPU: {cpu.get('model')} ({cpu.get('logical_cpus')} logical CPUs, "

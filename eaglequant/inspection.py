@@ -16,6 +16,7 @@ from typing import Any
 from eaglequant.draft import (
     KEEP_UNQUANTIZED,
     STORED_SCALE_SUFFIXES,
+    DraftDims,
     Problem,
     dims_from_config,
     draft_form,
@@ -62,6 +63,16 @@ def size_summary(ckpt: Checkpoint) -> SizeSummary:
     return SizeSummary(ckpt.total_bytes, total, quantized)
 
 
+@dataclass(frozen=True)
+class QuantSummary:
+    """The checkpoint's ``quantization_config`` in brief (as stored; None where absent)."""
+
+    quant_method: str | None
+    version: str | None
+    exclude: list[str] | None
+    kv_cache_group: list[Any] | None
+
+
 @dataclass
 class InspectReport:
     """Everything ``inspect`` prints, as data (``--json`` dumps it)."""
@@ -69,11 +80,11 @@ class InspectReport:
     path: str
     architectures: list[str]
     form: str
-    dims: dict[str, Any]
+    dims: DraftDims | None  # None: the folder is not a draft these dimensions describe
     tensor_count: int
     bytes_by_dtype: dict[str, int]
     shards: list[str]
-    quantization: dict[str, Any] | None
+    quantization: QuantSummary | None
     size: SizeSummary | None = None
     fates: list[LayerFate] = field(default_factory=list)
     scales: dict[str, list[float]] = field(default_factory=dict)
@@ -81,6 +92,7 @@ class InspectReport:
 
     def to_json(self) -> dict[str, Any]:
         data = asdict(self)
+        data["dims"] = data["dims"] or {}
         data["problems"] = [str(p) for p in self.problems]
         if self.size is not None:
             data["size"]["quantized_fraction"] = self.size.quantized_fraction
@@ -92,9 +104,7 @@ def inspect_checkpoint(path: Path, target_layers: int = DEFAULT_TARGET_LAYERS) -
     ckpt = read_checkpoint(path)
     problems = structure_problems(ckpt)
     recognised = not problems or problems[0].loadable
-    dims: dict[str, Any] = {}
-    if not problems:
-        dims = asdict(dims_from_config(ckpt.config))
+    dims = None if problems else dims_from_config(ckpt.config)
     bytes_by_dtype: Counter[str] = Counter()
     for info in ckpt.tensors.values():
         bytes_by_dtype[info.dtype] += info.nbytes
@@ -123,15 +133,15 @@ def _as_stored(ckpt: Checkpoint, fate: LayerFate) -> LayerFate:
     return replace(fate, checkpoint_names=tuple(ckpt.stored_name(n) for n in fate.checkpoint_names))
 
 
-def _quant_summary(qcfg: Any) -> dict[str, Any] | None:
+def _quant_summary(qcfg: Any) -> QuantSummary | None:
     if not isinstance(qcfg, dict):
         return None
-    return {
-        "quant_method": qcfg.get("quant_method"),
-        "version": qcfg.get("version"),
-        "exclude": qcfg.get("exclude"),
-        "kv_cache_group": (qcfg.get("export") or {}).get("kv_cache_group"),
-    }
+    return QuantSummary(
+        quant_method=qcfg.get("quant_method"),
+        version=qcfg.get("version"),
+        exclude=qcfg.get("exclude"),
+        kv_cache_group=(qcfg.get("export") or {}).get("kv_cache_group"),
+    )
 
 
 def read_scales(ckpt: Checkpoint) -> dict[str, list[float]]:

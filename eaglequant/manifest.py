@@ -26,6 +26,45 @@ MANIFEST_SCHEMA = 1
 LIBRARIES = ("amd-quark", "torch", "transformers", "safetensors", "huggingface_hub")
 
 
+class LayerRecord(TypedDict):
+    """One quantized linear: its weight's and input's ranges and scales (input None: dynamic)
+    and its output SQNR against BF16 on held-out inputs (None: not measured)."""
+
+    name: str
+    weight_amax: float
+    weight_scale: float
+    input_amax: float | None
+    input_scale: float | None
+    sqnr_db: float | None
+
+
+class CalibrationRecord(TypedDict):
+    """Where the calibration inputs came from (``kind``: capture, target or none) and how many
+    were used; ``capture``: the capture's engine and sizes, when states were captured."""
+
+    source: str
+    kind: str
+    calibrated: bool
+    sequences: int
+    tokens: int
+    held_out_tokens: int
+    speculative_steps: int
+    aux_layer_ids: list[int] | None
+    capture: dict[str, Any] | None
+
+
+class DeviceRecord(TypedDict, total=False):
+    """Where the export's arithmetic ran: a GPU's name and runtime, or the CPU's threads,
+    ISA capability and the GEMM paths taken."""
+
+    type: str
+    name: str
+    runtime: str
+    threads: int
+    capability: str
+    gemm: list[str]
+
+
 class Manifest(TypedDict):
     """The manifest's fields (``eaglequant.json``), as export writes them."""
 
@@ -36,10 +75,10 @@ class Manifest(TypedDict):
     python: str
     source: str
     recipe: dict[str, Any]
-    calibration: dict[str, Any]
-    layers: list[dict[str, Any]]
+    calibration: CalibrationRecord
+    layers: list[LayerRecord]
     top1_agreement_by_step: list[float]
-    device: dict[str, Any]
+    device: DeviceRecord
     timings_s: dict[str, float]
     files: dict[str, str]
     command: str | None  # how export was run, path-free (eaglequant.provenance)
@@ -49,12 +88,12 @@ def build_manifest(
     *,
     source: Path,
     recipe: dict[str, Any],
-    calibration: dict[str, Any],
-    layers: list[dict[str, Any]],
+    calibration: CalibrationRecord,
+    layers: list[LayerRecord],
     top1_agreement: list[float],
     timings: dict[str, float],
     files: dict[str, str],
-    device: dict[str, Any],
+    device: DeviceRecord,
     command: str | None = None,
 ) -> Manifest:
     """Provenance: versions, recipe, calibration, per-layer numbers, file checksums."""

@@ -7,7 +7,8 @@ vLLM counts per engine ``vllm:spec_decode_num_drafts``, ``..._num_draft_tokens``
 request a histogram of verify steps by tokens accepted (``per_request_spec_decode_metrics``).
 :class:`SpecDecodeCounts` holds either, adds and subtracts (pooling prompts or repeats, the
 difference of two snapshots), and gives the mean acceptance length (1 + accepted / drafts, as
-vLLM's own example prints it) and each position's acceptance rate (accepted there / drafts).
+vLLM's own example prints it) and each position's acceptance rate (accepted there / drafts);
+:class:`AcceptanceRecord` is what a validation report shows of them.
 
 The engine result's JSON keeps vLLM's counter names (:data:`VLLM_KEYS`): it is what the
 engine child reports. Torch-free.
@@ -97,3 +98,48 @@ class SpecDecodeCounts:
     def per_position_rates(self) -> list[float]:
         """Each draft position's acceptance rate, accepted there / drafts ([]: nothing drafted)."""
         return [a / self.drafts for a in self.accepted_per_position] if self.drafts else []
+
+    def acceptance(self, *, with_draft_tokens: bool = False) -> AcceptanceRecord:
+        """What a report shows of these counts (a category's also says the tokens drafted)."""
+        return AcceptanceRecord(
+            mean_length=self.mean_acceptance_length,
+            per_position=tuple(self.per_position_rates),
+            drafts=self.drafts,
+            accepted=self.accepted_tokens,
+            draft_tokens=self.draft_tokens if with_draft_tokens else None,
+        )
+
+
+@dataclass(frozen=True)
+class AcceptanceRecord:
+    """A validation report's acceptance (``engines.<role>.acceptance``, a category's
+    ``bf16``/``fp8``): mean acceptance length and per position, with the counts they come from
+    (``draft_tokens``: written only where it is set, in the category rows)."""
+
+    mean_length: float | None
+    per_position: tuple[float, ...]
+    drafts: int
+    accepted: int
+    draft_tokens: int | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        data: dict[str, Any] = {
+            "mean_length": self.mean_length,
+            "per_position": list(self.per_position),
+            "drafts": self.drafts,
+            "accepted": self.accepted,
+        }
+        if self.draft_tokens is not None:
+            data["draft_tokens"] = self.draft_tokens
+        return data
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> AcceptanceRecord:
+        draft_tokens = data.get("draft_tokens")
+        return cls(
+            mean_length=data["mean_length"],
+            per_position=tuple(data["per_position"]),
+            drafts=int(data["drafts"]),
+            accepted=int(data["accepted"]),
+            draft_tokens=None if draft_tokens is None else int(draft_tokens),
+        )

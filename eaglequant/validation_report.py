@@ -13,13 +13,17 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from enum import StrEnum
 from pathlib import Path
 from typing import Any, TypedDict
 
+from eaglequant.binding import Binding
+from eaglequant.engine.result import EngineRecord, RequestCounts, SpecMetrics
+from eaglequant.environment import EnvironmentRecord
 from eaglequant.errors import InputError
 from eaglequant.manifest import field_values, read_json_object
+from eaglequant.spec_counts import AcceptanceRecord
 
 REPORT_KIND = "eaglequant validation report"
 SCHEMA_VERSION = 2  # 2: an undecided category check no longer holds back the overall verdict
@@ -121,6 +125,93 @@ class Check:
         return cls(name, verdict == PASS, detail, numbers or {}, verdict)
 
 
+def check_json(check: Check) -> dict[str, Any]:
+    """One check as a report writes it (its name as shown)."""
+    return asdict(check) | {"name": str(check.name)}
+
+
+@dataclass(frozen=True)
+class CategoryRow:
+    """One prompt category of a report (``categories.<name>``): its prompts, each draft's
+    acceptance pooled over them (with the tokens drafted), and checks 2 and 5 on its prompts
+    alone when it is judged (both drafts drafted enough tokens in it)."""
+
+    prompts: int
+    bf16: AcceptanceRecord
+    fp8: AcceptanceRecord
+    checks: tuple[Check, Check] | None = None  # 2 acceptance, 5 per-position
+
+    @property
+    def judged(self) -> bool:
+        return self.checks is not None
+
+    def to_json(self) -> dict[str, Any]:
+        data = {
+            "prompts": self.prompts,
+            "bf16": self.bf16.to_json(),
+            "fp8": self.fp8.to_json(),
+            "judged": self.judged,
+        }
+        if self.checks is not None:
+            data["checks"] = {n: check_json(c) for n, c in zip("25", self.checks, strict=True)}
+        return data
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> CategoryRow:
+        checks = data.get("checks")
+        return cls(
+            prompts=int(data["prompts"]),
+            bf16=AcceptanceRecord.from_json(data["bf16"]),
+            fp8=AcceptanceRecord.from_json(data["fp8"]),
+            checks=(Check(**checks["2"]), Check(**checks["5"])) if checks else None,
+        )
+
+
+def categories_json(categories: Mapping[str, CategoryRow] | None) -> dict[str, Any] | None:
+    return None if categories is None else {n: r.to_json() for n, r in categories.items()}
+
+
+def categories_from_json(data: Mapping[str, Any] | None) -> dict[str, CategoryRow] | None:
+    return None if data is None else {n: CategoryRow.from_json(r) for n, r in data.items()}
+
+
+@dataclass(frozen=True)
+class EngineSummary:
+    """What a report keeps of one engine run (``engines.<role>``): how it ended, and when it
+    finished its timings, vLLM's counters and the acceptance they give, its configuration,
+    per-prompt counts (None: no speculation) and outputs; a failed run's log tail. The fields
+    after ``wall_s`` are written only where they are set."""
+
+    ok: bool
+    returncode: int | None
+    timed_out: bool
+    wall_s: float
+    load_s: float | None = None
+    generate_s: float | None = None
+    swapped: bool | None = None
+    metrics: SpecMetrics | None = None
+    kernels: list[str] | None = None
+    engine_config: EngineRecord | None = None
+    acceptance: AcceptanceRecord | None = None
+    per_prompt: list[RequestCounts | None] | None = None
+    outputs_sha256: str | None = None
+    token_ids: list[list[int]] | None = None
+    log_tail: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        data = {f.name: getattr(self, f.name) for f in fields(self)}
+        data["acceptance"] = self.acceptance.to_json() if self.acceptance else None
+        always = ("ok", "returncode", "timed_out", "wall_s")
+        return {key: value for key, value in data.items() if value is not None or key in always}
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> EngineSummary:
+        values = field_values(cls, data)
+        if values.get("acceptance") is not None:
+            values["acceptance"] = AcceptanceRecord.from_json(values["acceptance"])
+        return cls(**values)
+
+
 @dataclass
 class ValidationReport:
     """What ``validate`` measured and decided (its JSON: :meth:`to_json`)."""
@@ -133,18 +224,17 @@ class ValidationReport:
     max_tokens: int
     backend: str
     plugin_active: bool
-    engines: dict[str, dict[str, Any]]  # by role: what the report keeps of each engine run
+    engines: dict[str, EngineSummary]  # by role
     checks: list[Check]
     prompts_sha256: str
     serve_command: str | None = None
-    # The bytes validated: {"draft"|"baseline": {"name", "files": {relative path: sha256}}}.
-    files: dict[str, Any] = field(default_factory=dict)
+    files: dict[str, Binding] = field(default_factory=dict)  # the bytes validated, by role
     command: str | None = None
-    environment: dict[str, Any] = field(default_factory=dict)
+    environment: EnvironmentRecord = field(default_factory=EnvironmentRecord)
     chat_template: bool = False
     prompt_set: PromptSetRecord | None = None
     calibration_overlap: CalibrationOverlap | None = None
-    categories: dict[str, dict[str, Any]] | None = None
+    categories: dict[str, CategoryRow] | None = None
     min_category_drafts: int | None = None
     prompt_categories: list[str] | None = None
     engine_mode: str = PER_DRAFT
@@ -172,7 +262,10 @@ class ValidationReport:
 
     def to_json(self) -> dict[str, Any]:
         data = {"kind": REPORT_KIND, "schema_version": SCHEMA_VERSION, **asdict(self)}
-        data["checks"] = [asdict(c) | {"name": str(c.name)} for c in self.checks]
+        data["engines"] = {role: e.to_json() for role, e in self.engines.items()}
+        data["checks"] = [check_json(c) for c in self.checks]
+        data["categories"] = categories_json(self.categories)
+        data["files"] = {role: b.to_json() for role, b in self.files.items()}
         data["passed"] = self.passed
         data["verdict"] = self.verdict
         return data
@@ -182,6 +275,9 @@ class ValidationReport:
         """The report :meth:`to_json` wrote (kind and schema checked by :func:`read_report`)."""
         values = field_values(cls, data)
         values["checks"] = [Check(**check) for check in data["checks"]]
+        values["engines"] = {r: EngineSummary.from_json(e) for r, e in data["engines"].items()}
+        values["categories"] = categories_from_json(data.get("categories"))
+        values["files"] = {r: Binding.from_json(b) for r, b in data.get("files", {}).items()}
         return cls(**values)
 
 

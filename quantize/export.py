@@ -22,7 +22,7 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from eaglequant.capture.run import check_engine
 from eaglequant.capture.sequences import check_data
@@ -37,7 +37,7 @@ from eaglequant.exclusions import rewrite_exclude
 from eaglequant.io.checkpoint import Checkpoint, read_checkpoint
 from eaglequant.io.output import atomic_output_dir, check_output_path
 from eaglequant.io.speculators import with_quantization_config
-from eaglequant.manifest import Manifest, build_manifest
+from eaglequant.manifest import CalibrationRecord, LayerRecord, Manifest, build_manifest
 from eaglequant.progress import Progress
 from eaglequant.quantize.artifact import Artifact
 from eaglequant.quantize.file_to_file import FileToFile
@@ -224,7 +224,7 @@ def _run(
             source=request.src,
             recipe=recipe.to_dict(),
             calibration=_calibration_record(request, plan, calib, measurement),
-            layers=[asdict(layer) for layer in measurement.layers],
+            layers=[cast(LayerRecord, asdict(layer)) for layer in measurement.layers],
             top1_agreement=measurement.top1_agreement,
             timings=timings,
             files=files,
@@ -275,7 +275,7 @@ def output_config(
 
 def _calibration_record(
     request: ExportRequest, plan: ExportPlan, calib: Any, measurement: Any
-) -> dict[str, Any]:
+) -> CalibrationRecord:
     """The manifest's ``calibration``: where inputs came from and how many were used."""
     source, recipe = request.calibration, request.recipe
     return {

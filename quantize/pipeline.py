@@ -22,6 +22,7 @@ from eaglequant.capture.store import CalibrationData, load_capture, read_info
 from eaglequant.draft import FIRST_LAYER, DraftDims, dims_from_config
 from eaglequant.errors import InputError
 from eaglequant.io.checkpoint import Checkpoint
+from eaglequant.manifest import DeviceRecord
 from eaglequant.model import compute
 from eaglequant.model.eagle3 import Eagle3Draft
 from eaglequant.model.load import load_draft_module, load_reference_layer
@@ -56,7 +57,7 @@ def resolve_device(asked: str) -> torch.device:
     return torch.device("cuda" if asked == "cuda" or (asked == "auto" and available) else "cpu")
 
 
-def describe_device(device: torch.device) -> dict[str, Any]:
+def describe_device(device: torch.device) -> DeviceRecord:
     """The manifest's record of where the export's arithmetic ran."""
     if device.type == "cuda":
         hip = getattr(torch.version, "hip", None)

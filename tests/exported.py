@@ -11,7 +11,7 @@ for any of them.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from eaglequant.binding import binding, folder_files
@@ -21,7 +21,14 @@ from eaglequant.io.readback import sha256_file
 from eaglequant.manifest import MANIFEST_FILE, build_manifest, write_manifest
 from eaglequant.provenance import command_string
 from eaglequant.recipe import load_recipe
-from eaglequant.validation_report import Check, CheckId, ValidationReport, prompts_digest
+from eaglequant.spec_counts import AcceptanceRecord
+from eaglequant.validation_report import (
+    Check,
+    CheckId,
+    EngineSummary,
+    ValidationReport,
+    prompts_digest,
+)
 
 # Names that exist only on this machine: none may reach the card or the Hub.
 WORK = "machine-local-work"
@@ -104,16 +111,26 @@ def validation_report(folder: Path, source: Path, target: Path, passed: bool) ->
         "env": {"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_DIST_IDENT": "a81c2f", "TMPDIR": str(folder)},
         "vllm": "0.32.0",
     }
-    acceptance = {"mean_length": 3.19, "per_position": [0.862, 0.693, 0.635], "drafts": 100}
+    fp8 = AcceptanceRecord(
+        mean_length=3.19, per_position=(0.862, 0.693, 0.635), drafts=100, accepted=219
+    )
     engines = {
-        "target": {"ok": True, "wall_s": 40.0},
-        "bf16": {"ok": True, "wall_s": 41.0, "acceptance": acceptance | {"mean_length": 3.214}},
-        "fp8": {
-            "ok": True,
-            "wall_s": 42.0,
-            "acceptance": acceptance,
-            "engine_config": engine_config,
-        },
+        "target": EngineSummary(ok=True, returncode=0, timed_out=False, wall_s=40.0),
+        "bf16": EngineSummary(
+            ok=True,
+            returncode=0,
+            timed_out=False,
+            wall_s=41.0,
+            acceptance=replace(fp8, mean_length=3.214, accepted=221),
+        ),
+        "fp8": EngineSummary(
+            ok=True,
+            returncode=0,
+            timed_out=False,
+            wall_s=42.0,
+            acceptance=fp8,
+            engine_config=engine_config,
+        ),
     }
     names = (CheckId.LOSSLESS, CheckId.ACCEPTANCE, CheckId.LAYERS, CheckId.ENGINE_LOG)
     checks = [Check(n, True, f"{n} detail for {folder}") for n in (*names, CheckId.PER_POSITION)]

@@ -13,18 +13,17 @@ reports have categories (:func:`category_regression`).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, replace
-from typing import Any
 
-from eaglequant.spec_counts import SpecDecodeCounts
 from eaglequant.validate.acceptance import AcceptanceThresholds, acceptance_checks
 from eaglequant.validate.regression import RunCounts, regression_check
 from eaglequant.validate.stats import PromptCounts, pooled_counts
-from eaglequant.validation_report import PASS, Check, CheckId, overall_verdict
+from eaglequant.validation_report import PASS, CategoryRow, Check, CheckId, overall_verdict
 
 ROLES = ("bf16", "fp8")
-CATEGORY_CHECKS = {"2": CheckId.ACCEPTANCE_BY_CATEGORY, "5": CheckId.PER_POSITION_BY_CATEGORY}
+# A category's checks 2 and 5 (in CategoryRow.checks' order) over all categories.
+CATEGORY_CHECKS = (CheckId.ACCEPTANCE_BY_CATEGORY, CheckId.PER_POSITION_BY_CATEGORY)
 REGRESSION_BY_CATEGORY = CheckId.REGRESSION_BY_CATEGORY
 NOT_JUDGED = "not judged"
 
@@ -43,36 +42,34 @@ def by_category(
     *,
     min_drafts: int,
     thresholds: AcceptanceThresholds,
-    acceptance: Callable[[SpecDecodeCounts], dict[str, Any]],
-) -> dict[str, dict[str, Any]]:
-    """For each category: its prompt count, each draft's acceptance (``acceptance`` of the
-    pooled counts), whether it is judged and, if so, its checks 2 and 5.
+) -> dict[str, CategoryRow]:
+    """For each category: its prompt count, each draft's acceptance (of the pooled counts, with
+    the tokens drafted), whether it is judged and, if so, its checks 2 and 5.
 
     ``counts``: for ``bf16`` and ``fp8``, one record per prompt, in prompt order.
     """
     table = {}
     for name, indices in category_members(categories).items():
         subset = {role: [counts[role][i] for i in indices] for role in ROLES}
-        row: dict[str, Any] = {"prompts": len(indices)}
-        for role in ROLES:
-            pooled = pooled_counts(subset[role])
-            row[role] = acceptance(pooled) | {"draft_tokens": pooled.draft_tokens}
-        row["judged"] = all(row[role]["draft_tokens"] >= min_drafts for role in ROLES)
-        if row["judged"]:
-            checks = acceptance_checks(subset["fp8"], subset["bf16"], thresholds)
-            row["checks"] = {number: asdict(c) for number, c in zip("25", checks, strict=True)}
-        table[name] = row
+        pooled = {role: pooled_counts(subset[role]) for role in ROLES}
+        judged = all(pooled[role].draft_tokens >= min_drafts for role in ROLES)
+        table[name] = CategoryRow(
+            prompts=len(indices),
+            bf16=pooled["bf16"].acceptance(with_draft_tokens=True),
+            fp8=pooled["fp8"].acceptance(with_draft_tokens=True),
+            checks=acceptance_checks(subset["fp8"], subset["bf16"], thresholds) if judged else None,
+        )
     return table
 
 
-def category_checks(table: Mapping[str, Mapping[str, Any]]) -> list[Check]:
+def category_checks(table: Mapping[str, CategoryRow]) -> list[Check]:
     """Checks 2 and 5 over the judged categories: FAIL if one fails, else INCONCLUSIVE if one
     is, else PASS; the detail names each category's verdict and those not judged."""
     checks = []
-    for number, name in CATEGORY_CHECKS.items():
+    for which, name in enumerate(CATEGORY_CHECKS):
         by_verdict: dict[str, list[str]] = {}
         for category, row in table.items():
-            verdict = row["checks"][number]["verdict"] if row["judged"] else NOT_JUDGED
+            verdict = row.checks[which].verdict if row.checks else NOT_JUDGED
             by_verdict.setdefault(verdict, []).append(category)
         judged = [v for v, names in by_verdict.items() if v != NOT_JUDGED for _ in names]
         verdict = overall_verdict(judged) if judged else PASS

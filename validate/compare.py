@@ -254,16 +254,14 @@ def _part(run: EngineRun, start: int, stop: int, request: CompareRequest) -> Eng
 
 
 def _set_summary(prompt_set: PromptSet, bf16_run: EngineRun) -> PromptSetSummary:
-    from eaglequant.validate.engine_summary import acceptance
-
     result = bf16_run.get("result")
-    bf16 = acceptance(SpecDecodeCounts.from_vllm(result["metrics"] if result else {}))
+    bf16 = SpecDecodeCounts.from_vllm(result["metrics"] if result else {}).acceptance()
     return PromptSetSummary(
         source=prompt_set.source,
         sha256=prompt_set.sha256,
         prompts=len(prompt_set.prompts),
-        baseline_mean_acceptance=bf16.get("mean_length"),
-        baseline_per_position=list(bf16.get("per_position") or []),
+        baseline_mean_acceptance=bf16.mean_length,
+        baseline_per_position=list(bf16.per_position),
     )
 
 

@@ -20,6 +20,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from eaglequant.engine import vllm_internals
+from eaglequant.engine.result import LinearRange
 
 WATCH_ATTRIBUTE = "_eaglequant_range_watch"
 # A checkpoint linear's part in vLLM's fused linear: (fused name, part index).
@@ -32,7 +33,7 @@ FUSED = {
 }
 CHECKPOINT_LAYER = re.compile(r"^(?:midlayer|(?:model\.)?layers\.(\d+))\.(.+)$")
 VLLM_LAYER = re.compile(r"^(?:model\.)?layers\.(\d+)\.(.+)$")
-Ranges = dict[str, dict[str, Any]]
+Ranges = dict[str, LinearRange]  # by vLLM's linear name
 
 
 def watch(worker: Any) -> int:
@@ -77,10 +78,10 @@ def _recorder(name: str, parts: list[int], stats: Ranges) -> Any:
 
 
 def checkpoint_ranges(
-    ranges: Mapping[str, Mapping[str, Any]], linears: tuple[str, ...]
+    ranges: Mapping[str, LinearRange], linears: tuple[str, ...]
 ) -> tuple[dict[str, float], dict[str, float]] | str:
     """Each checkpoint linear's (input amax, output amax) from vLLM's ranges, or why not."""
-    layers: dict[int, dict[str, Mapping[str, Any]]] = {}
+    layers: dict[int, dict[str, LinearRange]] = {}
     for name, entry in ranges.items():
         match = VLLM_LAYER.match(name)
         if match:

@@ -34,6 +34,7 @@ from eaglequant.engine.result import (
     DraftLayer,
     EngineResult,
     Generated,
+    LinearRange,
     RequestCounts,
     SpecMetrics,
     TopLogprobs,
@@ -142,7 +143,7 @@ class DraftInspector:
 
         return watch(self)
 
-    def eaglequant_draft_ranges(self) -> dict[str, dict[str, Any]]:
+    def eaglequant_draft_ranges(self) -> dict[str, LinearRange]:
         from eaglequant.validate.draft_ranges import collect
 
         return collect(self)

@@ -4,32 +4,41 @@ spec-decode counters and the acceptance they give, its timings and configuration
 from __future__ import annotations
 
 import json
-from typing import Any
+from dataclasses import replace
 
 from eaglequant.engine.process import log_tail
 from eaglequant.engine.result import EngineRun
 from eaglequant.spec_counts import SpecDecodeCounts
+from eaglequant.validation_report import EngineSummary
 
 
-def engine_summary(engine: EngineRun) -> dict[str, Any]:
+def engine_summary(engine: EngineRun) -> EngineSummary:
     """What the report keeps of one engine run (its outputs, counters, timings; a failed one's
     log tail)."""
-    summary: dict[str, Any] = {k: engine[k] for k in ("ok", "returncode", "timed_out", "wall_s")}
     result = engine.get("result")
-    if result is not None:
-        summary |= {
-            k: result[k]
-            for k in ("load_s", "generate_s", "swapped", "metrics", "kernels", "engine_config")
-            if k in result
-        }
-        summary["acceptance"] = acceptance(SpecDecodeCounts.from_vllm(result["metrics"]))
-        if result["per_request"] is not None:
-            summary["per_prompt"] = result["per_request"]
-        summary["outputs_sha256"] = outputs_digest(result["token_ids"])
-        summary["token_ids"] = result["token_ids"]
-    if not engine["ok"]:
-        summary["log_tail"] = log_tail(engine["log"])
-    return summary
+    tail = None if engine["ok"] else log_tail(engine["log"])
+    ended = EngineSummary(
+        ok=engine["ok"],
+        returncode=engine["returncode"],
+        timed_out=engine["timed_out"],
+        wall_s=engine["wall_s"],
+        log_tail=tail,
+    )
+    if result is None:
+        return ended
+    return replace(
+        ended,
+        load_s=result["load_s"],
+        generate_s=result["generate_s"],
+        swapped=result.get("swapped"),
+        metrics=result["metrics"],
+        kernels=result["kernels"],
+        engine_config=result["engine_config"],
+        acceptance=SpecDecodeCounts.from_vllm(result["metrics"]).acceptance(),
+        per_prompt=result["per_request"],
+        outputs_sha256=outputs_digest(result["token_ids"]),
+        token_ids=result["token_ids"],
+    )
 
 
 def outputs_digest(token_ids: list[list[int]]) -> str:
@@ -37,14 +46,3 @@ def outputs_digest(token_ids: list[list[int]]) -> str:
     import hashlib
 
     return hashlib.sha256(json.dumps(token_ids).encode()).hexdigest()
-
-
-def acceptance(counts: SpecDecodeCounts) -> dict[str, Any]:
-    """The report's acceptance: mean acceptance length (1 + accepted / drafts, as vLLM's
-    example) and per position, with the counts they come from."""
-    return {
-        "mean_length": counts.mean_acceptance_length,
-        "per_position": counts.per_position_rates,
-        "drafts": counts.drafts,
-        "accepted": counts.accepted_tokens,
-    }

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from eaglequant.draft import KV_SCALES, DraftDims, dims_from_config, kv_scale_name
+from eaglequant.engine.result import LinearRange
 from eaglequant.errors import InputError
 from eaglequant.io.checkpoint import read_checkpoint
 from eaglequant.recipe import E8M0_NAN, FP8_E4M3_MAX, MX_BLOCK
@@ -52,7 +53,7 @@ class PlausibilityInputs:
     add_special_tokens: bool = True
     # The BF16 draft's linears as vLLM ran them in validate's own engine (``draft_ranges``):
     # the measured ranges without a capture, where they cover every linear.
-    engine_ranges: Mapping[str, Mapping[str, Any]] | None = None
+    engine_ranges: Mapping[str, LinearRange] | None = None
 
 
 def scale_plausibility(

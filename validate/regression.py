@@ -21,8 +21,10 @@ target's tokens.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, cast
 
 from eaglequant.errors import InputError
 from eaglequant.validate.stats import (
@@ -61,15 +63,16 @@ class RunCounts:
 
 def run_counts(report: ValidationReport, source: str) -> RunCounts:
     """The FP8 run of a validation report; InputError naming ``source``."""
-    fp8 = report.engines.get("fp8", {})
-    per_prompt = fp8.get("per_prompt")
-    if not fp8.get("ok") or not per_prompt or "outputs_sha256" not in fp8:
+    fp8 = report.engines.get("fp8")
+    per_prompt = fp8.per_prompt if fp8 else None
+    if fp8 is None or not fp8.ok or not per_prompt or fp8.outputs_sha256 is None:
         raise InputError(
             f"{source}: its FP8 engine run did not finish, so it holds no acceptance to compare "
             "with; pass a report whose FP8 engine ran"
         )
     try:
-        counts = tuple(PromptCounts.from_json(p) for p in per_prompt)
+        # a prompt without counts (None) is refused as malformed, by the TypeError it raises
+        counts = tuple(PromptCounts.from_json(cast("Mapping[str, Any]", p)) for p in per_prompt)
     except (KeyError, TypeError, ValueError) as exc:
         raise InputError(f"{source}: engines.fp8.per_prompt is malformed ({exc!r})") from exc
     return RunCounts(
@@ -77,7 +80,7 @@ def run_counts(report: ValidationReport, source: str) -> RunCounts:
         k=report.k,
         max_tokens=report.max_tokens,
         prompts_sha256=report.prompts_sha256,
-        outputs_sha256=str(fp8["outputs_sha256"]),
+        outputs_sha256=str(fp8.outputs_sha256),
         per_prompt=counts,
         categories=_categories(report, len(counts)),
     )

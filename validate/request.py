@@ -6,9 +6,8 @@ from __future__ import annotations
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
-from eaglequant.binding import binding
+from eaglequant.binding import Binding, binding
 from eaglequant.capture.run import CaptureEngine, check_engine
 from eaglequant.capture.store import check_capture
 from eaglequant.draft import dims_from_config, structure_problems
@@ -88,7 +87,7 @@ def validation_spec(draft: Path, recipe: str | None) -> ValidationSpec:
         ) from exc
 
 
-def check_inputs(request: ValidateRequest) -> dict[str, Any]:
+def check_inputs(request: ValidateRequest) -> dict[str, Binding]:
     """Everything that can be checked before any engine starts; the files it will validate."""
     if not request.target.is_dir():
         raise InputError(f"{request.target}: no such target folder; pass the target model's folder")

@@ -42,7 +42,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import replace
 from functools import partial
 from pathlib import Path
-from typing import Any, Literal
+from typing import Literal
 
 from eaglequant.engine.config import llm_kwargs, probe_vllm
 from eaglequant.engine.process import ChildRun, log_tail, run_engine_child
@@ -69,7 +69,7 @@ from eaglequant.validate.categories import (
     category_checks,
     category_regression,
 )
-from eaglequant.validate.engine_summary import acceptance, engine_summary, outputs_digest
+from eaglequant.validate.engine_summary import engine_summary, outputs_digest
 from eaglequant.validate.layers import (
     checkpoint_kv_scales,
     expected_schemes,
@@ -94,7 +94,13 @@ from eaglequant.validate.request import (
     engine_prompts,
 )
 from eaglequant.validate.single_engine import run_per_draft, run_single
-from eaglequant.validation_report import Check, CheckId, ValidationReport, prompts_digest
+from eaglequant.validation_report import (
+    CategoryRow,
+    Check,
+    CheckId,
+    ValidationReport,
+    prompts_digest,
+)
 
 
 def validate_draft(
@@ -184,7 +190,7 @@ def validate_draft(
 
 def _categories(
     request: ValidateRequest, engines: dict[str, EngineRun]
-) -> dict[str, dict[str, Any]] | None:
+) -> dict[str, CategoryRow] | None:
     """Acceptance by category for both drafts (None without categories or per-prompt counts)."""
     if request.categories is None or not all(engines[role]["ok"] for role in ROLES):
         return None
@@ -197,7 +203,6 @@ def _categories(
         counts,
         min_drafts=request.min_category_drafts,
         thresholds=_thresholds(request),
-        acceptance=acceptance,
     )
 
 

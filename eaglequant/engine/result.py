@@ -65,6 +65,15 @@ class RequestCounts(TypedDict):
     num_draft_tokens: int
 
 
+class LinearRange(TypedDict):
+    """One draft linear as vLLM ran it (``eaglequant.validate.draft_ranges``): calls, largest
+    |input|, and largest |output| of each fused part."""
+
+    calls: int
+    input_amax: float
+    output_amax: list[float]
+
+
 class SpecMetrics(TypedDict, total=False):
     """vLLM's counters (``LLM.get_metrics()``): spec decode (none without speculation) and
     the prefix cache's prompt tokens looked up and served from cached blocks."""
@@ -110,9 +119,8 @@ class Generated(TypedDict):
     teacher_forced: NotRequired[list[TopLogprobs]]
     teacher_forced_scores: NotRequired[str]  # vLLM's logprobs_mode for them ("raw_logits")
     score_s: NotRequired[float]  # seconds of that scoring
-    # Per draft linear as vLLM built it: calls, largest |input| and largest |output| per fused
-    # part, seen while generating (check 6's ranges; ``eaglequant.validate.draft_ranges``).
-    draft_ranges: NotRequired[dict[str, dict[str, Any]]]
+    # Per draft linear as vLLM built it, seen while generating (check 6's ranges).
+    draft_ranges: NotRequired[dict[str, LinearRange]]
 
 
 class EngineResult(Generated):

@@ -18,6 +18,7 @@ import json
 import os
 import re
 import shutil
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -31,13 +32,14 @@ from eaglequant.exclusions import predict_fates
 from eaglequant.io.checkpoint import read_checkpoint
 from eaglequant.io.output import write_text_atomic
 from eaglequant.io.readback import sha256_file
-from eaglequant.manifest import Manifest, read_json_object, read_manifest
+from eaglequant.manifest import CalibrationRecord, Manifest, read_json_object, read_manifest
 from eaglequant.provenance import ABSOLUTE_PATH, machine_paths
 from eaglequant.render.compare_tables import compare_markdown
 from eaglequant.render.public import NO_REPO_ID, PublicNames, local_paths, public
 from eaglequant.render.reports import PLOTS, tune_markdown
 from eaglequant.render.validation_tables import validation_markdown
 from eaglequant.speculative import schedule_config, speculative_config
+from eaglequant.tune.summary import COMPARISON, SWEEP, TuneSummary, tune_summary
 from eaglequant.validation_report import ValidationReport, read_report
 
 CARD_FILE = "README.md"
@@ -94,8 +96,9 @@ def check_report_binding(
     path: Path, report: ValidationReport, files: dict[str, str], folder: Path
 ) -> None:
     """The validation report validated exactly ``files``; InputError naming the file otherwise."""
-    recorded = (report.files.get("draft") or {}).get("files")
-    if not isinstance(recorded, dict):
+    draft = report.files.get("draft")
+    recorded = draft.files if draft else None
+    if recorded is None:
         raise InputError(
             f"{path}: records no sha256 of the files it validated; rerun eaglequant validate "
             f"on {folder}"
@@ -154,16 +157,17 @@ def render(
     config: dict[str, Any],
     manifest: Manifest,
     validation: ValidationReport | None,
-    tuning: dict[str, Any] | None,
+    results: Mapping[str, Any] | None,
     license_id: str | None,
     comparison: CompareReport | None = None,
 ) -> str:
     """The card's Markdown, naming no path of this machine (InputError if one would remain)."""
+    recorded = tune_summary(results) if results else None
     qcfg = config["quantization_config"]
     data = validation.to_json() if validation else None
-    local = local_paths(folder, manifest, data, tuning)
+    local = local_paths(folder, manifest, data, recorded)
     report = ValidationReport.from_json(public(data, names, local)) if data else None
-    tuning = public(tuning, names, local) if tuning else None
+    tuning = tune_summary(public(recorded, names, local)) if recorded else None
     speculative, note = _usage(names.repo_id, report, tuning)
     title = names.repo_id.split("/")[-1] if names.repo_id != NO_REPO_ID else "FP8 EAGLE-3 draft"
     parts = [
@@ -210,22 +214,27 @@ def render(
 
 
 def _usage(
-    name: str, report: ValidationReport | None, tuning: dict[str, Any] | None
+    name: str, report: ValidationReport | None, tuning: TuneSummary | None
 ) -> tuple[dict[str, Any], str]:
     """The usage line's speculative config (tune's recommendation where there is one), a note."""
-    tuned = tuning or {}
-    choice = tuned.get("recommendation") or {}
-    if choice.get("schedule"):
-        note = "\nk by batch size, from the measured schedule in *Tuning* below.\n"
-        return schedule_config(name, tuned["schedule"]["ranges"]), note
-    k = choice.get("k") or tuned.get("best_single_k") or (report.k if report else None) or 6
-    if choice and not choice["k"] and tuned.get("kind") == "comparison":
+    validated_k = (report.k if report else None) or 6
+    if tuning is None:
+        return speculative_config(name, validated_k), ""
+    chosen, best_single = tuning["recommendation"]["k"], None
+    if tuning["kind"] == SWEEP:
+        if tuning["recommendation"]["schedule"]:
+            note = "\nk by batch size, from the measured schedule in *Tuning* below.\n"
+            return schedule_config(name, tuning["schedule"]["ranges"]), note
+        best_single = tuning["best_single_k"]
+    k = chosen or best_single or validated_k
+    if not chosen and tuning["kind"] == COMPARISON:
         note = (
             f"\nOn the setup measured in *Tuning* below this draft was not chosen at any "
-            f"concurrency ({choice.get('text', '')}); k={k} is shown for setups where it is.\n"
+            f"concurrency ({tuning['recommendation'].get('text', '')}); k={k} is shown for "
+            "setups where it is.\n"
         )
         return speculative_config(name, k), note
-    if choice and not choice["k"]:
+    if not chosen:
         note = (
             f"\nOn the setup measured in *Tuning* below no k was faster than serving without "
             f"speculation; k={k}, the best single k there, is shown for setups where it is.\n"
@@ -275,7 +284,7 @@ def _fmt(value: float | None, spec: str, missing: str = "dynamic") -> str:
     return missing if value is None else format(value, spec)
 
 
-def calibration_source(calib: dict[str, Any]) -> str:
+def calibration_source(calib: CalibrationRecord) -> str:
     """Where the calibration inputs came from, described without locating them."""
     engine = ((calib.get("capture") or {}).get("engine") or {}).get("name")
     on = f" ({engine})" if engine else ""
@@ -290,15 +299,16 @@ def calibration_source(calib: dict[str, Any]) -> str:
     return str(kind)
 
 
-def _environment_section(report: ValidationReport | None, tuning: dict[str, Any] | None) -> str:
+def _environment_section(report: ValidationReport | None, tuning: TuneSummary | None) -> str:
     """Versions and hardware: those the reports recorded, else this machine's (and which)."""
+    recorded = tuning.get("environment") if tuning else None
     if report and report.environment:
         block, origin = (
             report.environment,
             "recorded by `eaglequant validate` with the run above",
         )
-    elif tuning and tuning.get("environment"):
-        block, origin = tuning["environment"], "recorded by `eaglequant tune` with the run above"
+    elif recorded:
+        block, origin = recorded, "recorded by `eaglequant tune` with the run above"
     else:
         block = environment()
         origin = "of the machine that rendered this card (no report recorded one)"
@@ -324,7 +334,7 @@ def _reproduce_section(
     names: PublicNames,
     manifest: Manifest,
     report: ValidationReport | None,
-    tuning: dict[str, Any] | None,
+    tuning: TuneSummary | None,
 ) -> str:
     """The export, validate and tune command lines as they were run, paths as placeholders."""
     runs = [("export", manifest.get("command"))]

@@ -33,7 +33,7 @@ def _suite(report: ValidationReport) -> ET.Element:
     classname = f"{SUITE_PREFIX}.{PurePath(report.draft).name}"
     checks = report.checks
     failures = sum(c.verdict != PASS for c in checks)
-    wall = sum(float(e.get("wall_s") or 0) for e in report.engines.values())
+    wall = sum(float(e.wall_s or 0) for e in report.engines.values())
     suite = ET.Element(
         "testsuite",
         name=classname,

@@ -3,11 +3,10 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any
+from eaglequant.tune.summary import PredictionRecord
 
 
-def prediction_markdown(prediction: Mapping[str, Any]) -> str:
+def prediction_markdown(prediction: PredictionRecord) -> str:
     """``tune --predict``: every point predicted, beside what was measured there."""
     fitted = ", ".join(f"k={k}" if k else "no speculation" for k in prediction["fitted_on"])
     error = prediction["median_abs_error"]

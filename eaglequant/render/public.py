@@ -27,8 +27,8 @@ class PublicNames:
 def local_paths(
     folder: Path,
     manifest: Mapping[str, Any],
-    report: dict[str, Any] | None,
-    tuning: dict[str, Any] | None,
+    report: Mapping[str, Any] | None,
+    tuning: Mapping[str, Any] | None,
 ) -> list[str]:
     """The paths of this machine the inputs name (with a slash as given, and resolved),
     longest first: none may appear in the card."""
@@ -50,7 +50,7 @@ def local_paths(
 PATH_FIELDS = ("target", "draft", "baseline", "prompts")
 
 
-def public(data: dict[str, Any], names: PublicNames, local: list[str]) -> dict[str, Any]:
+def public(data: Mapping[str, Any], names: PublicNames, local: list[str]) -> dict[str, Any]:
     """A report with its local paths replaced by public names and its environment variables
     reduced to the reproducing ones (no per-run random values)."""
     named = {
@@ -75,7 +75,7 @@ def public(data: dict[str, Any], names: PublicNames, local: list[str]) -> dict[s
     return cleaned | {k: name for k, name in named.items() if isinstance(data.get(k), str)}
 
 
-def _described_files(data: dict[str, Any]) -> list[str]:
+def _described_files(data: Mapping[str, Any]) -> list[str]:
     """Files a report names to describe its inputs (a prompts file, the calibration data):
     the card keeps their names, not where they lie."""
     found = [

@@ -17,7 +17,10 @@ from eaglequant.tune.summary import (
     NO_SPECULATION,
     ComparisonSummary,
     Point,
+    SweepRow,
+    SweepSummary,
     as_comparison,
+    as_sweep,
     check_summary,
 )
 
@@ -31,15 +34,18 @@ def tune_markdown(summary: Mapping[str, Any]) -> str:
     """
     if check_summary(summary) == COMPARISON:
         return comparison_markdown(as_comparison(summary))
-    text = sweep_markdown(summary)
-    if summary.get("prediction"):
-        text += "\n" + prediction_markdown(summary["prediction"])
-    if summary.get("environment"):
-        text += "\nEnvironment:\n\n" + environment_markdown(summary["environment"])
+    sweep = as_sweep(summary)
+    text = sweep_markdown(sweep)
+    prediction = sweep.get("prediction")
+    if prediction:
+        text += "\n" + prediction_markdown(prediction)
+    environment = sweep.get("environment")
+    if environment:
+        text += "\nEnvironment:\n\n" + environment_markdown(environment)
     return text
 
 
-def sweep_markdown(summary: Mapping[str, Any]) -> str:
+def sweep_markdown(summary: SweepSummary) -> str:
     """Throughput by concurrency and configuration, schedule, recommendation, acceptance."""
     schedule = summary["schedule"]
     header = ["concurrency", *(config_name(k) for k in [0, *summary["ks"]])]
@@ -53,11 +59,15 @@ def sweep_markdown(summary: Mapping[str, Any]) -> str:
     lines += ["", *_tune_notes(summary), ""]
     lines += ["| k | mean acceptance length | acceptance by position |", "|---|---|---|"]
     for k in summary["ks"]:
-        rows = [r for r in summary["results"] if r["k"] == k and r["acceptance_length"] is not None]
+        rows = [
+            (length, r["per_position"])
+            for r in summary["results"]
+            if r["k"] == k and (length := r["acceptance_length"]) is not None
+        ]
         if not rows:
             continue
-        mean = sum(r["acceptance_length"] for r in rows) / len(rows)
-        per_pos = mean_positions([r["per_position"] for r in rows])
+        mean = sum(length for length, _ in rows) / len(rows)
+        per_pos = mean_positions([positions for _, positions in rows])
         lines.append(f"| {k} | {mean:.3f} | {' / '.join(f'{p:.3f}' for p in per_pos)} |")
     return "\n".join(lines) + "\n"
 
@@ -66,7 +76,7 @@ def config_name(k: int) -> str:
     return f"k={k}" if k else "no speculation"
 
 
-def point(summary: Mapping[str, Any], k: int | None, concurrency: int) -> dict[str, Any] | None:
+def point(summary: SweepSummary, k: int | None, concurrency: int) -> SweepRow | None:
     """The result row of single k ``k`` (None: the schedule's server) at one concurrency."""
     rows = summary["schedule"]["results"] if k is None else summary["results"]
     return next(
@@ -74,7 +84,7 @@ def point(summary: Mapping[str, Any], k: int | None, concurrency: int) -> dict[s
     )
 
 
-def _cell(row: dict[str, Any] | None) -> str:
+def _cell(row: SweepRow | None) -> str:
     if row is None:
         return "-"
     text = (
@@ -85,7 +95,7 @@ def _cell(row: dict[str, Any] | None) -> str:
     return f"{text} ({row['speedup']:.2f}x)"
 
 
-def _tune_notes(summary: Mapping[str, Any]) -> list[str]:
+def _tune_notes(summary: SweepSummary) -> list[str]:
     repeats = summary["repeats"]
     notes = [
         f"Output tokens/s, mean of {repeats} repeat(s) [slowest-fastest] (speedup over no "
@@ -117,7 +127,7 @@ def _tune_notes(summary: Mapping[str, Any]) -> list[str]:
     return notes
 
 
-def recommendation_name(summary: Mapping[str, Any]) -> str:
+def recommendation_name(summary: SweepSummary) -> str:
     choice = summary["recommendation"]
     if choice["schedule"]:
         return f"the schedule {json.dumps(summary['schedule']['ranges'])}"

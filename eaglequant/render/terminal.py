@@ -42,21 +42,21 @@ def print_inspect(report: InspectReport) -> None:
     console.print(f"form: {report.form}")
     if report.dims:
         dims = report.dims
-        fc_in = dims["num_aux"] * dims["target_hidden"]
+        fc_in = dims.num_aux * dims.target_hidden
         console.print(
-            f"hidden {dims['hidden']}, heads {dims['heads']}/{dims['kv_heads']} x "
-            f"{dims['head_dim']}, intermediate {dims['intermediate']}, "
-            f"fc {fc_in}->{dims['hidden']}, "
-            f"vocab {dims['vocab']} (draft {dims['draft_vocab']}), "
-            f"aux layers {dims['aux_layer_ids']}"
+            f"hidden {dims.hidden}, heads {dims.heads}/{dims.kv_heads} x "
+            f"{dims.head_dim}, intermediate {dims.intermediate}, "
+            f"fc {fc_in}->{dims.hidden}, "
+            f"vocab {dims.vocab} (draft {dims.draft_vocab}), "
+            f"aux layers {dims.aux_layer_ids}"
         )
     sizes = ", ".join(f"{k} {human_bytes(v)}" for k, v in report.bytes_by_dtype.items())
     console.print(f"{report.tensor_count} tensors ({sizes}) in {len(report.shards)} file(s)")
     quant = report.quantization
     if quant:
         console.print(
-            f"quantization: {quant['quant_method']} {quant['version'] or ''} "
-            f"exclude={quant['exclude']} kv_cache_group={quant['kv_cache_group']}"
+            f"quantization: {quant.quant_method} {quant.version or ''} "
+            f"exclude={quant.exclude} kv_cache_group={quant.kv_cache_group}"
         )
     else:
         console.print("quantization: none")

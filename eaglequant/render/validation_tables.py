@@ -4,10 +4,10 @@ and the per-category table compare shares, read from a :class:`ValidationReport`
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
 
+from eaglequant.engine.result import EngineRecord
 from eaglequant.environment import reproducing_env
-from eaglequant.validation_report import FAIL, INCONCLUSIVE, PASS, ValidationReport
+from eaglequant.validation_report import FAIL, INCONCLUSIVE, PASS, CategoryRow, ValidationReport
 
 CATEGORY_COLUMNS = (
     "category",
@@ -30,40 +30,44 @@ def acceptance_rows(report: ValidationReport) -> list[tuple[str, str, str, str]]
     """(draft, mean acceptance length, by position, engine timings) for BF16 and FP8."""
     rows = []
     for role in ("bf16", "fp8"):
-        engine = report.engines.get(role, {})
-        acc = engine.get("acceptance") or {}
-        mean = acc.get("mean_length")
-        per_pos = " / ".join(f"{p:.3f}" for p in acc.get("per_position", [])) or "-"
-        timing = f"load {engine.get('load_s', '-')}s, generate {engine.get('generate_s', '-')}s"
-        rows.append((role.upper(), "-" if mean is None else f"{mean:.3f}", per_pos, timing))
+        engine = report.engines.get(role)
+        acc = engine.acceptance if engine else None
+        mean = acc.mean_length if acc else None
+        per_pos = " / ".join(f"{p:.3f}" for p in acc.per_position) if acc else ""
+        load, generate = (engine.load_s, engine.generate_s) if engine else (None, None)
+        timing = f"load {_or_dash(load)}s, generate {_or_dash(generate)}s"
+        rows.append((role.upper(), "-" if mean is None else f"{mean:.3f}", per_pos or "-", timing))
     return rows
 
 
-def category_rows(categories: Mapping[str, Mapping[str, Any]] | None) -> list[tuple[str, ...]]:
+def _or_dash(value: object) -> str:
+    return "-" if value is None else str(value)
+
+
+def category_rows(categories: Mapping[str, CategoryRow] | None) -> list[tuple[str, ...]]:
     """Per category: prompts, draft tokens, BF16 and FP8 mean acceptance, ratio, by position,
     and whether the checks judged it (and how)."""
     rows = []
     for name, row in (categories or {}).items():
-        bf16, fp8 = row["bf16"], row["fp8"]
-        means = (bf16["mean_length"], fp8["mean_length"])
+        bf16, fp8 = row.bf16, row.fp8
+        means = (bf16.mean_length, fp8.mean_length)
         ratio = "-"
-        if None not in means and means[0]:
+        if means[0] and means[1] is not None:
             ratio = f"{means[1] / means[0]:.3f}"
-        checks = row.get("checks")
         verdicts = "reported, not judged"
-        if checks:
-            interval = checks["2"]["numbers"]["interval"]
+        if row.checks:
+            two, five = row.checks
+            interval = two.numbers["interval"]
             ratio += f" [{interval['low']:.3f}, {interval['high']:.3f}]"
-            verdicts = f"2 {checks['2']['verdict']}, 5 {checks['5']['verdict']}"
+            verdicts = f"2 {two.verdict}, 5 {five.verdict}"
         positions = " / ".join(
-            f"{f:.3f}:{b:.3f}"
-            for f, b in zip(fp8["per_position"], bf16["per_position"], strict=False)
+            f"{f:.3f}:{b:.3f}" for f, b in zip(fp8.per_position, bf16.per_position, strict=False)
         )
         rows.append(
             (
                 name,
-                str(row["prompts"]),
-                f"{bf16['draft_tokens']} / {fp8['draft_tokens']}",
+                str(row.prompts),
+                f"{bf16.draft_tokens} / {fp8.draft_tokens}",
                 *("-" if m is None else f"{m:.3f}" for m in means),
                 ratio,
                 positions or "-",
@@ -74,7 +78,7 @@ def category_rows(categories: Mapping[str, Mapping[str, Any]] | None) -> list[tu
 
 
 def category_markdown(
-    categories: Mapping[str, Mapping[str, Any]] | None, min_category_drafts: int | None
+    categories: Mapping[str, CategoryRow] | None, min_category_drafts: int | None
 ) -> list[str]:
     """The per-category table (no lines when there are no categories)."""
     rows = category_rows(categories)
@@ -113,9 +117,15 @@ def prompts_line(report: ValidationReport) -> str:
     return text
 
 
+def _fp8_config(report: ValidationReport) -> EngineRecord | None:
+    fp8 = report.engines.get("fp8")
+    return fp8.engine_config if fp8 else None
+
+
 def validation_markdown(report: ValidationReport, heading: str = "##") -> str:
     """The validation report: setup, acceptance table, checks, verdict, serve line."""
-    llm = report.engines.get("fp8", {}).get("engine_config", {}).get("llm", {})
+    config = _fp8_config(report)
+    llm = config["llm"] if config else {}
     lines = [
         f"{heading} Validation in vLLM speculative decoding (`eaglequant validate`)",
         "",
@@ -131,7 +141,6 @@ def validation_markdown(report: ValidationReport, heading: str = "##") -> str:
     lines += [prompts_line(report), ""]
     if report.serve_command:
         lines += [f"Equivalent serve line: `{report.serve_command}`", ""]
-    config = report.engines.get("fp8", {}).get("engine_config")
     if config:
         kept = reproducing_env(config["env"])  # the JSON keeps all, per-run random ones too
         env = ", ".join(f"`{k}={v}`" for k, v in sorted(kept.items())) or "none"

@@ -28,7 +28,7 @@ from typing import Any
 
 from eaglequant.engine.config import probe_vllm
 from eaglequant.engine.server import Server
-from eaglequant.environment import environment
+from eaglequant.environment import EnvironmentRecord, environment
 from eaglequant.errors import CheckFailed
 from eaglequant.progress import Progress
 from eaglequant.spec_counts import SpecDecodeCounts
@@ -214,7 +214,7 @@ def summarize(
     configs: list[Candidate],
     plan: list[list[Candidate]],
     devices: tuple[int, str],
-    env: dict[str, Any],
+    env: EnvironmentRecord,
 ) -> ComparisonSummary:
     """results.json's content from the samples (``devices``: count and unit; ``env``: the
     run's ``environment()`` block)."""

@@ -14,7 +14,6 @@ naming target, draft, ISL/OSL and the repeats.
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +26,7 @@ from eaglequant.render.reports import (
     point,
     tune_markdown,
 )
-from eaglequant.tune.summary import BASELINE, DRAFT, NO_SPECULATION, ComparisonSummary
+from eaglequant.tune.summary import BASELINE, DRAFT, NO_SPECULATION, ComparisonSummary, SweepSummary
 
 
 def write_comparison(out: Path, summary: ComparisonSummary) -> None:
@@ -45,7 +44,7 @@ def write_comparison(out: Path, summary: ComparisonSummary) -> None:
     plot_comparison(out, summary)
 
 
-def write_reports(out: Path, summary: Mapping[str, Any]) -> None:
+def write_reports(out: Path, summary: SweepSummary) -> None:
     write_text_atomic(out / "results.json", json.dumps(summary, indent=2) + "\n")
     text = (
         "## num_speculative_tokens sweep on vllm serve\n\n"
@@ -61,7 +60,7 @@ def write_reports(out: Path, summary: Mapping[str, Any]) -> None:
     plot(out, summary)
 
 
-def title(summary: Mapping[str, Any]) -> str:
+def title(summary: SweepSummary) -> str:
     target, draft = (Path(*Path(summary[key]).parts[-2:]) for key in ("target", "draft"))
     return (
         f"target {target}, draft {draft}\n"
@@ -69,10 +68,10 @@ def title(summary: Mapping[str, Any]) -> str:
     )
 
 
-def series(summary: Mapping[str, Any]) -> list[tuple[str, int | None, bool]]:
+def series(summary: SweepSummary) -> list[tuple[str, int | None, bool]]:
     """(label, k or None for the schedule, recommended) for every measured configuration."""
     choice = summary["recommendation"]
-    found = [
+    found: list[tuple[str, int | None, bool]] = [
         (config_name(k), k, not choice["schedule"] and choice["k"] == k)
         for k in [0, *summary["ks"]]
     ]
@@ -81,7 +80,7 @@ def series(summary: Mapping[str, Any]) -> list[tuple[str, int | None, bool]]:
     return found
 
 
-def plot(out: Path, summary: Mapping[str, Any]) -> None:
+def plot(out: Path, summary: SweepSummary) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -91,7 +90,7 @@ def plot(out: Path, summary: Mapping[str, Any]) -> None:
 
 
 def _bars(
-    summary: Mapping[str, Any], k: int | None, speedup: bool
+    summary: SweepSummary, k: int | None, speedup: bool
 ) -> tuple[list[int], list[float], list[Any]]:
     """Concurrencies measured, means and min-max error bars of one configuration (speedup:
     over no speculation; ``tune --predict`` serves some ks at some concurrencies only)."""
@@ -108,7 +107,7 @@ def _bars(
     return levels, values, [low, high]
 
 
-def _concurrency_plot(path: Path, summary: Mapping[str, Any], speedup: bool) -> None:
+def _concurrency_plot(path: Path, summary: SweepSummary, speedup: bool) -> None:
     import matplotlib.pyplot as plt
     from matplotlib.ticker import NullLocator
 
@@ -142,7 +141,7 @@ def _concurrency_plot(path: Path, summary: Mapping[str, Any], speedup: bool) -> 
     _finish(figure, axes, title(summary), path)
 
 
-def _acceptance_plot(path: Path, summary: Mapping[str, Any]) -> None:
+def _acceptance_plot(path: Path, summary: SweepSummary) -> None:
     import matplotlib.pyplot as plt
     from matplotlib.ticker import MaxNLocator
 

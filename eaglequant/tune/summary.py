@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, Literal, TypedDict, cast
 
+from eaglequant.environment import EnvironmentRecord
 from eaglequant.errors import InputError
 
 if TYPE_CHECKING:
@@ -118,19 +119,83 @@ class Workload(TypedDict):
     command: str | None
 
 
+class SweepRow(TypedDict):
+    """One server (a single k, 0: no speculation, or the schedule's) at one concurrency, over
+    its repeats: throughput, its spread and speedup, latency and acceptance as the bench gave
+    them."""
+
+    k: int
+    concurrency: int
+    runs: list[float]
+    mean_tpot_ms: float | None
+    acceptance_length: float | None
+    per_position: list[float]
+    schedule: bool
+    output_throughput: float
+    throughput_min: float
+    throughput_max: float
+    speedup: float | None
+
+
+class SweepSchedule(TypedDict):
+    """The per-batch-size schedule: its ranges ``[low, high, k]``, whether it was given or
+    built from the winners, and its rows where it was served."""
+
+    ranges: list[list[int]]
+    given: bool
+    measured: bool
+    not_measured_because: str | None
+    results: list[SweepRow]
+    serve_command: str | None
+
+
+class SweepRecommendation(TypedDict):
+    """What a sweep recommends: ``choice`` single, none or schedule, its k, and why."""
+
+    choice: Literal["single", "none", "schedule"]
+    k: int
+    schedule: bool
+    reason: str
+
+
+class PredictedPoint(TypedDict):
+    """``tune --predict``: one (k, concurrency) predicted [low, high], with what was measured
+    there (None: only predicted); ``fitted``: its k was measured to fit the model."""
+
+    k: int
+    concurrency: int
+    point: float
+    low: float
+    high: float
+    extrapolated: bool
+    measured: float | None
+    fitted: bool
+
+
+class PredictionRecord(TypedDict):
+    """``tune --predict``'s block: the ks fitted on, every point, the median error where a
+    prediction was then measured, and the server starts spent against the full sweep's."""
+
+    fitted_on: list[int]
+    points: list[PredictedPoint]
+    median_abs_error: float | None
+    server_starts: int
+    full_sweep_server_starts: int
+
+
 class SweepSummary(Workload):
     """No speculation and each k of one draft, the schedule, and what was recommended."""
 
     schema_version: int
     kind: Literal["sweep"]
-    results: list[dict[str, Any]]
+    results: list[SweepRow]
     recommended_k: dict[str, int]
     best_single_k: int
-    schedule: dict[str, Any]
-    recommendation: dict[str, Any]
+    schedule: SweepSchedule
+    recommendation: SweepRecommendation
     serve_command: str
-    environment: dict[str, Any] | None
-    prediction: NotRequired[dict[str, Any]]  # tune --predict: predicted beside measured
+    environment: EnvironmentRecord | None
+    prediction: NotRequired[PredictionRecord]  # tune --predict: predicted beside measured
 
 
 class ComparisonSummary(Workload):
@@ -147,7 +212,7 @@ class ComparisonSummary(Workload):
     verdicts: list[Verdict]
     recommendation: Recommendation
     serve_lines: list[ServeLine]
-    environment: dict[str, Any]
+    environment: EnvironmentRecord
 
 
 def check_summary(summary: Mapping[str, Any], where: str = "tune results.json") -> str:
@@ -165,3 +230,16 @@ def check_summary(summary: Mapping[str, Any], where: str = "tune results.json") 
 
 def as_comparison(summary: Mapping[str, Any]) -> ComparisonSummary:
     return cast(ComparisonSummary, summary)
+
+
+def as_sweep(summary: Mapping[str, Any]) -> SweepSummary:
+    return cast(SweepSummary, summary)
+
+
+TuneSummary = SweepSummary | ComparisonSummary
+
+
+def tune_summary(summary: Mapping[str, Any]) -> TuneSummary:
+    """``summary`` typed once :func:`check_summary` has accepted it (an InputError otherwise)."""
+    check_summary(summary)
+    return cast(TuneSummary, summary)

@@ -16,7 +16,7 @@ from __future__ import annotations
 import sys
 import tempfile
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
 from statistics import fmean
@@ -24,7 +24,7 @@ from typing import Any
 
 from eaglequant.engine.config import probe_vllm
 from eaglequant.engine.server import Server, serving
-from eaglequant.environment import environment
+from eaglequant.environment import EnvironmentRecord, environment
 from eaglequant.progress import Progress, quiet
 from eaglequant.render.reports import mean_positions
 from eaglequant.speculative import schedule_config, speculative_config
@@ -48,7 +48,15 @@ from eaglequant.tune.request import (
     with_draft_kv_cache,
     workload,
 )
-from eaglequant.tune.summary import SCHEMA_VERSION, SWEEP, SweepSummary
+from eaglequant.tune.summary import (
+    SCHEMA_VERSION,
+    SWEEP,
+    PredictedPoint,
+    PredictionRecord,
+    SweepRecommendation,
+    SweepRow,
+    SweepSummary,
+)
 
 
 @dataclass
@@ -199,17 +207,29 @@ def predicted_sweep(
 
 def prediction_block(
     prediction: list[Prediction], results: list[TuneResult], request: TuneRequest
-) -> dict[str, Any]:
+) -> PredictionRecord:
     """results.json's ``prediction``: each (k, concurrency) predicted, with what was measured
     there (None: only predicted), and the server starts spent against the full sweep's."""
     measured = {(r.k, r.concurrency): r.output_throughput for r in results if not r.schedule}
     fitted = {0, max(request.ks)}
-    rows = [
-        asdict(p) | {"measured": measured.get((p.k, p.concurrency)), "fitted": p.k in fitted}
+    rows: list[PredictedPoint] = [
+        {
+            "k": p.k,
+            "concurrency": p.concurrency,
+            "point": p.point,
+            "low": p.low,
+            "high": p.high,
+            "extrapolated": p.extrapolated,
+            "measured": measured.get((p.k, p.concurrency)),
+            "fitted": p.k in fitted,
+        }
         for p in prediction
     ]
-    checked = [r for r in rows if r["measured"] is not None and not r["fitted"]]
-    errors = sorted(abs(r["point"] / r["measured"] - 1) for r in checked)
+    errors = sorted(
+        abs(r["point"] / found - 1)
+        for r in rows
+        if (found := r["measured"]) is not None and not r["fitted"]
+    )
     return {
         "fitted_on": sorted(fitted),
         "points": rows,
@@ -247,7 +267,7 @@ def summarize(
     request: TuneRequest,
     results: list[TuneResult],
     max_len: int,
-    env: dict[str, Any] | None = None,
+    env: EnvironmentRecord | None = None,
 ) -> SweepSummary:
     """results.json's content (``env``: the run's ``environment()`` block)."""
     sweep = sweep_runs(results)
@@ -292,7 +312,7 @@ def recommend(
     ranges: Schedule,
     skipped: str | None,
     scheduled: list[TuneResult],
-) -> dict[str, Any]:
+) -> SweepRecommendation:
     """One winner everywhere; else the schedule where it held; else the best single k (0: none)."""
     winners = {c: winner(runs) for c, runs in sweep.items()}
     misses = (
@@ -335,9 +355,16 @@ def _name(k: int) -> str:
     return f"k={k}" if k else "no speculation"
 
 
-def _row(r: TuneResult, sweep: dict[int, dict[int, Runs]]) -> dict[str, Any]:
+def _row(r: TuneResult, sweep: dict[int, dict[int, Runs]]) -> SweepRow:
     baseline = fmean(sweep[r.concurrency][0])
-    return asdict(r) | {
+    return {
+        "k": r.k,
+        "concurrency": r.concurrency,
+        "runs": list(r.runs),
+        "mean_tpot_ms": r.mean_tpot_ms,
+        "acceptance_length": r.acceptance_length,
+        "per_position": list(r.per_position),
+        "schedule": r.schedule,
         "output_throughput": r.output_throughput,
         "throughput_min": min(r.runs),
         "throughput_max": max(r.runs),

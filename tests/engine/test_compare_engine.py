@@ -65,7 +65,7 @@ def test_compare_toy_pair(tmp_path: Path) -> None:
         assert (row.categories is not None) == (row.prompt_set == str(categorised)), row
         if row.categories:
             assert list(row.categories) == ["first", "second"], row.categories
-            assert all(c["prompts"] == 2 for c in row.categories.values())
+            assert all(c.prompts == 2 for c in row.categories.values())
     for row in rows:
         fates = inspect_checkpoint(out / CANDIDATES_DIR / row.recipe).fates
         assert {f.vllm_scheme for f in fates if f.quantized} == {SCHEMES[row.recipe]}

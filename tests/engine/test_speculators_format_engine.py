@@ -48,6 +48,6 @@ def test_trained_speculators_draft_with_norm_before_residual_validates(tmp_path:
     # 0.98, so checks 2 and 5 may be INCONCLUSIVE: 32 prompts do not decide this draft.
     assert all(v == "PASS" for n, v in verdicts.items() if n[0] not in "25"), verdicts
     assert all(v in ("PASS", "INCONCLUSIVE") for n, v in verdicts.items() if n[0] in "25")
-    bf16_length = report.engines["bf16"]["acceptance"]["mean_length"]
-    fp8_length = report.engines["fp8"]["acceptance"]["mean_length"]
+    bf16_length = report.engines["bf16"].acceptance.mean_length
+    fp8_length = report.engines["fp8"].acceptance.mean_length
     assert bf16_length > 1.5 and fp8_length >= 0.98 * bf16_length

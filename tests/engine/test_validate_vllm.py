@@ -141,13 +141,13 @@ def test_good_fp8_draft_passes(good_fp8: Path, good_report: tuple, tp1_runs: Pat
     report, report_path = good_report
     assert (tp1_runs / "validation.json").read_bytes() == report_path.read_bytes()
     assert report.passed, [(c.name, c.detail) for c in report.checks]
-    bf16 = report.engines["bf16"]["acceptance"]["mean_length"]
-    fp8 = report.engines["fp8"]["acceptance"]["mean_length"]
+    bf16 = report.engines["bf16"].acceptance.mean_length
+    fp8 = report.engines["fp8"].acceptance.mean_length
     assert bf16 > 1.8 and fp8 >= 0.98 * bf16
     if report.backend == "cpu":
         assert report.plugin_active
     for engine in report.engines.values():
-        assert engine["engine_config"]["llm"]["tensor_parallel_size"] == 1
+        assert engine.engine_config["llm"]["tensor_parallel_size"] == 1
     card = CliRunner().invoke(
         main,
         ["card", str(good_fp8), "--base-model", "toy/target", "--validation", str(report_path)],
@@ -202,10 +202,10 @@ def test_per_prompt_counts_sum_to_vllms_counters_and_give_the_intervals(
     report, report_path = good_report
     for role in ("bf16", "fp8"):
         engine = report.engines[role]
-        counts = [PromptCounts.from_json(p) for p in engine["per_prompt"]]
+        counts = [PromptCounts.from_json(p) for p in engine.per_prompt]
         assert len(counts) == PROMPTS and all(len(c.histogram) == 4 for c in counts)
-        assert counts_mismatch(counts, engine["metrics"]) is None, role
-    assert "per_prompt" not in report.engines["target"]
+        assert counts_mismatch(counts, engine.metrics) is None, role
+    assert report.engines["target"].per_prompt is None
     two, five = (next(c for c in report.checks if c.name.startswith(n)) for n in ("2", "5"))
     interval = two.numbers["interval"]
     assert interval["low"] <= interval["point"] <= interval["high"]
@@ -298,7 +298,7 @@ def test_engine_timeout_is_a_failed_check_with_log(
     report = validate_draft(request, reuse=shared_engines)
     engines = next(c for c in report.checks if c.name == "engines")
     assert not engines.passed and "timed out" in engines.detail
-    assert report.engines["fp8"]["timed_out"]
+    assert report.engines["fp8"].timed_out
 
 
 def test_engine_crash_is_a_failed_check_with_log_tail(
@@ -310,8 +310,8 @@ def test_engine_crash_is_a_failed_check_with_log_tail(
     assert not engines.passed and "['fp8'] failed or timed out (fp8: exit code" in engines.detail
     six = next(c for c in report.checks if c.name.startswith("6"))  # no engine of its own
     assert six.passed and six.numbers["ranges_from"] == "engine"
-    assert report.engines["fp8"]["returncode"] != 0 and not report.engines["fp8"]["timed_out"]
-    assert report.engines["fp8"]["log_tail"].strip()
+    assert report.engines["fp8"].returncode != 0 and not report.engines["fp8"].timed_out
+    assert report.engines["fp8"].log_tail.strip()
     # Without the BF16 run's ranges check 6 captures, and that engine crashes as well.
     bf16 = dict(shared_engines["bf16"], result=dict(shared_engines["bf16"]["result"]))
     del bf16["result"]["draft_ranges"]

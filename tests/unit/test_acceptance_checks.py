@@ -11,7 +11,7 @@ from eaglequant.recipe import ValidationSpec
 from eaglequant.render.junit import junit_xml
 from eaglequant.render.validation_tables import validation_markdown
 from eaglequant.validate.acceptance import AcceptanceThresholds, engine_acceptance_checks
-from eaglequant.validation_report import Check, CheckId, ValidationReport
+from eaglequant.validation_report import Check, CheckId, EngineSummary, ValidationReport
 from tests.support import engine_result, finished_engine
 from tests.unit import recorded_counts as recorded
 
@@ -160,8 +160,8 @@ def test_the_markdown_names_the_reproducing_engine_env_only() -> None:
     config = {"llm": {}, "env": env, "vllm": "0.32.0", "serve_line": "vllm serve t"}
     report = ValidationReport(
         target="t", draft="d", baseline="b", k=3, prompts=1, max_tokens=8, backend="cpu",
-        plugin_active=False, checks=[], engines={"fp8": {"engine_config": config}},
-        prompts_sha256="",
+        plugin_active=False, checks=[], prompts_sha256="",
+        engines={"fp8": EngineSummary(True, 0, False, 1.0, engine_config=config)},
     )  # fmt: skip
     text = validation_markdown(report)
     assert "vLLM 0.32.0; environment: `VLLM_CPU_KVCACHE_SPACE=1`." in text

@@ -9,7 +9,7 @@ import pytest
 import yaml
 from click.testing import CliRunner
 
-from eaglequant.binding import binding, bound_files, folder_files
+from eaglequant.binding import Binding, binding, bound_files, folder_files
 from eaglequant.cli import main
 from eaglequant.errors import InputError
 from eaglequant.provenance import command_string, machine_paths
@@ -123,8 +123,8 @@ def test_binding_hashes_the_manifest_files_and_verifies_them(exported: Exported)
     assert bound_files(exported.folder) == manifest["files"]
     assert "validation.json" not in manifest["files"]  # written later, not part of the export
     block = binding(exported.source)
-    assert block == {"name": "bf16-src-local", "files": folder_files(exported.source)}
-    assert set(block["files"]) == {"config.json", "model.safetensors"}
+    assert block == Binding(name="bf16-src-local", files=folder_files(exported.source))
+    assert set(block.files) == {"config.json", "model.safetensors"}
     shard = exported.shards()[1]
     flip_byte(exported.folder / shard, 100)
     with pytest.raises(InputError, match=rf"{shard}: sha256 differs from the manifest"):

@@ -7,9 +7,9 @@ import pytest
 from eaglequant.render.validation_tables import category_markdown
 from eaglequant.validate.acceptance import AcceptanceThresholds
 from eaglequant.validate.categories import by_category, category_checks, category_regression
-from eaglequant.validate.engine_summary import acceptance
 from eaglequant.validate.regression import RunCounts
 from eaglequant.validate.stats import PromptCounts
+from eaglequant.validation_report import CategoryRow
 
 THRESHOLDS = AcceptanceThresholds(min_acceptance_ratio=0.98, min_position_ratio=0.95)
 
@@ -18,7 +18,7 @@ def _counts(histogram: list[int]) -> PromptCounts:
     return PromptCounts(tuple(histogram), 3 * sum(histogram))
 
 
-def _table(min_drafts: int) -> dict:
+def _table(min_drafts: int) -> dict[str, CategoryRow]:
     # math: 4 prompts, FP8 accepts much less on three of them; code: one short prompt.
     categories = ["math", "code", "math", "math", "math"]
     full, half = [0, 0, 0, 10], [5, 0, 0, 5]
@@ -26,23 +26,21 @@ def _table(min_drafts: int) -> dict:
         "bf16": [_counts(full), _counts([1, 1, 1, 1]), *[_counts(full)] * 3],
         "fp8": [_counts(half), _counts([1, 1, 1, 1]), _counts(half), _counts(half), _counts(full)],
     }
-    return by_category(
-        categories, per_request, min_drafts=min_drafts, thresholds=THRESHOLDS, acceptance=acceptance
-    )
+    return by_category(categories, per_request, min_drafts=min_drafts, thresholds=THRESHOLDS)
 
 
 def test_pooled_category_counts_give_vllms_mean_and_per_position() -> None:
     table = _table(min_drafts=100)
     assert list(table) == ["math", "code"]
     math = table["math"]
-    assert math["prompts"] == 4 and math["bf16"]["mean_length"] == 4.0
-    assert math["fp8"]["mean_length"] == pytest.approx(1 + (3 * 15 + 30) / 40)
-    assert math["fp8"]["per_position"] == pytest.approx([25 / 40] * 3)
-    assert math["fp8"]["draft_tokens"] == 120
-    assert math["judged"]
-    assert [math["checks"][n]["verdict"] for n in "25"] == ["FAIL", "FAIL"]
-    assert math["checks"]["2"]["name"] == "2 acceptance"
-    assert not table["code"]["judged"] and "checks" not in table["code"]  # 12 draft tokens
+    assert math.prompts == 4 and math.bf16.mean_length == 4.0
+    assert math.fp8.mean_length == pytest.approx(1 + (3 * 15 + 30) / 40)
+    assert math.fp8.per_position == pytest.approx([25 / 40] * 3)
+    assert math.fp8.draft_tokens == 120
+    assert math.judged and math.checks is not None
+    assert [c.verdict for c in math.checks] == ["FAIL", "FAIL"]
+    assert math.checks[0].name == "2 acceptance"
+    assert not table["code"].judged and table["code"].checks is None  # 12 draft tokens
 
 
 def test_a_failing_category_fails_checks_2_and_5_by_category() -> None:

@@ -19,8 +19,19 @@ from eaglequant.compare_report import (
 )
 from eaglequant.errors import InputError
 from eaglequant.render.compare_tables import compare_markdown
+from eaglequant.spec_counts import AcceptanceRecord
 from eaglequant.validate.run_slices import slice_run
-from eaglequant.validation_report import Check, CheckId
+from eaglequant.validation_report import CategoryRow, Check, CheckId
+
+MATH = CategoryRow(  # one category, not judged
+    prompts=4,
+    bf16=AcceptanceRecord(
+        mean_length=3.0, per_position=(0.9,), drafts=100, accepted=200, draft_tokens=300
+    ),
+    fp8=AcceptanceRecord(
+        mean_length=2.4, per_position=(0.7,), drafts=100, accepted=140, draft_tokens=310
+    ),
+)
 
 ROW = CandidateRow(
     recipe="fp8-static",
@@ -160,7 +171,7 @@ def test_markdown_has_one_row_per_candidate_and_the_choice() -> None:
 def test_the_report_reads_back_as_written_and_refuses_another_schema(tmp_path: Path) -> None:
     import json
 
-    categories = {"math": {"prompts": 4}}
+    categories = {"math": MATH}
     report = _report([ROW, replace(MXFP4, categories=categories)], [SET])
     path = tmp_path / "compare.json"
     path.write_text(json.dumps(report.to_json()))
@@ -174,13 +185,7 @@ def test_the_report_reads_back_as_written_and_refuses_another_schema(tmp_path: P
 
 
 def test_markdown_has_a_table_per_prompt_set_and_each_candidates_categories() -> None:
-    categories = {
-        "math": {
-            "prompts": 4,
-            "bf16": {"mean_length": 3.0, "per_position": [0.9], "draft_tokens": 300},
-            "fp8": {"mean_length": 2.4, "per_position": [0.7], "draft_tokens": 310},
-        }
-    }
+    categories = {"math": MATH}
     second = replace(SET, source="/data/sets/mt-bench.jsonl", prompts=80)
     on_second = [
         replace(r, prompt_set=second.source, categories=categories, failure="2 failed")

@@ -13,7 +13,7 @@ import pytest
 from eaglequant.errors import OutputError
 from eaglequant.io.output import check_file_output, write_text_atomic
 from eaglequant.render.junit import junit_xml
-from eaglequant.validation_report import Check, CheckId, ValidationReport
+from eaglequant.validation_report import Check, CheckId, EngineSummary, ValidationReport
 
 NAMES = (CheckId.LOSSLESS, CheckId.ACCEPTANCE, CheckId.LAYERS, CheckId.ENGINE_LOG)
 
@@ -22,7 +22,10 @@ def _report(draft: str, verdicts: list[str]) -> ValidationReport:
     checks = [
         Check(NAMES[i], v == "PASS", f"detail {i + 1}", verdict=v) for i, v in enumerate(verdicts)
     ]
-    engines = {"target": {"wall_s": 20.5}, "fp8": {"wall_s": 30.25}}
+    engines = {
+        role: EngineSummary(ok=True, returncode=0, timed_out=False, wall_s=wall)
+        for role, wall in (("target", 20.5), ("fp8", 30.25))
+    }
     return ValidationReport(
         target="t", draft=draft, baseline="b", k=3, prompts=1, max_tokens=8, backend="cpu",
         plugin_active=False, engines=engines, checks=checks, prompts_sha256="",

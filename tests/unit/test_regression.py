@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +20,7 @@ from eaglequant.validation_report import (
     SCHEMA_VERSION,
     Check,
     CheckId,
+    EngineSummary,
     ValidationReport,
     prompts_digest,
     read_report,
@@ -33,11 +35,14 @@ def report(
     rows: list[tuple[tuple[int, ...], int]], prompts: list[str] = PROMPTS, **fp8: Any
 ) -> dict[str, Any]:
     """A validation report as ``validate --json`` writes it, its FP8 run holding ``rows``."""
-    engine = {
-        "ok": True,
-        "outputs_sha256": OUTPUTS,
-        "per_prompt": [{"histogram": list(h), "num_draft_tokens": n} for h, n in rows],
-    }
+    engine = EngineSummary(
+        ok=True,
+        returncode=0,
+        timed_out=False,
+        wall_s=1.0,
+        outputs_sha256=OUTPUTS,
+        per_prompt=[{"histogram": list(h), "num_draft_tokens": n} for h, n in rows],
+    )
     made = ValidationReport(
         target="t",
         draft="out/draft-fp8",
@@ -47,7 +52,7 @@ def report(
         max_tokens=48,
         backend="cpu",
         plugin_active=True,
-        engines={"fp8": engine | fp8},
+        engines={"fp8": replace(engine, **fp8)},
         checks=[Check(CheckId.ACCEPTANCE, True, "")],
         prompts_sha256=prompts_digest(prompts),
     )
