@@ -185,9 +185,10 @@ def _unrolled(
     answer_starts: torch.Tensor,
     to_draft: torch.Tensor,
     steps: int,
-) -> Iterator[tuple[torch.Tensor, torch.Tensor, int]]:
+) -> Iterator[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
     """Each unrolled step's logits and draft-vocabulary labels at the answer positions whose
-    label the draft vocabulary holds, and how many answer positions the step had.
+    label the draft vocabulary holds, and how many answer positions the step had (a tensor:
+    training reads none, so it never waits for the device).
 
     ``ids`` (b, L + steps) padded; ``aux`` (b, L, fc_in); base position i's
     step k predicts the token at i+k+2, which counts where it lies in the answer.
@@ -203,7 +204,7 @@ def _unrolled(
         labels = to_draft[ids[:, k + 2 : k + 2 + t]]
         answer = (position < lengths[:, None]) & (position >= answer_starts[:, None])
         valid = answer & (labels >= 0)
-        yield draft.lm_head(draft.norm(out.prenorm[valid])), labels[valid], int(answer.sum())
+        yield draft.lm_head(draft.norm(out.prenorm[valid])), labels[valid], answer.sum()
         hidden = out.prenorm
 
 
@@ -252,7 +253,7 @@ def held_out_top1(
                 _unrolled(draft, embed, *batch, to_draft, recipe.ttt_steps)
             ):
                 hits[k] += int((logits.argmax(-1) == target).sum())
-                seen[k] += answer
+                seen[k] += int(answer)
     draft.train(was_training)
     return [h / max(1, n) for h, n in zip(hits, seen, strict=True)]
 
