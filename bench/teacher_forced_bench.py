@@ -97,10 +97,13 @@ def main() -> None:
             td.Sequence(torch.tensor(p + a), len(p)) for p, a in zip(prompts, answers, strict=True)
         ]
         rows: dict[str, Any] = {}
+        states: dict[tuple[int, ...], list[torch.Tensor]] = {}
         for folder in args.drafts:
             draft = load_draft(folder)
             aux = tuple(draft.config.eagle_aux_hidden_state_layer_ids)
-            features = device_features(model, sequences, aux, 16384)
+            if aux not in states:  # drafts of one target share its states
+                states[aux] = device_features(model, sequences, aux, 16384)
+            features = states[aux]
             to_draft = torch.full((draft.dims.vocab,), -1, dtype=torch.long)
             ids = torch.arange(draft.dims.draft_vocab)
             to_draft[ids + draft.d2t] = ids
