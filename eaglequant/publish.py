@@ -199,7 +199,8 @@ def _check_card(folder: Path, repo_id: str, files: dict[str, str], validation: P
         raise InputError(f"{card}: not written by eaglequant card (no record line); {rerun}")
     if record.get("files_sha256") != files_digest(files):
         raise InputError(f"{card}: rendered from other files than the manifest lists; {rerun}")
-    if record.get("validation_sha256") != sha256_file(validation):
+    rendered_from = [record.get("validation_sha256"), *record.get("validations_sha256", [])]
+    if sha256_file(validation) not in rendered_from:
         raise InputError(
             f"{card}: rendered from another validation report than {validation}; {rerun}"
         )

@@ -15,7 +15,12 @@ from eaglequant.cli.options import EXISTING_DIR
     "--base-model", required=True, help="The target model's Hub name, e.g. amd/Kimi-K2.5-MXFP4."
 )
 @click.option(
-    "--validation", type=click.Path(path_type=Path), help="A report from validate --json."
+    "--validation",
+    "validations",
+    type=click.Path(path_type=Path),
+    multiple=True,
+    help="A report from validate --json; repeat it for each prompt set validated (the card "
+    "then tabulates each set's row; the first one's run gives the usage line).",
 )
 @click.option(
     "--tune", "tune_dir", type=click.Path(path_type=Path), help="A folder from tune --out."
@@ -35,7 +40,7 @@ from eaglequant.cli.options import EXISTING_DIR
 def card(
     folder: Path,
     base_model: str,
-    validation: Path | None,
+    validations: tuple[Path, ...],
     tune_dir: Path | None,
     compare_dir: Path | None,
     license_id: str | None,
@@ -50,10 +55,10 @@ def card(
 
     path = write_card(
         folder,
-        base_model,
-        validation,
-        tune_dir,
-        license_id,
+        base_model=base_model,
+        validations=validations,
+        tune_dir=tune_dir,
+        license_id=license_id,
         repo_id=repo_id,
         compare_dir=compare_dir,
     )

@@ -185,7 +185,7 @@ def export(
     if base_model and not dry_run:
         from eaglequant.render.card import write_card
 
-        write_card(out, base_model)
+        write_card(out, base_model=base_model)
     if as_json:
         click.echo(
             json.dumps(result.manifest if not dry_run else {"plan": result.plan.steps}, indent=2)

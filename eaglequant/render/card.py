@@ -18,7 +18,7 @@ import json
 import os
 import re
 import shutil
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -37,7 +37,11 @@ from eaglequant.provenance import ABSOLUTE_PATH, machine_paths
 from eaglequant.render.compare_tables import compare_markdown
 from eaglequant.render.public import NO_REPO_ID, PublicNames, local_paths, public
 from eaglequant.render.reports import PLOTS, tune_markdown
-from eaglequant.render.validation_tables import validation_markdown
+from eaglequant.render.validation_tables import (
+    set_title,
+    validation_markdown,
+    validation_sets_markdown,
+)
 from eaglequant.speculative import schedule_config, speculative_config
 from eaglequant.tune.summary import COMPARISON, SWEEP, TuneSummary, tune_summary
 from eaglequant.validation_report import ValidationReport, read_report
@@ -50,23 +54,25 @@ RECORD = re.compile(r"^<!-- eaglequant card: (\{.*\}) -->$", re.MULTILINE)
 
 def write_card(
     folder: Path,
+    *,
     base_model: str,
-    validation: Path | None = None,
+    validations: Sequence[Path] = (),
     tune_dir: Path | None = None,
     license_id: str | None = None,
     repo_id: str | None = None,
     compare_dir: Path | None = None,
 ) -> Path:
     """Render and write ``README.md`` into ``folder``; InputError before writing anything when
-    a file differs from the manifest or the validation report is about other bytes."""
+    a file differs from the manifest or a validation report is about other bytes.
+
+    ``validations``: one report per prompt set (the first one's run is the card's usage,
+    environment and reproduce line); with more than one, a table gives each set's row."""
     config = read_checkpoint(folder).config  # as vLLM reads it, in any draft format
     if "quantization_config" not in config:
         raise InputError(f"{folder}: no quantization_config; run the card on an exported FP8 draft")
     manifest = read_manifest(folder)
     files = bound_files(folder)
-    report = read_report(validation) if validation else None
-    if validation and report is not None:
-        check_report_binding(validation, report, files, folder)
+    reports = read_validations(validations, files, folder)
     tuning = read_json_object(tune_dir / "results.json", "tuning results") if tune_dir else None
     license_id = license_id or source_license(Path(manifest.get("source", "")))
     comparison = None
@@ -74,13 +80,16 @@ def write_card(
         comparison = read_compare_report(compare_dir / COMPARE_JSON)
     names = PublicNames(base_model=base_model, repo_id=repo_id or NO_REPO_ID)
     text = render(
-        folder, names, config, manifest, report, tuning, license_id, comparison=comparison
+        folder, names, config, manifest, reports, tuning, license_id, comparison=comparison
     )
-    record = {
+    digests = [sha256_file(path) for path in validations]
+    record: dict[str, str | list[str] | None] = {
         "files_sha256": files_digest(files),
-        "validation_sha256": sha256_file(validation) if validation else None,
+        "validation_sha256": digests[0] if digests else None,
         "repo_id": repo_id,
     }
+    if len(digests) > 1:  # publish takes any one of them as the report it gates on
+        record["validations_sha256"] = digests
     text += "\n" + RECORD_PREFIX + json.dumps(record, sort_keys=True) + " -->\n"
     if tune_dir:
         for name in PLOTS:
@@ -90,6 +99,26 @@ def write_card(
     target = folder / CARD_FILE
     write_text_atomic(target, text)
     return target
+
+
+def read_validations(
+    paths: Sequence[Path], files: dict[str, str], folder: Path
+) -> list[ValidationReport]:
+    """Each report, bound to exactly ``files``, one per prompt set; InputError naming the
+    file otherwise."""
+    reports: list[ValidationReport] = []
+    seen: dict[str, Path] = {}  # the prompts' digest: the report that validated them
+    for path in paths:
+        report = read_report(path)
+        check_report_binding(path, report, files, folder)
+        if report.prompts_sha256 in seen:
+            raise InputError(
+                f"{path}: validated the same prompts as {seen[report.prompts_sha256]}; "
+                "give one report per prompt set"
+            )
+        seen[report.prompts_sha256] = path
+        reports.append(report)
+    return reports
 
 
 def check_report_binding(
@@ -156,7 +185,7 @@ def render(
     names: PublicNames,
     config: dict[str, Any],
     manifest: Manifest,
-    validation: ValidationReport | None,
+    validations: Sequence[ValidationReport],
     results: Mapping[str, Any] | None,
     license_id: str | None,
     comparison: CompareReport | None = None,
@@ -164,9 +193,14 @@ def render(
     """The card's Markdown, naming no path of this machine (InputError if one would remain)."""
     recorded = tune_summary(results) if results else None
     qcfg = config["quantization_config"]
-    data = validation.to_json() if validation else None
-    local = local_paths(folder, manifest, data, recorded)
-    report = ValidationReport.from_json(public(data, names, local)) if data else None
+    local = local_paths(folder, manifest, None, recorded)
+    reports = []
+    for validation in validations:
+        data = validation.to_json()
+        own = local_paths(folder, manifest, data, recorded)
+        local = sorted(set(local) | set(own), key=len, reverse=True)
+        reports.append(ValidationReport.from_json(public(data, names, own)))
+    report = reports[0] if reports else None
     tuning = tune_summary(public(recorded, names, local)) if recorded else None
     speculative, note = _usage(names.repo_id, report, tuning)
     title = names.repo_id.split("/")[-1] if names.repo_id != NO_REPO_ID else "FP8 EAGLE-3 draft"
@@ -193,7 +227,10 @@ def render(
         _quantization_section(config, manifest),
         _calibration_section(manifest),
     ]
-    if report:
+    if len(reports) > 1:
+        parts.append(validation_sets_markdown(reports))
+        parts += [validation_markdown(r, heading="###", title=set_title(r)) for r in reports]
+    elif report:
         parts.append(validation_markdown(report))
     if comparison:
         parts.append(compare_markdown(comparison))

@@ -7,7 +7,15 @@ from collections.abc import Mapping
 
 from eaglequant.engine.result import EngineRecord
 from eaglequant.environment import reproducing_env
-from eaglequant.validation_report import FAIL, INCONCLUSIVE, PASS, CategoryRow, ValidationReport
+from eaglequant.validation_report import (
+    ADVISORY_WHEN_UNDECIDED,
+    FAIL,
+    INCONCLUSIVE,
+    PASS,
+    CategoryRow,
+    CheckId,
+    ValidationReport,
+)
 
 CATEGORY_COLUMNS = (
     "category",
@@ -122,12 +130,85 @@ def _fp8_config(report: ValidationReport) -> EngineRecord | None:
     return fp8.engine_config if fp8 else None
 
 
-def validation_markdown(report: ValidationReport, heading: str = "##") -> str:
+VALIDATION_TITLE = "Validation in vLLM speculative decoding (`eaglequant validate`)"
+SETS_COLUMNS = (
+    "prompts",
+    "count",
+    "BF16 / FP8 mean acceptance",
+    "FP8/BF16 [95% interval]",
+    "by position FP8/BF16 [95% interval]",
+    "categories",
+    "verdict",
+)
+
+
+def set_title(report: ValidationReport) -> str:
+    """A report's heading among several: its prompt set."""
+    source = report.prompt_set["source"] if report.prompt_set else "the request's prompts"
+    return f"On `{source}`"
+
+
+def validation_sets_markdown(reports: list[ValidationReport]) -> str:
+    """One row per report (each on its own prompt set): acceptance, its ratio with the
+    interval checks 2 and 5 judged, the categories' outcome and the verdict."""
+    lines = [f"## {VALIDATION_TITLE}", "", "Each prompt set's run, in detail below.", ""]
+    lines += ["| " + " | ".join(SETS_COLUMNS) + " |", "|" + "---|" * len(SETS_COLUMNS)]
+    lines += ["| " + " | ".join(_set_row(report)) + " |" for report in reports]
+    return "\n".join([*lines, ""])
+
+
+def _set_row(report: ValidationReport) -> tuple[str, ...]:
+    source = report.prompt_set["source"] if report.prompt_set else "-"
+    means = {role: mean for role, mean, _, _ in acceptance_rows(report)}
+    acceptance = report.check(CheckId.ACCEPTANCE)
+    per_position = report.check(CheckId.PER_POSITION)
+    ratio = _interval(acceptance.numbers.get("interval")) if acceptance else "-"
+    positions = (
+        " / ".join(_interval(i) for i in per_position.numbers.get("intervals") or [])
+        if per_position
+        else ""
+    )
+    verdicts = f"{acceptance.verdict}" if acceptance else "-"
+    return (
+        f"`{source}`",
+        str(report.prompts),
+        f"{means['BF16']} / {means['FP8']}",
+        f"{ratio} {verdicts}",
+        positions or "-",
+        _categories_cell(report),
+        report.verdict,
+    )
+
+
+def _interval(data: Mapping[str, float] | None) -> str:
+    if not data:
+        return "-"
+    return f"{data['point']:.3f} [{data['low']:.3f}, {data['high']:.3f}]"
+
+
+def _categories_cell(report: ValidationReport) -> str:
+    if not report.categories:
+        return "none"
+    failed = [
+        str(c.name)
+        for c in report.checks
+        if c.name in ADVISORY_WHEN_UNDECIDED and c.verdict == FAIL
+    ]
+    text = f"{len(report.categories)}; " + (
+        f"FAIL: {', '.join(failed)}" if failed else "none FAILs"
+    )
+    undecided = report.undecided_categories
+    return text + (f"; undecided: {', '.join(undecided)}" if undecided else "")
+
+
+def validation_markdown(
+    report: ValidationReport, heading: str = "##", title: str = VALIDATION_TITLE
+) -> str:
     """The validation report: setup, acceptance table, checks, verdict, serve line."""
     config = _fp8_config(report)
     llm = config["llm"] if config else {}
     lines = [
-        f"{heading} Validation in vLLM speculative decoding (`eaglequant validate`)",
+        f"{heading} {title}",
         "",
         f"Target `{report.target}`, FP8 draft `{report.draft}`, BF16 baseline "
         f"`{report.baseline}`; `num_speculative_tokens={report.k}`, {report.prompts} "

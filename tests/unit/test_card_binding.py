@@ -12,7 +12,9 @@ from click.testing import CliRunner
 from eaglequant.binding import Binding, binding, bound_files, folder_files
 from eaglequant.cli import main
 from eaglequant.errors import InputError
+from eaglequant.io.readback import sha256_file
 from eaglequant.provenance import command_string, machine_paths
+from eaglequant.render.card import card_record
 from eaglequant.render.reports import PLOTS
 from eaglequant.tune.report import write_reports
 from eaglequant.tune.sweep import TuneRequest, TuneResult, summarize
@@ -257,5 +259,51 @@ def test_card_refuses_a_comparison_of_another_schema(exported: Exported, tmp_pat
     assert result.exit_code == 2
     assert result.output.splitlines()[-1].startswith(
         f"error: {compare_dir / 'compare.json'}: not an eaglequant comparison"
+    )
+    assert not (exported.folder / "README.md").exists()
+
+
+def _second_set(exported: Exported, source: str) -> Path:
+    """The exported folder's report as if validated on another prompt set, with check 2's
+    interval recorded as validate records it."""
+    report = json.loads(exported.validation.read_text())
+    report["prompts_sha256"] = "f" * 64
+    report["prompt_set"] = {"source": source, "sha256": "e" * 64, "prompts": 32}
+    interval = {"point": 0.995, "low": 0.99, "high": 1.001, "prompts": 32}
+    report["checks"][1]["numbers"] = {"ratio": 0.995, "interval": interval | {"resamples": 2000}}
+    path = exported.folder.parent / f"validation-{source}.json"
+    path.write_text(json.dumps(report))
+    return path
+
+
+def test_card_tabulates_one_row_per_validated_prompt_set(exported: Exported) -> None:
+    second = _second_set(exported, "humaneval")
+    code, output = card(exported, "--validation", str(second))
+    assert code == 0, output
+    text = (exported.folder / "README.md").read_text()
+    table = text.split("Each prompt set's run, in detail below.")[1].split("###")[0]
+    rows = [line for line in table.splitlines() if line.startswith("| `")]
+    assert rows[0].startswith("| `-` | 32 | 3.214 / 3.190 | - PASS |")
+    assert rows[1] == (
+        "| `humaneval` | 32 | 3.214 / 3.190 | 0.995 [0.990, 1.001] PASS | - | none | PASS |"
+    )
+    assert text.count("### On `") == 2 and "### On `humaneval`" in text
+    record = card_record(text)
+    assert record is not None
+    assert record["validations_sha256"] == [sha256_file(exported.validation), sha256_file(second)]
+    publish = ["publish", str(exported.folder), "--repo-id", REPO_ID, "--dry-run"]
+    for report in (exported.validation, second):
+        result = CliRunner().invoke(main, [*publish, "--validation", str(report)])
+        assert result.exit_code == 0, result.output
+
+
+def test_card_refuses_two_reports_on_the_same_prompts(exported: Exported) -> None:
+    same = exported.folder.parent / "again.json"
+    same.write_text(exported.validation.read_text())
+    code, output = card(exported, "--validation", str(same))
+    assert code == 2
+    assert output.splitlines()[-1] == (
+        f"error: {same}: validated the same prompts as {exported.validation}; "
+        "give one report per prompt set"
     )
     assert not (exported.folder / "README.md").exists()
