@@ -50,7 +50,7 @@ class FileToFile:
 
     def __init__(self, ckpt: Checkpoint, recipe: Recipe, scratch_parent: Path, out: Path) -> None:
         self.recipe, self.out = recipe, out
-        self.linears = dims_from_config(ckpt.config).linears  # every decoder layer's
+        self.linears = dims_from_config(ckpt.flat_config).linears  # every decoder layer's
         self.scratch = Path(tempfile.mkdtemp(prefix=SCRATCH_PREFIX, dir=scratch_parent))
         self.timings: dict[str, float] = {}
         try:
@@ -106,7 +106,7 @@ class FileToFile:
             names = [f"{name}.weight" for name in self.linears]
             blobs = [blob_from_file(ckpt.tensors[name], name) for name in names]
             write_checkpoint_weights(folder, blobs, 10**15)
-            write_text(folder / "config.json", json.dumps(ckpt.config))
+            write_text(folder / "config.json", json.dumps(ckpt.flat_config))
         except BaseException as exc:  # re-raised by run()
             self._staging_error = exc
         self.timings["stage_midlayer"] = round(time.perf_counter() - started, 3)

@@ -26,6 +26,7 @@ from eaglequant.draft import KV_SCALES, DraftDims, dims_from_config, kv_scale_na
 from eaglequant.engine.result import LinearRange
 from eaglequant.errors import InputError
 from eaglequant.io.checkpoint import read_checkpoint
+from eaglequant.io.model_config import DraftConfig
 from eaglequant.recipe import E8M0_NAN, FP8_E4M3_MAX, MX_BLOCK
 from eaglequant.validate.draft_ranges import checkpoint_ranges
 from eaglequant.validation_report import Check, CheckId
@@ -77,11 +78,11 @@ def plausibility_problems(
 
     fp8 = read_checkpoint(inputs.draft)
     baseline = read_checkpoint(inputs.baseline)
-    dims = dims_from_config(baseline.config)
+    dims = dims_from_config(baseline.flat_config)
     aux_ids = check_target_fits(inputs.target, dims)
     model = load_draft_module(baseline)
     measured, outputs, source = _measured_ranges(inputs, model, dims, aux_ids, progress)
-    static_inputs = _static_inputs(fp8.config)
+    static_inputs = _static_inputs(fp8.flat_config)
     problems: list[str] = []
     numbers: dict[str, Any] = {}
     for name in dims.linears:
@@ -200,7 +201,7 @@ def validation_sequences(
     ]
 
 
-def _static_inputs(config: dict[str, Any]) -> bool:
+def _static_inputs(config: DraftConfig) -> bool:
     spec = (
         (config.get("quantization_config") or {})
         .get("global_quant_config", {})
