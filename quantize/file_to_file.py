@@ -22,7 +22,7 @@ import tempfile
 import threading
 import time
 from pathlib import Path
-from typing import Any
+from typing import TypedDict
 
 from eaglequant.draft import dims_from_config
 from eaglequant.errors import EagleQuantError, OutputError, QuarkFailed
@@ -37,6 +37,15 @@ WORKER = "eaglequant.quantize.quark_worker"
 # How much nicer the export's background threads (copy, checks, read-back, staging) run
 # than Quark's worker: its single-threaded import is the critical path and keeps a core.
 BACKGROUND_NICE = 10
+
+
+class WorkerReport(TypedDict, total=False):
+    """``report.json``: the worker's timings, or the error that stopped it."""
+
+    timings: dict[str, float]
+    error: str  # the exception's class name
+    message: str
+    io: bool  # a SafetensorError: Quark could not write its output
 
 
 class FileToFile:
@@ -111,15 +120,16 @@ class FileToFile:
             self._staging_error = exc
         self.timings["stage_midlayer"] = round(time.perf_counter() - started, 3)
 
-    def _report(self) -> dict[str, Any]:
+    def _report(self) -> WorkerReport:
         path = self.scratch / REPORT
         if path.is_file():
-            return dict(json.loads(path.read_text()))
+            report: WorkerReport = json.loads(path.read_text())
+            return report
         lines = (self.scratch / LOG).read_text(errors="replace").strip().splitlines()
         last = lines[-1] if lines else f"exit status {self.process.returncode}"
         return {"error": "WorkerDied", "message": last}
 
-    def _failure(self, report: dict[str, Any]) -> EagleQuantError:
+    def _failure(self, report: WorkerReport) -> EagleQuantError:
         if report.get("io"):
             return quark_write_error(self.out, self.scratch, report["message"])
         return QuarkFailed(
