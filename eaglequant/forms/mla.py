@@ -112,6 +112,8 @@ def yarn_mscale(scale: float, mscale: float) -> float:
 
 
 class MlaFields(FormFields, total=False):
+    """An MLA form's own DraftDims fields: its attention's dimensions too."""
+
     mla: MlaDims
 
 

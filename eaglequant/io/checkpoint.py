@@ -9,7 +9,7 @@ name inside the folder.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
@@ -48,7 +48,8 @@ class Checkpoint:
 
     @property
     def config(self) -> dict[str, Any]:
-        """``flat_config`` as the JSON object it is, for what passes it on whole (the card)."""
+        """``flat_config`` as the plain JSON object it is, for what passes it on whole
+        (transformers' ``LlamaConfig``, the model card)."""
         return cast("dict[str, Any]", self.flat_config)
 
     def stored_name(self, name: str) -> str:
@@ -99,41 +100,41 @@ def read_checkpoint(folder: Path | str) -> Checkpoint:
     config = read_config(folder)
     if (folder / INDEX_FILE).exists():
         tensors, shards = _read_sharded(folder)
-        return _as_vllm_sees(Checkpoint(folder, config, tensors, shards, True, config))
+        return _as_vllm_sees(folder, config, tensors, shards, sharded=True)
     single = folder / SINGLE_FILE
     if single.exists():
         _check_inside(folder, SINGLE_FILE, single)
         _refuse_unindexed_shards(folder, {SINGLE_FILE})
         tensors = read_header(single).tensors
-        return _as_vllm_sees(Checkpoint(folder, config, tensors, (SINGLE_FILE,), False, config))
+        return _as_vllm_sees(folder, config, tensors, (SINGLE_FILE,), sharded=False)
     _refuse_missing_weights(folder)
     raise AssertionError("unreachable")
 
 
-def _as_vllm_sees(ckpt: Checkpoint) -> Checkpoint:
+def _as_vllm_sees(
+    folder: Path,
+    stored: StoredConfig,
+    tensors: dict[str, TensorInfo],
+    shards: tuple[str, ...],
+    *,
+    sharded: bool,
+) -> Checkpoint:
     """The flat config of a speculators-format folder, and ``layers.0.*`` read as ``midlayer.*``.
 
     A speculators config vLLM would refuse stays as stored (the draft checks report it).
     """
-    stored = ckpt.stored_config
     in_speculators = speculators.is_speculators(stored)
     if in_speculators and speculators.structure_problem(stored):
-        return ckpt
+        return Checkpoint(folder, stored, tensors, shards, sharded, stored)
     flat = speculators.flat_config(stored)
     prefix = speculators.layer_prefix(flat, in_speculators)
-    tensors = {speculators.canonical_name(n, prefix): info for n, info in ckpt.tensors.items()}
-    if len(tensors) != len(ckpt.tensors):
+    canonical = {speculators.canonical_name(n, prefix): info for n, info in tensors.items()}
+    if len(canonical) != len(tensors):
         raise InputError(
-            f"{ckpt.folder}: holds both midlayer.* and {prefix}* tensors; this draft's format "
+            f"{folder}: holds both midlayer.* and {prefix}* tensors; this draft's format "
             f"names its decoder layer {prefix.rstrip('.')} only"
         )
-    return replace(
-        ckpt,
-        flat_config=flat,
-        tensors=tensors,
-        speculators_format=in_speculators,
-        layer_prefix=prefix,
-    )
+    return Checkpoint(folder, flat, canonical, shards, sharded, stored, in_speculators, prefix)
 
 
 def _read_sharded(folder: Path) -> tuple[dict[str, TensorInfo], tuple[str, ...]]:
