@@ -12,8 +12,8 @@ its names in vLLM, the form's own refusals) is the form's, :mod:`eaglequant.form
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, replace
+from typing import Literal
 
 from eaglequant.errors import InputError
 from eaglequant.forms import form_named, form_of, recognised_form
@@ -28,6 +28,7 @@ from eaglequant.forms.llama import LLAMA
 from eaglequant.forms.mla import MlaDims
 from eaglequant.io import speculators
 from eaglequant.io.checkpoint import Checkpoint
+from eaglequant.io.model_config import DraftConfig, VariantFlag
 from eaglequant.io.safetensors_header import FLOAT_DTYPES
 
 LAYER_NORMS = ("input_layernorm", "post_attention_layernorm")
@@ -109,7 +110,21 @@ class DraftDims:
         return self.form.quantized_linears(self)
 
 
-def aux_layer_ids(config: dict[str, Any]) -> tuple[int, ...] | None:
+# The config keys read as positive integers.
+IntKey = Literal[
+    "hidden_size",
+    "num_attention_heads",
+    "num_key_value_heads",
+    "head_dim",
+    "vocab_size",
+    "intermediate_size",
+    "target_hidden_size",
+    "draft_vocab_size",
+    "num_hidden_layers",
+]
+
+
+def aux_layer_ids(config: DraftConfig) -> tuple[int, ...] | None:
     """The target layers whose hidden states feed ``fc``, when the config names them."""
     eagle_config = config.get("eagle_config") or {}
     ids = config.get("eagle_aux_hidden_state_layer_ids") or eagle_config.get(
@@ -118,7 +133,7 @@ def aux_layer_ids(config: dict[str, Any]) -> tuple[int, ...] | None:
     return tuple(int(i) for i in ids) if ids else None
 
 
-def dims_from_config(config: dict[str, Any], where: str = "config.json") -> DraftDims:
+def dims_from_config(config: DraftConfig, where: str = "config.json") -> DraftDims:
     """Resolve the draft's dimensions; raise InputError naming a missing or bad key."""
     hidden = _positive_int(config, "hidden_size", where)
     heads = _positive_int(config, "num_attention_heads", where)
@@ -131,7 +146,7 @@ def dims_from_config(config: dict[str, Any], where: str = "config.json") -> Draf
         "rope_theta", 10000.0
     )
     form = form_of(config) or LLAMA
-    fields: dict[str, Any] = dict(
+    dims = DraftDims(
         hidden=hidden,
         heads=heads,
         kv_heads=kv_heads,
@@ -152,10 +167,10 @@ def dims_from_config(config: dict[str, Any], where: str = "config.json") -> Draf
         layers=_positive_int(config, "num_hidden_layers", where),
         family=form.family,
     )
-    return DraftDims(**(fields | form.dims_fields(config, where)))
+    return replace(dims, **form.dims_fields(config, where))
 
 
-def variant_flag(config: dict[str, Any], key: str) -> bool:
+def variant_flag(config: DraftConfig, key: VariantFlag) -> bool:
     """A forward-variant flag as vLLM reads it (``norm_before_fc`` also from ``eagle_config``)."""
     eagle_config = config.get("eagle_config") or {}
     return bool(eagle_config.get(key, config.get(key, False)))
@@ -163,16 +178,16 @@ def variant_flag(config: dict[str, Any], key: str) -> bool:
 
 def draft_form(ckpt: Checkpoint) -> str:
     """The form this tool recognised the draft as, for reports."""
-    draft = form_of(ckpt.config) or LLAMA
-    flags = [k for k in draft.variants if variant_flag(ckpt.config, k)]
+    draft = form_of(ckpt.flat_config) or LLAMA
+    flags = [k for k in draft.variants if variant_flag(ckpt.flat_config, k)]
     family = draft.family
     if ckpt.speculators_format:
         form = f"speculators format, EAGLE-3 {family}"
-    elif is_plain(ckpt.config):
+    elif is_plain(ckpt.flat_config):
         form = f"plain {family} config, EAGLE-3 tensors"
     else:
         form = f"EAGLE-3 {family}"
-    layers = ckpt.config.get("num_hidden_layers")
+    layers = ckpt.flat_config.get("num_hidden_layers")
     form += f", {layers} layers" if isinstance(layers, int) and layers > 1 else ""
     return form + (f" ({', '.join(flags)})" if flags else "")
 
@@ -183,7 +198,7 @@ def form_exclude(exclude: tuple[str, ...], dims: DraftDims) -> tuple[str, ...]:
     return (*exclude, *(name for name in kept if name not in exclude))
 
 
-def _positive_int(config: dict[str, Any], key: str, where: str, default: int | None = None) -> int:
+def _positive_int(config: DraftConfig, key: IntKey, where: str, default: int | None = None) -> int:
     value = config.get(key, default)
     if value is None:
         value = default
@@ -264,7 +279,7 @@ class Problem:
 def structure_problems(ckpt: Checkpoint) -> list[Problem]:
     """Architecture, layer count, tensor names and shapes; empty when the draft is well formed."""
     config_path = str(ckpt.folder / "config.json")
-    problems = _architecture_problems(ckpt.config, set(ckpt.tensors), config_path)
+    problems = _architecture_problems(ckpt, config_path)
     if problems:
         return problems
     canonical = speculators.CANONICAL_PREFIX
@@ -278,7 +293,7 @@ def structure_problems(ckpt: Checkpoint) -> list[Problem]:
                 f"rename the midlayer.* tensors to {ckpt.layer_prefix}*",
             )
         ]
-    dims = dims_from_config(ckpt.config, config_path)
+    dims = dims_from_config(ckpt.flat_config, config_path)
     required, optional = expected_shapes(dims), optional_shapes(dims)
     for name, shape in required.items():
         if name not in ckpt.tensors:
@@ -301,17 +316,18 @@ def structure_problems(ckpt: Checkpoint) -> list[Problem]:
     return problems
 
 
-def _architecture_problems(config: dict[str, Any], tensors: set[str], where: str) -> list[Problem]:
-    if speculators.is_speculators(config):  # read_checkpoint flattens the ones vLLM accepts
+def _architecture_problems(ckpt: Checkpoint, where: str) -> list[Problem]:
+    stored, config = ckpt.stored_config, ckpt.flat_config
+    if speculators.is_speculators(stored) and not ckpt.speculators_format:  # vLLM would refuse
         return [
             Problem(
                 where,
                 f"a speculators-format config vLLM would refuse: "
-                f"{speculators.structure_problem(config)}",
+                f"{speculators.structure_problem(stored)}",
                 "fix the config (see vllm-project/speculators' Eagle3SpeculatorConfig)",
             )
         ]
-    form = recognised_form(config, tensors)
+    form = recognised_form(config, set(ckpt.tensors))
     if form is None:
         return [
             Problem(
@@ -412,10 +428,10 @@ def require_bf16_draft(ckpt: Checkpoint) -> DraftDims:
     if problems:
         raise InputError(str(problems[0]))
     already = quantized_tensors(ckpt)
-    if already or "quantization_config" in ckpt.config:
+    if already or "quantization_config" in ckpt.flat_config:
         first = already[0] if already else "quantization_config"
         raise InputError(
             f"{ckpt.folder}: already quantized ('{first}'); export takes the BF16 draft — "
             f"use `eaglequant inspect {ckpt.folder}` or `eaglequant fix-config` on it instead"
         )
-    return dims_from_config(ckpt.config, str(ckpt.folder / "config.json"))
+    return dims_from_config(ckpt.flat_config, str(ckpt.folder / "config.json"))

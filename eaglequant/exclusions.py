@@ -19,10 +19,11 @@ from __future__ import annotations
 import fnmatch
 import re
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 from eaglequant.forms import form_of, fused_shards
 from eaglequant.forms.llama import LLAMA
+from eaglequant.io.model_config import DraftConfig, LayerQuantConfig, QuantizationConfig, QuantSpec
 from eaglequant.recipe import MX_BLOCK, MX_DTYPES
 
 # Bare names that the published reference card writes as these exact regexes.
@@ -74,13 +75,13 @@ def vllm_linear_names(target_layers: int, draft_layers: int = 1) -> dict[str, tu
     return LLAMA.vllm_linear_names({}, target_layers, draft_layers) | KEPT_OUTSIDE_LAYERS
 
 
-def draft_layer_count(config: dict[str, Any]) -> int:
+def draft_layer_count(config: DraftConfig) -> int:
     """The config's num_hidden_layers (1 when absent or invalid: the draft checks report it)."""
     layers = config.get("num_hidden_layers")
     return layers if isinstance(layers, int) and not isinstance(layers, bool) and layers > 0 else 1
 
 
-def draft_linear_names(config: dict[str, Any], target_layers: int) -> dict[str, tuple[str, ...]]:
+def draft_linear_names(config: DraftConfig, target_layers: int) -> dict[str, tuple[str, ...]]:
     """:func:`vllm_linear_names` for this draft's form (an MLA draft's own attention names)."""
     form = form_of(config) or LLAMA
     layers = draft_layer_count(config)
@@ -116,15 +117,17 @@ def is_excluded(vllm_name: str, exclude: list[str]) -> bool:
 def predict_fates(
     config: dict[str, Any], target_layers: int = DEFAULT_TARGET_LAYERS
 ) -> list[LayerFate]:
-    """Predict vLLM's treatment of every draft linear under ``config``'s quantization_config."""
-    qcfg = config.get("quantization_config")
+    """Predict vLLM's treatment of every draft linear under ``config``'s quantization_config
+    (``config``: a checkpoint's, as vLLM reads it)."""
+    draft = cast(DraftConfig, config)
+    qcfg = draft.get("quantization_config")
     fates = []
-    for vllm_name, sources in draft_linear_names(config, target_layers).items():
+    for vllm_name, sources in draft_linear_names(draft, target_layers).items():
         fates.append(_fate(vllm_name, sources, qcfg))
     return fates
 
 
-def _fate(vllm_name: str, sources: tuple[str, ...], qcfg: Any) -> LayerFate:
+def _fate(vllm_name: str, sources: tuple[str, ...], qcfg: QuantizationConfig | None) -> LayerFate:
     if not isinstance(qcfg, dict):
         return LayerFate(vllm_name, sources, False, "bf16", "no quantization_config")
     if qcfg.get("quant_method") != "quark":
@@ -152,7 +155,7 @@ def _fate(vllm_name: str, sources: tuple[str, ...], qcfg: Any) -> LayerFate:
     )
 
 
-def _layer_config(vllm_name: str, qcfg: dict[str, Any]) -> dict[str, Any]:
+def _layer_config(vllm_name: str, qcfg: QuantizationConfig) -> LayerQuantConfig:
     """vLLM's lookup: a ``layer_quant_config`` pattern, else ``global_quant_config``."""
     layer_cfgs = qcfg.get("layer_quant_config") or {}
     proj = vllm_name.rsplit(".", 1)[-1]
@@ -160,11 +163,11 @@ def _layer_config(vllm_name: str, qcfg: dict[str, Any]) -> dict[str, Any]:
     for pattern, cfg in layer_cfgs.items():
         hit = any(fnmatch.fnmatch(n, pattern) if "*" in pattern else n in pattern for n in names)
         if hit:
-            return dict(cfg)
-    return dict(qcfg.get("global_quant_config") or {})
+            return {**cfg}
+    return {**(qcfg.get("global_quant_config") or {})}
 
 
-def describe_scheme(layer_cfg: dict[str, Any]) -> str:
+def describe_scheme(layer_cfg: LayerQuantConfig) -> str:
     """A short name such as ``fp8 w:per_tensor a:per_tensor static`` or ``mxfp4 a:mxfp4``."""
     weight = _single(layer_cfg.get("weight"))
     act = _single(layer_cfg.get("input_tensors"))
@@ -191,7 +194,7 @@ def describe_scheme(layer_cfg: dict[str, Any]) -> str:
     return f"fp8 w:{w} a:{a} static"
 
 
-def vllm_scheme(layer_cfg: dict[str, Any]) -> str | None:
+def vllm_scheme(layer_cfg: LayerQuantConfig) -> str | None:
     """The Quark scheme class vLLM builds a quantized linear with (its dispatch order), or None.
 
     ``QuarkW8A8Fp8`` for FP8 per-tensor/per-channel weights, ``QuarkW4A8_MXFP4_FP8``
@@ -213,7 +216,7 @@ def vllm_scheme(layer_cfg: dict[str, Any]) -> str | None:
     return "QuarkOCP_MX"
 
 
-def _mx_dtype(spec: dict[str, Any]) -> str | None:
+def _mx_dtype(spec: QuantSpec) -> str | None:
     """``mxfp8_e4m3`` or ``mxfp4`` for an OCP MX spec (per_group of 32, E8M0 scales)."""
     dtype = str(spec.get("dtype"))
     mx = dtype.replace("fp", "mxfp", 1)
@@ -223,7 +226,7 @@ def _mx_dtype(spec: dict[str, Any]) -> str | None:
     return None
 
 
-def _single(spec: Any) -> dict[str, Any] | None:
+def _single(spec: QuantSpec | list[QuantSpec] | None) -> QuantSpec | None:
     if isinstance(spec, list):
         return spec[0] if len(spec) == 1 else None
     return spec if isinstance(spec, dict) else None

@@ -39,7 +39,7 @@ def fix_config(src: Path, out: Path | None = None, overwrite: bool = False) -> F
     if out is not None:
         check_output_path(out, [src], overwrite)
     ckpt = read_checkpoint(src)
-    qcfg = ckpt.config.get("quantization_config")  # the one vLLM reads, in either format
+    qcfg = ckpt.flat_config.get("quantization_config")  # the one vLLM reads, in either format
     if not isinstance(qcfg, dict) or not isinstance(qcfg.get("exclude", []), list):
         raise InputError(
             f"{src / CONFIG_FILE}: no quantization_config with an exclude list; "

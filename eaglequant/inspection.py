@@ -31,6 +31,7 @@ from eaglequant.exclusions import (
     predict_fates,
 )
 from eaglequant.io.checkpoint import Checkpoint, read_checkpoint
+from eaglequant.io.model_config import QuantizationConfig
 from eaglequant.io.safetensors_header import FLOAT_DTYPES
 from eaglequant.recipe import E8M0_NAN
 
@@ -70,7 +71,7 @@ class QuantSummary:
     quant_method: str | None
     version: str | None
     exclude: list[str] | None
-    kv_cache_group: list[Any] | None
+    kv_cache_group: list[str] | None
 
 
 @dataclass
@@ -104,7 +105,7 @@ def inspect_checkpoint(path: Path, target_layers: int = DEFAULT_TARGET_LAYERS) -
     ckpt = read_checkpoint(path)
     problems = structure_problems(ckpt)
     recognised = not problems or problems[0].loadable
-    dims = None if problems else dims_from_config(ckpt.config)
+    dims = None if problems else dims_from_config(ckpt.flat_config)
     bytes_by_dtype: Counter[str] = Counter()
     for info in ckpt.tensors.values():
         bytes_by_dtype[info.dtype] += info.nbytes
@@ -114,13 +115,13 @@ def inspect_checkpoint(path: Path, target_layers: int = DEFAULT_TARGET_LAYERS) -
         problems += quantization_problems(ckpt, fates, scales, target_layers)
     return InspectReport(
         path=str(path),
-        architectures=list(ckpt.config.get("architectures") or []),
+        architectures=list(ckpt.flat_config.get("architectures") or []),
         form=draft_form(ckpt) if recognised else "unrecognised",
         dims=dims,
         tensor_count=len(ckpt.tensors),
         bytes_by_dtype=dict(sorted(bytes_by_dtype.items())),
         shards=list(ckpt.shard_files),
-        quantization=_quant_summary(ckpt.config.get("quantization_config")),
+        quantization=_quant_summary(ckpt.flat_config.get("quantization_config")),
         size=size_summary(ckpt) if recognised else None,
         fates=[_as_stored(ckpt, fate) for fate in fates],
         scales={ckpt.tensors[name].name: values for name, values in scales.items()},
@@ -133,7 +134,7 @@ def _as_stored(ckpt: Checkpoint, fate: LayerFate) -> LayerFate:
     return replace(fate, checkpoint_names=tuple(ckpt.stored_name(n) for n in fate.checkpoint_names))
 
 
-def _quant_summary(qcfg: Any) -> QuantSummary | None:
+def _quant_summary(qcfg: QuantizationConfig | None) -> QuantSummary | None:
     if not isinstance(qcfg, dict):
         return None
     return QuantSummary(
@@ -162,7 +163,7 @@ def quantization_problems(
 ) -> list[Problem]:
     """Mismatches between the quantization_config, vLLM's reading of it, and the tensors."""
     config_path = str(ckpt.folder / "config.json")
-    qcfg = ckpt.config.get("quantization_config")
+    qcfg = ckpt.flat_config.get("quantization_config")
     if not isinstance(qcfg, dict):
         quantized = quantized_tensors(ckpt)
         if quantized:
@@ -182,9 +183,9 @@ def quantization_problems(
 
 
 def _exclude_problems(
-    ckpt: Checkpoint, qcfg: dict[str, Any], config_path: str, target_layers: int
+    ckpt: Checkpoint, qcfg: QuantizationConfig, config_path: str, target_layers: int
 ) -> list[Problem]:
-    names = list(draft_linear_names(ckpt.config, target_layers))
+    names = list(draft_linear_names(ckpt.flat_config, target_layers))
     problems = []
     for entry in qcfg.get("exclude") or []:
         if entry.startswith("re:") or any(matches(n, entry) for n in names):
@@ -202,7 +203,7 @@ def _exclude_problems(
     return problems
 
 
-def _kv_cache_group_problem(qcfg: dict[str, Any], config_path: str) -> list[Problem]:
+def _kv_cache_group_problem(qcfg: QuantizationConfig, config_path: str) -> list[Problem]:
     export = qcfg.get("export")
     if not isinstance(export, dict) or not isinstance(export.get("kv_cache_group"), list):
         return [

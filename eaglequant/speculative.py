@@ -14,6 +14,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from eaglequant.io.model_config import ModelConfig
+
 DRAFT_TENSOR_PARALLEL_SIZE = 1
 # vLLM's CacheDType values a draft's KV cache can take (its speculative config's
 # ``kv_cache_dtype``; unset: the draft inherits the target's ``--kv-cache-dtype``)
@@ -28,7 +30,7 @@ def kv_source(draft: Path) -> str:
     return f"--draft-kv-cache-dtype (or {draft}'s calibrated K/V scales)"
 
 
-def draft_kv_cache_dtype(asked: str | None, draft_config: dict[str, Any]) -> str | None:
+def draft_kv_cache_dtype(asked: str | None, draft_config: ModelConfig) -> str | None:
     """The draft KV cache dtype to run: ``asked``, else FP8 E4M3 for a draft whose checkpoint
     carries calibrated K/V scales, else None (the target's)."""
     if asked is not None:

@@ -5,11 +5,11 @@ weight or engine)."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 from eaglequant.draft import DraftDims
 from eaglequant.errors import InputError
 from eaglequant.io.checkpoint import read_config
+from eaglequant.io.model_config import ModelConfig
 
 
 def default_aux_layers(num_layers: int) -> tuple[int, ...]:
@@ -44,12 +44,12 @@ def check_target_fits(target_dir: Path, dims: DraftDims) -> tuple[int, ...]:
     return check_aux_layers(target_dir, ids, layers)
 
 
-def target_layers(target_dir: Path) -> tuple[dict[str, Any], int]:
+def target_layers(target_dir: Path) -> tuple[ModelConfig, int]:
     """The target's (text) config and its number of decoder layers."""
     if not target_dir.is_dir():
         raise InputError(f"{target_dir}: no such target folder; pass the target model's folder")
-    config = read_config(target_dir)
-    config = config.get("text_config", config)
+    stored: ModelConfig = read_config(target_dir)
+    config = stored.get("text_config", stored)
     layers = config.get("num_hidden_layers")
     if not isinstance(layers, int) or layers < 1:
         raise InputError(f"{target_dir / 'config.json'}: num_hidden_layers missing or invalid")

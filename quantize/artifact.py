@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from eaglequant.draft import dims_from_config, structure_problems
 from eaglequant.errors import CheckFailed
@@ -23,6 +23,7 @@ from eaglequant.exclusions import DEFAULT_TARGET_LAYERS, predict_fates
 from eaglequant.inspection import quantization_problems, read_scales
 from eaglequant.io.checkpoint import CONFIG_FILE, Checkpoint, read_checkpoint
 from eaglequant.io.layout import Layout, TensorBlob, blob_from_file, blob_from_tensor, plan_layout
+from eaglequant.io.model_config import StoredConfig
 from eaglequant.io.readback import ReadBack, sha256_file
 from eaglequant.io.safetensors_header import TensorInfo
 from eaglequant.io.writer import LayoutWriter, copy_extra_files, write_text
@@ -43,7 +44,7 @@ def predicted_quantized(ckpt: Checkpoint, recipe: Recipe) -> list[TensorBlob]:
     :meth:`Artifact.finish` checks Quark's real output against it.
     """
     blobs = []
-    for linear in dims_from_config(ckpt.config).linears:
+    for linear in dims_from_config(ckpt.flat_config).linears:
         name = ckpt.stored_name(linear)
         rows, cols = ckpt.tensors[f"{linear}.weight"].shape
         weight_dtype, weight_shape, scale_dtype, scale_shape = quantized_layout(
@@ -73,7 +74,7 @@ def quantized_layout(
 
 
 def passthrough_blobs(ckpt: Checkpoint) -> list[TensorBlob]:
-    replaced = {f"{name}.weight" for name in dims_from_config(ckpt.config).linears}
+    replaced = {f"{name}.weight" for name in dims_from_config(ckpt.flat_config).linears}
     return [blob_from_file(info) for name, info in ckpt.tensors.items() if name not in replaced]
 
 
@@ -121,7 +122,7 @@ class Artifact:
         with timed(self.timings, "background.fsync"):
             self.writer.sync()
 
-    def finish(self, quantized: dict[str, torch.Tensor], config: dict[str, Any]) -> None:
+    def finish(self, quantized: dict[str, torch.Tensor], config: StoredConfig) -> None:
         """Drop Quark's tensors into their planned places (re-plan if Quark wrote others).
 
         ``quantized`` is named in the EAGLE-3 layout; the folder keeps the input's format.
@@ -164,7 +165,7 @@ class Artifact:
         scales = read_scales(reopened)
         found = quantization_problems(reopened, fates, scales, DEFAULT_TARGET_LAYERS)
         problems += [str(p) for p in found]
-        linears = dims_from_config(self.source.config).linears  # quantized; the rest stays BF16
+        linears = dims_from_config(self.source.flat_config).linears  # quantized; the rest BF16
         for fate in fates:
             if fate.quantized != any(n in linears for n in fate.checkpoint_names):
                 problems.append(f"vLLM would build {fate.vllm_name} as {fate.scheme}")

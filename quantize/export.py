@@ -35,6 +35,7 @@ from eaglequant.draft import (
 from eaglequant.errors import InputError
 from eaglequant.exclusions import rewrite_exclude
 from eaglequant.io.checkpoint import Checkpoint, read_checkpoint
+from eaglequant.io.model_config import QuantizationConfig, QuarkExport, StoredConfig
 from eaglequant.io.output import atomic_output_dir, check_output_path
 from eaglequant.io.speculators import with_quantization_config
 from eaglequant.manifest import CalibrationRecord, LayerRecord, Manifest, build_manifest
@@ -261,12 +262,12 @@ class _Stage:
 
 
 def output_config(
-    source: dict[str, Any], quark_qcfg: dict[str, Any], recipe: Recipe
-) -> dict[str, Any]:
+    source: StoredConfig, quark_qcfg: QuantizationConfig, recipe: Recipe
+) -> StoredConfig:
     """The input config plus Quark's quantization_config (top level), exclusions as regex."""
-    qcfg = dict(quark_qcfg)
+    qcfg: QuantizationConfig = {**quark_qcfg}
     qcfg["exclude"] = rewrite_exclude(list(recipe.exclude))
-    export = dict(qcfg.get("export") or {})
+    export: QuarkExport = {**(qcfg.get("export") or {})}
     if not isinstance(export.get("kv_cache_group"), list):
         export["kv_cache_group"] = []
     qcfg["export"] = export

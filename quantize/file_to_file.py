@@ -22,7 +22,7 @@ import tempfile
 import threading
 import time
 from pathlib import Path
-from typing import Any
+from typing import TypedDict
 
 from eaglequant.draft import dims_from_config
 from eaglequant.errors import EagleQuantError, OutputError, QuarkFailed
@@ -39,6 +39,15 @@ WORKER = "eaglequant.quantize.quark_worker"
 BACKGROUND_NICE = 10
 
 
+class WorkerReport(TypedDict, total=False):
+    """``report.json``: the worker's timings, or the error that stopped it."""
+
+    timings: dict[str, float]
+    error: str  # the exception's class name
+    message: str
+    io: bool  # a SafetensorError: Quark could not write its output
+
+
 class FileToFile:
     """The decoder layers' file-to-file quantization, under way from the export's start.
 
@@ -50,7 +59,7 @@ class FileToFile:
 
     def __init__(self, ckpt: Checkpoint, recipe: Recipe, scratch_parent: Path, out: Path) -> None:
         self.recipe, self.out = recipe, out
-        self.linears = dims_from_config(ckpt.config).linears  # every decoder layer's
+        self.linears = dims_from_config(ckpt.flat_config).linears  # every decoder layer's
         self.scratch = Path(tempfile.mkdtemp(prefix=SCRATCH_PREFIX, dir=scratch_parent))
         self.timings: dict[str, float] = {}
         try:
@@ -106,20 +115,21 @@ class FileToFile:
             names = [f"{name}.weight" for name in self.linears]
             blobs = [blob_from_file(ckpt.tensors[name], name) for name in names]
             write_checkpoint_weights(folder, blobs, 10**15)
-            write_text(folder / "config.json", json.dumps(ckpt.config))
+            write_text(folder / "config.json", json.dumps(ckpt.flat_config))
         except BaseException as exc:  # re-raised by run()
             self._staging_error = exc
         self.timings["stage_midlayer"] = round(time.perf_counter() - started, 3)
 
-    def _report(self) -> dict[str, Any]:
+    def _report(self) -> WorkerReport:
         path = self.scratch / REPORT
         if path.is_file():
-            return dict(json.loads(path.read_text()))
+            report: WorkerReport = json.loads(path.read_text())
+            return report
         lines = (self.scratch / LOG).read_text(errors="replace").strip().splitlines()
         last = lines[-1] if lines else f"exit status {self.process.returncode}"
         return {"error": "WorkerDied", "message": last}
 
-    def _failure(self, report: dict[str, Any]) -> EagleQuantError:
+    def _failure(self, report: WorkerReport) -> EagleQuantError:
         if report.get("io"):
             return quark_write_error(self.out, self.scratch, report["message"])
         return QuarkFailed(

@@ -209,5 +209,5 @@ def measure_export(
             return model.linear_weight(name)
         return ckpt.load_tensor(f"{name}.weight")
 
-    linears = dims_from_config(ckpt.config).linears
+    linears = dims_from_config(ckpt.flat_config).linears
     return measure(model, tensors, recipe, held_out, weight_of, linears)

@@ -35,6 +35,7 @@ import torch
 
 from eaglequant.draft import SCALE_SUFFIXES, kv_scale_name
 from eaglequant.io.checkpoint import read_checkpoint
+from eaglequant.io.model_config import QuantizationConfig
 from eaglequant.model import compute
 from eaglequant.model.eagle3 import Eagle3Draft
 from eaglequant.model.load import release_file_pages
@@ -51,7 +52,7 @@ class QuarkResult:
     """Quark's quantized midlayer tensors, its ``quantization_config`` and where time went."""
 
     tensors: dict[str, torch.Tensor]
-    quantization_config: dict[str, Any]
+    quantization_config: QuantizationConfig
     timings: dict[str, float] = field(default_factory=dict)
 
 
@@ -359,7 +360,7 @@ def _collect(folder: Path, linears: tuple[str, ...], timings: dict[str, float]) 
         output_scale, name = f"{linear}.output_scale", kv_scale_name(linear)
         if output_scale in written.tensors and name is not None:
             tensors[name] = written.load_tensor(output_scale).float()
-    return QuarkResult(tensors, written.config["quantization_config"], timings)
+    return QuarkResult(tensors, written.flat_config["quantization_config"], timings)
 
 
 def scratch_dir(parent: Path) -> tempfile.TemporaryDirectory[str]:

@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from eaglequant.quantize.file_to_file import REPORT, RESULT, SOURCE
+from eaglequant.quantize.file_to_file import REPORT, RESULT, SOURCE, WorkerReport
 from eaglequant.quantize.quark_backend import import_quark, quark_config
 from eaglequant.quantize.timing import process_started
 from eaglequant.recipe import recipe_from_dict
@@ -24,7 +24,7 @@ from eaglequant.recipe import recipe_from_dict
 def main(scratch: Path) -> None:
     """The worker: import Quark at once, then quantize the one folder it is asked to."""
     started = process_started() or time.perf_counter()
-    report: dict[str, Any] = {"timings": {}}
+    report: WorkerReport = {"timings": {}}
     try:
         import_quark()
         report["timings"]["quark_import"] = round(time.perf_counter() - started, 3)
@@ -33,7 +33,8 @@ def main(scratch: Path) -> None:
             return  # the export ended before it needed Quark
         _quantize(scratch, json.loads(line), report["timings"])
     except Exception as exc:
-        report.update(error=type(exc).__name__, message=str(exc).strip().split("\n")[0])
+        report["error"] = type(exc).__name__
+        report["message"] = str(exc).strip().split("\n")[0]
         report["io"] = type(exc).__name__ == "SafetensorError"
     (scratch / REPORT).write_text(json.dumps(report))
 

@@ -333,7 +333,7 @@ def _validate_request(
         capture=request.capture,
         hidden_states=capture,
         draft_kv_cache_dtype=draft_kv_cache_dtype(
-            request.draft_kv_cache_dtype, read_checkpoint(draft).config
+            request.draft_kv_cache_dtype, read_checkpoint(draft).flat_config
         ),
         reference_engine=request.reference_engine,
         tie_margin=request.tie_margin,

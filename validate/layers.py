@@ -45,7 +45,7 @@ def checkpoint_kv_scales(draft: Path) -> list[tuple[float, float]]:
 
     return [
         (scalar(k), scalar(v))
-        for k, v in kv_scale_pairs(dims_from_config(ckpt.config).linears)
+        for k, v in kv_scale_pairs(dims_from_config(ckpt.flat_config).linears)
         if k in ckpt.tensors and v in ckpt.tensors
     ]
 

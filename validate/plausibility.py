@@ -20,12 +20,13 @@ import tempfile
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypedDict
 
 from eaglequant.draft import KV_SCALES, DraftDims, dims_from_config, kv_scale_name
 from eaglequant.engine.result import LinearRange
 from eaglequant.errors import InputError
 from eaglequant.io.checkpoint import read_checkpoint
+from eaglequant.io.model_config import DraftConfig
 from eaglequant.recipe import E8M0_NAN, FP8_E4M3_MAX, MX_BLOCK
 from eaglequant.validate.draft_ranges import checkpoint_ranges
 from eaglequant.validation_report import Check, CheckId
@@ -35,6 +36,19 @@ ENGINE_RANGES, CAPTURED_RANGES = "engine", "capture"  # where check 6's ranges c
 if TYPE_CHECKING:
     from eaglequant.capture.run import CaptureEngine
     from eaglequant.capture.store import CalibrationData
+
+
+class LayerScales(TypedDict, total=False):
+    """One linear's row of check 6's numbers: its measured ranges and scales x the element max."""
+
+    input_amax: float
+    input_scale_x448: float
+    weight_scale_x448: float
+    weight_amax: float
+    weight_scale_worst_ratio: float
+    weight_exponent_range: list[int]
+    output_amax: float | None
+    kv_scale_x448: float
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -77,16 +91,16 @@ def plausibility_problems(
 
     fp8 = read_checkpoint(inputs.draft)
     baseline = read_checkpoint(inputs.baseline)
-    dims = dims_from_config(baseline.config)
+    dims = dims_from_config(baseline.flat_config)
     aux_ids = check_target_fits(inputs.target, dims)
     model = load_draft_module(baseline)
     measured, outputs, source = _measured_ranges(inputs, model, dims, aux_ids, progress)
-    static_inputs = _static_inputs(fp8.config)
+    static_inputs = _static_inputs(fp8.flat_config)
     problems: list[str] = []
-    numbers: dict[str, Any] = {}
+    numbers: dict[str, LayerScales] = {}
     for name in dims.linears:
         weight_amax = model.linear_weight(name).detach().abs()
-        row = {"input_amax": measured[name]}
+        row: LayerScales = {"input_amax": measured[name]}
         problems += _check_weight_scale(fp8, name, weight_amax, inputs.tolerance, row)
         if static_inputs:
             problems += _check_input_scale(fp8, name, measured[name], inputs.tolerance, row)
@@ -132,7 +146,7 @@ def _check_kv_scales(
     linears: tuple[str, ...],
     output_amax: dict[str, float],
     tolerance: float,
-    numbers: dict[str, Any],
+    numbers: dict[str, LayerScales],
 ) -> list[str]:
     """Each calibrated K or V scale x 448 against the larger of its layer's measured k_proj and
     v_proj output ranges (Quark gives K and V of one layer their common, larger scale)."""
@@ -200,7 +214,7 @@ def validation_sequences(
     ]
 
 
-def _static_inputs(config: dict[str, Any]) -> bool:
+def _static_inputs(config: DraftConfig) -> bool:
     spec = (
         (config.get("quantization_config") or {})
         .get("global_quant_config", {})
@@ -223,7 +237,7 @@ def _ratio_problem(
 
 
 def _check_weight_scale(
-    fp8: Any, name: str, weight_abs: Any, tolerance: float, row: dict[str, Any]
+    fp8: Any, name: str, weight_abs: Any, tolerance: float, row: LayerScales
 ) -> list[str]:
     key = f"{name}.weight_scale"
     if key in fp8.tensors and fp8.tensors[key].dtype == "U8":
@@ -249,7 +263,7 @@ def _check_weight_scale(
 
 
 def _check_mx_weight_scale(
-    fp8: Any, name: str, weight_abs: Any, tolerance: float, row: dict[str, Any]
+    fp8: Any, name: str, weight_abs: Any, tolerance: float, row: LayerScales
 ) -> list[str]:
     """OCP MX: one E8M0 exponent per 32 input elements; each block's scale x the element
     maximum (448 MXFP8, 6 MXFP4) must lie within ``tolerance`` of that block's BF16 amax."""
@@ -282,7 +296,7 @@ def _check_mx_weight_scale(
 
 
 def _check_input_scale(
-    fp8: Any, name: str, measured: float, tolerance: float, row: dict[str, Any]
+    fp8: Any, name: str, measured: float, tolerance: float, row: LayerScales
 ) -> list[str]:
     placeholder = " (vLLM would load its -3.4e38 placeholder silently)"
     scale, problems = _finite_positive_scale(fp8, f"{name}.input_scale", placeholder)

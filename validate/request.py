@@ -103,7 +103,7 @@ def check_inputs(request: ValidateRequest) -> dict[str, Binding]:
         problems = [p for p in structure_problems(ckpt) if not p.loadable]
         if problems:
             raise InputError(str(problems[0]))
-        dims[folder] = dims_from_config(ckpt.config, str(folder / "config.json"))
+        dims[folder] = dims_from_config(ckpt.flat_config, str(folder / "config.json"))
         check_target_fits(request.target, dims[folder])
         if folder == request.draft and "quantization_config" not in ckpt.config:
             raise InputError(

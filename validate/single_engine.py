@@ -134,7 +134,7 @@ def swap_refusal(drafts: Sequence[Path]) -> str | None:
 
 
 def _shape(draft: Path) -> dict[str, Any]:
-    config = read_checkpoint(draft).config
+    config = read_checkpoint(draft).flat_config
     shape = {k: config.get(k) for k in SHARED_KEYS}
     return shape | {"dimensions": dims_from_config(config, str(draft / "config.json"))}
 

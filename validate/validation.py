@@ -110,7 +110,7 @@ def validate_draft(
 ) -> ValidationReport:
     """Run the three engines (or reuse finished ``target``/``bf16`` runs) and the six checks."""
     asked = request.draft_kv_cache_dtype
-    kv = draft_kv_cache_dtype(asked, read_checkpoint(request.draft).config)
+    kv = draft_kv_cache_dtype(asked, read_checkpoint(request.draft).flat_config)
     if kv != asked:
         progress(f"the draft carries calibrated K/V scales: its KV cache runs in {kv}")
         request = replace(request, draft_kv_cache_dtype=kv)

@@ -9,11 +9,12 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from eaglequant.draft import dims_from_config, expected_shapes, optional_shapes
 from eaglequant.io import speculators
 from eaglequant.io.layout import blob_from_tensor
+from eaglequant.io.model_config import DraftConfig
 from eaglequant.io.writer import write_checkpoint_weights, write_text
 
 
@@ -71,7 +72,7 @@ def write_random_draft(
     """
     import torch
 
-    dims = dims_from_config(config)
+    dims = dims_from_config(cast(DraftConfig, config))
     generator = torch.Generator().manual_seed(seed)
     shapes = expected_shapes(dims) | optional_shapes(dims)
     if not with_embeddings:
@@ -101,12 +102,14 @@ def write_draft(
     speculators format, the same tensors under its names.
     """
     folder.mkdir(parents=True, exist_ok=True)
-    prefix = speculators.layer_prefix(config, speculators_verifier is not None)
+    flat = cast(DraftConfig, config)  # the JSON object transformers' LlamaConfig is built from
+    prefix = speculators.layer_prefix(flat, speculators_verifier is not None)
     blobs = [blob_from_tensor(speculators.stored_name(n, prefix), t) for n, t in tensors]
     write_checkpoint_weights(folder, blobs, max_shard_size)
+    stored: DraftConfig = flat
     if speculators_verifier is not None:
-        config = speculators.from_flat_config(config, verifier=speculators_verifier)
-    write_text(folder / "config.json", json.dumps(config, indent=2) + "\n")
+        stored = speculators.from_flat_config(flat, verifier=speculators_verifier)
+    write_text(folder / "config.json", json.dumps(stored, indent=2) + "\n")
     return folder
 
 

@@ -18,7 +18,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 from eaglequant.devtools.synthetic import draft_config, write_draft
 
@@ -45,6 +45,26 @@ class ToySettings:
     threads: int = 2
     prompts: int = 32
     norm_before_residual: bool = False  # the draft's forward variant (vLLM's llama_eagle3)
+
+
+class DraftSummary(TypedDict):
+    """``make_draft.json``: what the draft was trained for, its loss, the time, the settings."""
+
+    target: str
+    draft_loss: float
+    seconds: float
+    settings: dict[str, int | bool]  # ToySettings' fields
+
+
+class PairSummary(TypedDict):
+    """``make_pair.json``: the corpus, both losses, the time and the settings."""
+
+    train_files: int
+    train_tokens: int
+    target_loss: float
+    draft_loss: float
+    seconds: float
+    settings: dict[str, int | bool]
 
 
 def corpus_files(held_out: bool) -> list[Path]:
@@ -282,7 +302,7 @@ def calibration_records(
     return [{"text": _read(p)[:chars]} for p in train[::step][:files]]
 
 
-def make_pair(out: Path, settings: ToySettings, log: Any = print) -> dict[str, Any]:
+def make_pair(out: Path, settings: ToySettings, log: Any = print) -> PairSummary:
     """Build the whole pair into ``out`` (``target/``, ``draft/``, ``prompts.jsonl``)."""
     import torch
 
@@ -296,7 +316,7 @@ def make_pair(out: Path, settings: ToySettings, log: Any = print) -> dict[str, A
     target, target_loss = train_target(tokens, settings, log)
     draft, config, draft_loss_value = train_draft(target, tokens, settings, log)
     _save_pair(out, target, tokenizer, draft, config, settings)
-    summary = {
+    summary: PairSummary = {
         "train_files": len(train_files),
         "train_tokens": len(tokens),
         "target_loss": round(target_loss, 4),
@@ -311,7 +331,7 @@ def make_pair(out: Path, settings: ToySettings, log: Any = print) -> dict[str, A
 
 def make_draft(
     out: Path, target_dir: Path, settings: ToySettings, *, verifier: str | None, log: Any = print
-) -> dict[str, Any]:
+) -> DraftSummary:
     """Train only a draft, for the toy target already in ``target_dir``, into ``out``.
 
     The same recipe as :func:`make_pair`'s draft (corpus, tokenizer of the target,
@@ -329,7 +349,7 @@ def make_draft(
     tokens = token_stream(tokenizer, corpus_files(held_out=False))
     draft, config, loss = train_draft(target, tokens, settings, log)
     save_draft(out, draft, config, verifier)
-    summary = {
+    summary: DraftSummary = {
         "target": str(target_dir),
         "draft_loss": round(loss, 4),
         "seconds": round(time.monotonic() - started, 1),

@@ -8,16 +8,16 @@ from __future__ import annotations
 
 import importlib
 import pkgutil
-from typing import Any
 
 from eaglequant.forms.base import DraftForm, registered
+from eaglequant.io.model_config import DraftConfig, ModelConfig
 
 for _module in pkgutil.iter_modules(__path__):
     if _module.name != "base":
         importlib.import_module(f"{__name__}.{_module.name}")
 
 
-def form_of(config: dict[str, Any]) -> DraftForm | None:
+def form_of(config: ModelConfig) -> DraftForm | None:
     """The form vLLM would serve ``config`` with (by architecture alone), or None."""
     from eaglequant.io.speculators import vllm_architectures
 
@@ -30,7 +30,7 @@ def form_named(family: str) -> DraftForm:
     return next(f for f in registered() if f.family == family)
 
 
-def recognised_form(config: dict[str, Any], tensors: set[str]) -> DraftForm | None:
+def recognised_form(config: DraftConfig, tensors: set[str]) -> DraftForm | None:
     """The form whose config or (for a plain config) tensors this draft has, or None."""
     return next((f for f in registered() if f.recognises(config, tensors)), None)
 

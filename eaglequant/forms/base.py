@@ -11,7 +11,9 @@ A new form is one module in this package that defines a :class:`DraftForm` subcl
 
 from __future__ import annotations
 
-from typing import Any, ClassVar, Protocol
+from typing import Any, ClassVar, Protocol, TypedDict
+
+from eaglequant.io.model_config import DraftConfig, ModelConfig, VariantFlag
 
 ATTENTION_PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj")
 MLP_PROJECTIONS = ("gate_proj", "up_proj", "down_proj")
@@ -41,6 +43,14 @@ class DraftDims(Protocol):
     def mla(self) -> Any: ...
 
 
+class FormFields(TypedDict, total=False):
+    """:class:`eaglequant.draft.DraftDims` fields a form sets itself (over the config's)."""
+
+    qk_norm: bool
+    norm_before_fc: bool
+    attention_bias: bool
+
+
 def layer_prefixes(layers: int) -> tuple[str, ...]:
     """Each decoder layer's module prefix in the EAGLE-3 layout: ``midlayer``, ``layers.1``, …"""
     return (FIRST_LAYER, *(f"layers.{i}" for i in range(1, layers)))
@@ -58,7 +68,7 @@ def draft_linears(layers: int) -> tuple[str, ...]:
     return tuple(name for prefix in layer_prefixes(layers) for name in layer_linears(prefix))
 
 
-def is_plain(config: dict[str, Any]) -> bool:
+def is_plain(config: ModelConfig) -> bool:
     """A plain (non-EAGLE-3) architecture name, which vLLM renames for method eagle3."""
     names = [str(a) for a in config.get("architectures") or []]
     return bool(names) and not any(a.startswith("Eagle3") or a.endswith("Eagle3") for a in names)
@@ -73,7 +83,7 @@ class DraftForm:
     # Tensors a plain config must hold to be read as an EAGLE-3 draft of this form.
     markers: tuple[str, ...] = ()
     # Forward-variant flags of vLLM's draft model that the torch module implements for this form.
-    variants: tuple[str, ...] = ()
+    variants: tuple[VariantFlag, ...] = ()
     # Decoder-layer linears vLLM must run unquantized (export adds them to Quark's exclude).
     kept_bf16: tuple[str, ...] = ()
     # vLLM's fused modules of this form's layer -> their checkpoint shards.
@@ -83,7 +93,7 @@ class DraftForm:
         """Whether vLLM serves a config with these (renamed) architectures with this form."""
         return any(a in self.architectures for a in vllm_architectures)
 
-    def recognises(self, config: dict[str, Any], tensors: set[str]) -> bool:
+    def recognises(self, config: DraftConfig, tensors: set[str]) -> bool:
         """An EAGLE-3 config of this form, or a plain one over this form's tensors."""
         from eaglequant.io.speculators import vllm_architectures
 
@@ -91,11 +101,11 @@ class DraftForm:
             return False
         return not is_plain(config) or set(self.markers) <= tensors
 
-    def config_problem(self, config: dict[str, Any]) -> tuple[str, str] | None:
+    def config_problem(self, config: DraftConfig) -> tuple[str, str] | None:
         """Why vLLM (or this tool) would not serve this config, and the fix; or None."""
         return None
 
-    def dims_fields(self, config: dict[str, Any], where: str) -> dict[str, Any]:
+    def dims_fields(self, config: DraftConfig, where: str) -> FormFields:
         """:class:`~eaglequant.draft.DraftDims` fields this form sets itself."""
         return {}
 
@@ -116,7 +126,7 @@ class DraftForm:
         return tuple(n for n in draft_linears(dims.layers) if n not in self.kept_bf16)
 
     def vllm_linear_names(
-        self, config: dict[str, Any], target_layers: int, layers: int
+        self, config: DraftConfig, target_layers: int, layers: int
     ) -> dict[str, tuple[str, ...]]:
         """vLLM module name -> the checkpoint modules it is built from, every draft layer's."""
         names: dict[str, tuple[str, ...]] = {}

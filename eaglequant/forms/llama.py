@@ -8,9 +8,10 @@ pre-norm decoder layers. Every layer's seven linears are quantized.
 from __future__ import annotations
 
 from eaglequant.forms.base import FIRST_LAYER, DraftForm, layer_linears, register
+from eaglequant.io.model_config import VariantFlag
 
 # Forward variants of vLLM's llama_eagle3.py, each implemented by the torch module.
-LLAMA_VARIANTS = (
+LLAMA_VARIANTS: tuple[VariantFlag, ...] = (
     "norm_before_residual",
     "norm_output",
     "norm_before_fc",

@@ -36,16 +36,20 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import ClassVar, Literal
 
 from eaglequant.errors import InputError
-from eaglequant.forms.base import DraftDims, DraftForm, register
+from eaglequant.forms.base import DraftDims, DraftForm, FormFields, register
+from eaglequant.io.model_config import DraftConfig, RopeParameters, VariantFlag
 
 # vLLM's MLA draft models (a plain DeepseekV2/V3ForCausalLM config is renamed to them).
 ARCHITECTURES = ("Eagle3DeepseekV2ForCausalLM", "Eagle3DeepseekV3ForCausalLM")
 MODEL_TYPE = "deepseek_v2"
 # DeepseekV2Config's defaults (transformers), which vLLM's draft model reads through getattr.
-DEFAULTS = {
+MlaKey = Literal[
+    "q_lora_rank", "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim"
+]
+DEFAULTS: dict[MlaKey, int] = {
     "q_lora_rank": 1536,
     "kv_lora_rank": 512,
     "qk_nope_head_dim": 128,
@@ -53,8 +57,8 @@ DEFAULTS = {
     "v_head_dim": 128,
 }
 # The forward variants vLLM's MLA draft model implements (no input_norm, no attention biases).
-VARIANTS = ("norm_before_residual", "norm_output", "fc_norm")
-UNSUPPORTED_FLAGS = ("norm_before_fc", "attention_bias")
+VARIANTS: tuple[VariantFlag, ...] = ("norm_before_residual", "norm_output", "fc_norm")
+UNSUPPORTED_FLAGS: tuple[VariantFlag, ...] = ("norm_before_fc", "attention_bias")
 ATTN = "midlayer.self_attn"
 MLP_LINEARS = tuple(f"midlayer.mlp.{p}" for p in ("gate_proj", "up_proj", "down_proj"))
 # Stays BF16 (see the module docstring): Quark's exclude names it as the torch module does.
@@ -107,22 +111,34 @@ def yarn_mscale(scale: float, mscale: float) -> float:
     return 1.0 if scale <= 1 else 0.1 * mscale * math.log(scale) + 1.0
 
 
-def mla_dims(config: dict[str, Any], where: str) -> MlaDims:
+class MlaFields(FormFields, total=False):
+    """An MLA form's own DraftDims fields: its attention's dimensions too."""
+
+    mla: MlaDims
+
+
+def mla_dims(config: DraftConfig, where: str) -> MlaDims:
     """The attention dimensions; InputError naming a bad key."""
-    values = {k: config.get(k, default) for k, default in DEFAULTS.items()}
-    for key, value in values.items():
-        if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-            raise InputError(f"{where}: '{key}' must be a positive integer, got {value!r}")
+    values = {k: _positive(config.get(k, default), k, where) for k, default in DEFAULTS.items()}
     return MlaDims(**values, rope=rope_from_config(config, where))
 
 
-def rope_from_config(config: dict[str, Any], where: str) -> Rope:
+def _positive(value: object, key: str, where: str) -> int:
+    if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+        raise InputError(f"{where}: '{key}' must be a positive integer, got {value!r}")
+    return value
+
+
+def rope_from_config(config: DraftConfig, where: str) -> Rope:
     """RoPE as vLLM builds it: ``rope_parameters`` (or legacy ``rope_scaling``/``rope_theta``).
 
     Any rope type but ``default`` becomes DeepSeek YaRN in vLLM; this tool handles
     ``yarn`` and refuses the others (plain RoPE is not proved against vLLM).
     """
-    params = dict(config.get("rope_scaling") or {}) | dict(config.get("rope_parameters") or {})
+    params: RopeParameters = {
+        **(config.get("rope_scaling") or {}),
+        **(config.get("rope_parameters") or {}),
+    }
     theta = float(params.get("rope_theta", config.get("rope_theta", 10000.0)))
     kind = params.get("rope_type", params.get("type", "default"))
     if kind != "yarn":
@@ -145,7 +161,7 @@ def rope_from_config(config: dict[str, Any], where: str) -> Rope:
     )
 
 
-def config_problem(config: dict[str, Any]) -> tuple[str, str] | None:
+def config_problem(config: DraftConfig) -> tuple[str, str] | None:
     """Why vLLM (or this tool) would not serve this MLA draft's config, and the fix; or None."""
     if config.get("model_type") != MODEL_TYPE:
         return (
@@ -238,10 +254,10 @@ class MlaForm(DraftForm):
     kept_bf16 = KEEP_BF16
     fused_shards: ClassVar[dict[str, tuple[str, ...]]] = {"fused_qkv_a_proj": FUSED_QKV_A}
 
-    def config_problem(self, config: dict[str, Any]) -> tuple[str, str] | None:
+    def config_problem(self, config: DraftConfig) -> tuple[str, str] | None:
         return config_problem(config)
 
-    def dims_fields(self, config: dict[str, Any], where: str) -> dict[str, Any]:
+    def dims_fields(self, config: DraftConfig, where: str) -> MlaFields:
         # vLLM's MLA draft model implements neither input_norm nor attention biases.
         return {
             "mla": mla_dims(config, where),
@@ -260,7 +276,7 @@ class MlaForm(DraftForm):
         return quantized_linears(dims.mla)
 
     def vllm_linear_names(
-        self, config: dict[str, Any], target_layers: int, layers: int
+        self, config: DraftConfig, target_layers: int, layers: int
     ) -> dict[str, tuple[str, ...]]:
         try:
             mla = mla_dims(config, "config.json")

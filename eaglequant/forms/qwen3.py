@@ -9,10 +9,9 @@ sliding-window layers, the module has none).
 
 from __future__ import annotations
 
-from typing import Any
-
-from eaglequant.forms.base import DraftForm, register
+from eaglequant.forms.base import DraftForm, FormFields, register
 from eaglequant.forms.llama import LLAMA_MARKERS, LLAMA_VARIANTS
+from eaglequant.io.model_config import DraftConfig
 
 
 class Qwen3Form(DraftForm):
@@ -21,7 +20,7 @@ class Qwen3Form(DraftForm):
     markers = LLAMA_MARKERS
     variants = LLAMA_VARIANTS
 
-    def config_problem(self, config: dict[str, Any]) -> tuple[str, str] | None:
+    def config_problem(self, config: DraftConfig) -> tuple[str, str] | None:
         if "head_dim" not in config:
             return (
                 "a Qwen3 draft without 'head_dim': vLLM takes Qwen3Config's default (128), "
@@ -37,7 +36,7 @@ class Qwen3Form(DraftForm):
             )
         return None
 
-    def dims_fields(self, config: dict[str, Any], where: str) -> dict[str, Any]:
+    def dims_fields(self, config: DraftConfig, where: str) -> FormFields:
         return {"qk_norm": True}
 
 

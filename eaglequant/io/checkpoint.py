@@ -9,12 +9,13 @@ name inside the folder.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from eaglequant.errors import InputError
 from eaglequant.io import speculators
+from eaglequant.io.model_config import DraftConfig, StoredConfig
 from eaglequant.io.safetensors_header import TensorInfo, read_header
 
 if TYPE_CHECKING:
@@ -30,20 +31,26 @@ PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".pkl", ".pickle", ".ckpt")
 class Checkpoint:
     """A model folder whose config and safetensors headers were read and checked.
 
-    ``config`` and the keys of ``tensors`` are the draft as vLLM sees it in the
+    ``flat_config`` and the keys of ``tensors`` are the draft as vLLM sees it in the
     EAGLE-3 layout (a speculators-format folder flattened, ``layers.0.*`` read as
-    ``midlayer.*``); ``stored_config`` and each ``TensorInfo.name`` are the
-    folder's own.
+    ``midlayer.*``; one vLLM would refuse stays as stored); ``stored_config`` and
+    each ``TensorInfo.name`` are the folder's own.
     """
 
     folder: Path
-    config: dict[str, Any]
+    flat_config: DraftConfig
     tensors: dict[str, TensorInfo]
     shard_files: tuple[str, ...]
     sharded: bool
-    stored_config: dict[str, Any] = field(default_factory=dict)
+    stored_config: StoredConfig
     speculators_format: bool = False
     layer_prefix: str = speculators.CANONICAL_PREFIX  # the decoder layer's stored names
+
+    @property
+    def config(self) -> dict[str, Any]:
+        """``flat_config`` as the plain JSON object it is, for what passes it on whole
+        (transformers' ``LlamaConfig``, the model card)."""
+        return cast("dict[str, Any]", self.flat_config)
 
     def stored_name(self, name: str) -> str:
         """The name tensor ``name`` (EAGLE-3 layout) has in this folder."""
@@ -69,15 +76,15 @@ class Checkpoint:
             return handle.read(info.nbytes)
 
 
-def read_config(folder: Path) -> dict[str, Any]:
-    """Read ``config.json`` as a JSON object."""
+def read_config(folder: Path) -> StoredConfig:
+    """Read ``config.json`` as a JSON object (a target's or a draft's, as stored)."""
     path = folder / CONFIG_FILE
     if not path.is_file():
         raise InputError(
             f"{path}: missing; a model folder needs its config.json (copy it from the source model)"
         )
     try:
-        config = json.loads(path.read_text(encoding="utf-8"))
+        config: StoredConfig = json.loads(path.read_text(encoding="utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise InputError(f"{path}: not valid JSON ({exc}); fix or restore the file") from exc
     if not isinstance(config, dict):
@@ -93,42 +100,41 @@ def read_checkpoint(folder: Path | str) -> Checkpoint:
     config = read_config(folder)
     if (folder / INDEX_FILE).exists():
         tensors, shards = _read_sharded(folder)
-        return _as_vllm_sees(Checkpoint(folder, config, tensors, shards, sharded=True))
+        return _as_vllm_sees(folder, config, tensors, shards, sharded=True)
     single = folder / SINGLE_FILE
     if single.exists():
         _check_inside(folder, SINGLE_FILE, single)
         _refuse_unindexed_shards(folder, {SINGLE_FILE})
         tensors = read_header(single).tensors
-        return _as_vllm_sees(Checkpoint(folder, config, tensors, (SINGLE_FILE,), False))
+        return _as_vllm_sees(folder, config, tensors, (SINGLE_FILE,), sharded=False)
     _refuse_missing_weights(folder)
     raise AssertionError("unreachable")
 
 
-def _as_vllm_sees(ckpt: Checkpoint) -> Checkpoint:
+def _as_vllm_sees(
+    folder: Path,
+    stored: StoredConfig,
+    tensors: dict[str, TensorInfo],
+    shards: tuple[str, ...],
+    *,
+    sharded: bool,
+) -> Checkpoint:
     """The flat config of a speculators-format folder, and ``layers.0.*`` read as ``midlayer.*``.
 
     A speculators config vLLM would refuse stays as stored (the draft checks report it).
     """
-    stored = ckpt.config
     in_speculators = speculators.is_speculators(stored)
     if in_speculators and speculators.structure_problem(stored):
-        return replace(ckpt, stored_config=stored)
+        return Checkpoint(folder, stored, tensors, shards, sharded, stored)
     flat = speculators.flat_config(stored)
     prefix = speculators.layer_prefix(flat, in_speculators)
-    tensors = {speculators.canonical_name(n, prefix): info for n, info in ckpt.tensors.items()}
-    if len(tensors) != len(ckpt.tensors):
+    canonical = {speculators.canonical_name(n, prefix): info for n, info in tensors.items()}
+    if len(canonical) != len(tensors):
         raise InputError(
-            f"{ckpt.folder}: holds both midlayer.* and {prefix}* tensors; this draft's format "
+            f"{folder}: holds both midlayer.* and {prefix}* tensors; this draft's format "
             f"names its decoder layer {prefix.rstrip('.')} only"
         )
-    return replace(
-        ckpt,
-        config=flat,
-        tensors=tensors,
-        stored_config=stored,
-        speculators_format=in_speculators,
-        layer_prefix=prefix,
-    )
+    return Checkpoint(folder, flat, canonical, shards, sharded, stored, in_speculators, prefix)
 
 
 def _read_sharded(folder: Path) -> tuple[dict[str, TensorInfo], tuple[str, ...]]:

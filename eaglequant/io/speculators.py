@@ -19,14 +19,17 @@ writes a quantization config at the top level, where vLLM reads it first.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Final, Literal
 
-SPECULATORS_KEY = "speculators_config"
-LAYER_CONFIG = "transformer_layer_config"
+from eaglequant.io.model_config import DraftConfig, ModelConfig, QuantizationConfig, StoredConfig
+
+SPECULATORS_KEY: Final = "speculators_config"
+LAYER_CONFIG: Final = "transformer_layer_config"
 CANONICAL_PREFIX = "midlayer."
 STORED_PREFIX = "layers.0."
 # vLLM's update_eagle3: top-level fields copied into the flat config, with their defaults.
-EAGLE3_FIELDS = {
+Eagle3Field = Literal["norm_before_residual", "norm_before_fc", "fc_norm", "norm_output"]
+EAGLE3_FIELDS: dict[Eagle3Field, bool] = {
     "norm_before_residual": True,
     "norm_before_fc": False,
     "fc_norm": False,
@@ -36,12 +39,12 @@ EAGLE3_ARCHITECTURES = {"llama": "Eagle3LlamaForCausalLM", "qwen3": "Eagle3Qwen3
 LAYER_ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen3": "Qwen3ForCausalLM"}
 
 
-def is_speculators(config: dict[str, Any]) -> bool:
+def is_speculators(config: StoredConfig) -> bool:
     """Whether ``config`` is in the speculators format (vLLM's own test)."""
     return config.get(SPECULATORS_KEY) is not None
 
 
-def structure_problem(config: dict[str, Any]) -> str | None:
+def structure_problem(config: StoredConfig) -> str | None:
     """What vLLM would refuse in a speculators config's structure, or None."""
     kind = config.get("speculators_model_type")
     if kind != "eagle3":
@@ -70,14 +73,14 @@ def _has_path(node: Any, *keys: str | int) -> bool:
     return True
 
 
-def flat_config(config: dict[str, Any]) -> dict[str, Any]:
+def flat_config(config: StoredConfig) -> DraftConfig:
     """The config as vLLM sees it: a speculators config flattened, any other as it is.
 
     Call only on a config without :func:`structure_problem`.
     """
     if not is_speculators(config):
         return config
-    flat = dict(config[LAYER_CONFIG])
+    flat: DraftConfig = {**config[LAYER_CONFIG]}
     flat["draft_vocab_size"] = config.get("draft_vocab_size")
     if config.get("target_hidden_size") is not None:
         flat["target_hidden_size"] = config["target_hidden_size"]
@@ -91,7 +94,7 @@ def flat_config(config: dict[str, Any]) -> dict[str, Any]:
     return flat
 
 
-def layer_prefix(flat: dict[str, Any], in_speculators: bool) -> str:
+def layer_prefix(flat: ModelConfig, in_speculators: bool) -> str:
     """How the folder names the decoder layer's tensors: ``layers.0.`` or ``midlayer.``.
 
     The speculators format names it ``layers.0``; so must a Qwen3 draft in any
@@ -101,7 +104,7 @@ def layer_prefix(flat: dict[str, Any], in_speculators: bool) -> str:
     return STORED_PREFIX if in_speculators or qwen3 else CANONICAL_PREFIX
 
 
-def vllm_architectures(flat: dict[str, Any]) -> list[str]:
+def vllm_architectures(flat: ModelConfig) -> list[str]:
     """The config's architectures as vLLM renames them for method eagle3 (EAGLEConfig)."""
     names = [str(a) for a in flat.get("architectures") or []]
     return [a if a.startswith("Eagle3") or a.endswith("Eagle3") else f"Eagle3{a}" for a in names]
@@ -121,7 +124,7 @@ def stored_name(canonical: str, prefix: str) -> str:
     return canonical
 
 
-def with_quantization_config(config: dict[str, Any], qcfg: dict[str, Any]) -> dict[str, Any]:
+def with_quantization_config(config: StoredConfig, qcfg: QuantizationConfig) -> StoredConfig:
     """``config`` with ``qcfg`` at the top level, where vLLM reads it first in either format.
 
     A speculators layer config's own copy, which vLLM would then never read, is dropped.
@@ -129,13 +132,15 @@ def with_quantization_config(config: dict[str, Any], qcfg: dict[str, Any]) -> di
     config = {**config, "quantization_config": qcfg}
     layer = config.get(LAYER_CONFIG)
     if is_speculators(config) and isinstance(layer, dict) and "quantization_config" in layer:
-        config[LAYER_CONFIG] = {k: v for k, v in layer.items() if k != "quantization_config"}
+        layer = {**layer}
+        del layer["quantization_config"]
+        config[LAYER_CONFIG] = layer
     return config
 
 
 def from_flat_config(
-    flat: dict[str, Any], *, verifier: str, speculative_tokens: int = 3
-) -> dict[str, Any]:
+    flat: DraftConfig, *, verifier: str, speculative_tokens: int = 3
+) -> StoredConfig:
     """A speculators-format config holding the EAGLE-3 draft described by ``flat``.
 
     Laid out as vllm-project/speculators writes Eagle3SpeculatorConfig: the EAGLE-3
@@ -143,22 +148,24 @@ def from_flat_config(
     an absent one is true), the decoder's Llama config under
     ``transformer_layer_config``, ``verifier`` naming the target model.
     """
-    top_keys = ("draft_vocab_size", "target_hidden_size", "eagle_aux_hidden_state_layer_ids")
-    top = {k: flat[k] for k in top_keys if flat.get(k) is not None}
-    top |= {k: bool(flat.get(k, False)) for k in EAGLE3_FIELDS}
-    layer = {
-        k: v
-        for k, v in flat.items()
-        if k not in top and k not in ("architectures", "quantization_config")
-    }
+    top: StoredConfig = {}
+    layer: DraftConfig = {**flat}
+    if flat.get("draft_vocab_size") is not None:
+        top["draft_vocab_size"] = layer.pop("draft_vocab_size")
+    if flat.get("target_hidden_size") is not None:
+        top["target_hidden_size"] = layer.pop("target_hidden_size")
+    if flat.get("eagle_aux_hidden_state_layer_ids") is not None:
+        top["eagle_aux_hidden_state_layer_ids"] = layer.pop("eagle_aux_hidden_state_layer_ids")
+    for key in EAGLE3_FIELDS:
+        top[key] = bool(layer.pop(key, False))
+    layer.pop("architectures", None)
+    layer.pop("quantization_config", None)
+    layer["architectures"] = [LAYER_ARCHITECTURES[layer.get("model_type", "llama")]]
     return {
         "architectures": ["Eagle3Speculator"],
         "speculators_model_type": "eagle3",
         **top,
-        LAYER_CONFIG: {
-            **layer,
-            "architectures": [LAYER_ARCHITECTURES[layer.get("model_type", "llama")]],
-        },
+        LAYER_CONFIG: layer,
         SPECULATORS_KEY: {
             "algorithm": "eagle3",
             "default_proposal_method": "greedy",

@@ -34,6 +34,7 @@ from __future__ import annotations
 import math
 import mmap
 from dataclasses import dataclass
+from typing import cast
 
 import torch
 import torch.nn.functional as F
@@ -41,6 +42,7 @@ from torch import nn
 from transformers import LlamaConfig, PreTrainedModel
 
 from eaglequant.draft import DraftDims, dims_from_config
+from eaglequant.io.model_config import DraftConfig
 from eaglequant.model import compute
 from eaglequant.model.mla import MlaAttention
 from eaglequant.model.norm import RMSNorm
@@ -206,7 +208,7 @@ class Eagle3Draft(PreTrainedModel):
 
     def __init__(self, config: LlamaConfig, with_embeddings: bool = True) -> None:
         super().__init__(config)
-        dims = dims_from_config(config.to_dict())
+        dims = dims_from_config(cast(DraftConfig, config.to_dict()))
         self.dims = dims
         self.unroll_steps = 1
         self.file_mappings = FileMappings()  # filled by the loader

@@ -71,7 +71,7 @@ def load_reference_layer(ckpt: Checkpoint, prefix: str) -> MidLayer:
     where BF16 GEMMs are native, else float32).
     """
     with torch.device("meta"):
-        layer = MidLayer(dims_from_config(ckpt.config), first=prefix == FIRST_LAYER)
+        layer = MidLayer(dims_from_config(ckpt.flat_config), first=prefix == FIRST_LAYER)
     linears = {n: m for n, m in layer.named_modules() if isinstance(m, nn.Linear)}
     for name, module in linears.items():  # every linear of the form (an MLA kv_b_proj too)
         parent, child = name.rsplit(".", 1)

@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 
 from eaglequant.devtools.synthetic import draft_config, write_random_draft
+from eaglequant.io import speculators
 from eaglequant.io.checkpoint import read_checkpoint
 from eaglequant.io.layout import blob_from_file
 from eaglequant.io.writer import write_checkpoint_weights
@@ -32,6 +33,25 @@ def test_inspect_names_the_form_and_the_stored_tensor_names(tmp_path: Path) -> N
     names = {n for fate in report["fates"] for n in fate["checkpoint_names"]}
     assert "layers.0.self_attn.q_proj" in names and not any("midlayer" in n for n in names)
     assert report["problems"] == []
+
+
+def test_from_flat_config_moves_the_set_eagle3_keys_to_the_top() -> None:
+    flat = draft_config(target_hidden=96, aux_layer_ids=None, quantization_config={"a": 1})
+    flat["draft_vocab_size"] = None  # unset: stays with the layer config, as vLLM reads it
+    stored = speculators.from_flat_config(flat, verifier="t")
+    assert list(stored) == [
+        "architectures",
+        "speculators_model_type",
+        "target_hidden_size",
+        *speculators.EAGLE3_FIELDS,
+        "transformer_layer_config",
+        "speculators_config",
+    ]
+    assert [stored[k] for k in speculators.EAGLE3_FIELDS] == [False] * 4
+    layer = stored["transformer_layer_config"]
+    moved = ("target_hidden_size", "architectures", "quantization_config")
+    assert list(layer) == [k for k in flat if k not in moved] + ["architectures"]
+    assert layer["draft_vocab_size"] is None and layer["architectures"] == ["LlamaForCausalLM"]
 
 
 @pytest.mark.parametrize(
