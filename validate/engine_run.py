@@ -111,7 +111,7 @@ def draft_attention(worker: Any) -> list[DraftAttention]:
 
 def spec_metrics(llm: Any) -> SpecMetrics:
     """The spec-decode and prefix-cache counters ``llm`` has counted so far (cumulative)."""
-    found: dict[str, Any] = {}  # keyed by SPEC_METRICS' values, the fields of SpecMetrics
+    found: dict[str, int | list[int]] = {}  # keyed by SPEC_METRICS' values, SpecMetrics' fields
     for metric in llm.get_metrics():
         key = SPEC_METRICS.get(metric.name)
         if key is None:
