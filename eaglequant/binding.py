@@ -14,7 +14,7 @@ import json
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 from eaglequant.errors import InputError
 from eaglequant.io.readback import sha256_file
@@ -64,6 +64,13 @@ def bound_files(folder: Path) -> dict[str, str]:
     return listed
 
 
+class BindingJson(TypedDict):
+    """:class:`Binding` as a report writes it."""
+
+    name: str
+    files: dict[str, str]
+
+
 @dataclass(frozen=True)
 class Binding:
     """A report's record of one folder: its name and its bound files (relative path ->
@@ -72,7 +79,7 @@ class Binding:
     name: str
     files: dict[str, str]
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> BindingJson:
         return {"name": self.name, "files": dict(self.files)}
 
     @classmethod

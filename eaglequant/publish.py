@@ -20,7 +20,7 @@ import importlib
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from eaglequant import __version__
 from eaglequant.binding import files_digest, manifest_files, verify_files
@@ -37,6 +37,9 @@ from eaglequant.render.card import (
 from eaglequant.render.public import local_paths, replace_strings
 from eaglequant.render.reports import PLOTS
 from eaglequant.validation_report import PASS, ValidationReport, read_report
+
+if TYPE_CHECKING:
+    from huggingface_hub import RepoFile
 
 VALIDATION_FILE = "validation.json"
 # Written beside the export by ``validate --json/--markdown`` when asked; read, never uploaded.
@@ -269,7 +272,7 @@ def _upload(request: PublishRequest, result: PublishResult) -> None:
     result.commit_url, result.commit_oid, result.pr_url = info.commit_url, info.oid, info.pr_url
 
 
-def _remote_files(api: Any, request: PublishRequest, paths: list[str]) -> dict[str, Any]:
+def _remote_files(api: Any, request: PublishRequest, paths: list[str]) -> dict[str, RepoFile]:
     """The remote file entries at the revision, by path (none for a new repository)."""
     from huggingface_hub import RepoFile
     from huggingface_hub.errors import RevisionNotFoundError
@@ -284,7 +287,7 @@ def _remote_files(api: Any, request: PublishRequest, paths: list[str]) -> dict[s
     return {e.path: e for e in entries if isinstance(e, RepoFile)}
 
 
-def _same(folder: Path, upload: Upload, remote: dict[str, Any]) -> bool:
+def _same(folder: Path, upload: Upload, remote: dict[str, RepoFile]) -> bool:
     entry = remote.get(upload.path)
     if entry is None or entry.size != upload.size:
         return False

@@ -18,7 +18,12 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypedDict
+
+if TYPE_CHECKING:  # Python 3.11's; annotations stay strings at run time (3.10 too)
+    from typing import NotRequired
+
+    from eaglequant.engine.result import SpecMetrics
 
 # The engine result's (and LLM.get_metrics()'s) names for the fields, in field order.
 VLLM_KEYS = ("num_drafts", "num_draft_tokens", "num_accepted_tokens", "accepted_per_pos")
@@ -55,7 +60,7 @@ class SpecDecodeCounts:
             accepted_per_position=tuple(int(a) for a in metrics.get("accepted_per_pos") or ()),
         )
 
-    def to_vllm(self) -> dict[str, Any]:
+    def to_vllm(self) -> SpecMetrics:
         """The engine result's counters, under vLLM's names."""
         return {
             "num_drafts": self.drafts,
@@ -110,6 +115,16 @@ class SpecDecodeCounts:
         )
 
 
+class AcceptanceJson(TypedDict):
+    """:class:`AcceptanceRecord` as a report writes it."""
+
+    mean_length: float | None
+    per_position: list[float]
+    drafts: int
+    accepted: int
+    draft_tokens: NotRequired[int]
+
+
 @dataclass(frozen=True)
 class AcceptanceRecord:
     """A validation report's acceptance (``engines.<role>.acceptance``, a category's
@@ -122,8 +137,8 @@ class AcceptanceRecord:
     accepted: int
     draft_tokens: int | None = None
 
-    def to_json(self) -> dict[str, Any]:
-        data: dict[str, Any] = {
+    def to_json(self) -> AcceptanceJson:
+        data: AcceptanceJson = {
             "mean_length": self.mean_length,
             "per_position": list(self.per_position),
             "drafts": self.drafts,

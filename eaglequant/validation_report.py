@@ -16,7 +16,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field, fields
 from enum import StrEnum
 from pathlib import Path
-from typing import Any, TypedDict
+from typing import TYPE_CHECKING, Any, TypedDict
 
 from eaglequant.binding import Binding
 from eaglequant.engine.result import EngineRecord, RequestCounts, SpecMetrics
@@ -24,6 +24,11 @@ from eaglequant.environment import EnvironmentRecord
 from eaglequant.errors import InputError
 from eaglequant.manifest import field_values, read_json_object
 from eaglequant.spec_counts import AcceptanceRecord
+
+if TYPE_CHECKING:  # Python 3.11's; annotations stay strings at run time (3.10 too)
+    from typing import NotRequired
+
+    from eaglequant.spec_counts import AcceptanceJson
 
 REPORT_KIND = "eaglequant validation report"
 SCHEMA_VERSION = 2  # 2: an undecided category check no longer holds back the overall verdict
@@ -125,9 +130,35 @@ class Check:
         return cls(name, verdict == PASS, detail, numbers or {}, verdict)
 
 
-def check_json(check: Check) -> dict[str, Any]:
+class CheckJson(TypedDict):
     """One check as a report writes it (its name as shown)."""
-    return asdict(check) | {"name": str(check.name)}
+
+    name: str
+    passed: bool
+    detail: str
+    numbers: dict[str, Any]
+    verdict: str
+
+
+def check_json(check: Check) -> CheckJson:
+    """One check as a report writes it (its name as shown)."""
+    return {
+        "name": str(check.name),
+        "passed": check.passed,
+        "detail": check.detail,
+        "numbers": asdict(check)["numbers"],
+        "verdict": check.verdict,
+    }
+
+
+class CategoryJson(TypedDict):
+    """A :class:`CategoryRow` as a report writes it (``checks`` by number: "2", "5")."""
+
+    prompts: int
+    bf16: AcceptanceJson
+    fp8: AcceptanceJson
+    judged: bool
+    checks: NotRequired[dict[str, CheckJson]]
 
 
 @dataclass(frozen=True)
@@ -145,8 +176,8 @@ class CategoryRow:
     def judged(self) -> bool:
         return self.checks is not None
 
-    def to_json(self) -> dict[str, Any]:
-        data = {
+    def to_json(self) -> CategoryJson:
+        data: CategoryJson = {
             "prompts": self.prompts,
             "bf16": self.bf16.to_json(),
             "fp8": self.fp8.to_json(),
@@ -167,7 +198,9 @@ class CategoryRow:
         )
 
 
-def categories_json(categories: Mapping[str, CategoryRow] | None) -> dict[str, Any] | None:
+def categories_json(
+    categories: Mapping[str, CategoryRow] | None,
+) -> dict[str, CategoryJson] | None:
     return None if categories is None else {n: r.to_json() for n, r in categories.items()}
 
 

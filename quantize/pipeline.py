@@ -11,11 +11,11 @@ import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import torch
 from torch import nn
 
+from eaglequant.capture.records import CaptureInfo
 from eaglequant.capture.run import capture_into
 from eaglequant.capture.sequences import tokenize_data
 from eaglequant.capture.store import CalibrationData, load_capture, read_info
@@ -41,7 +41,7 @@ class Calibration:
     held_out: list[dict[str, torch.Tensor]]
     sequences: int
     tokens: int
-    capture: dict[str, Any] | None = None  # capture.json of the captured states
+    capture: CaptureInfo | None = None  # capture.json of the captured states
 
 
 NO_CALIBRATION = Calibration(None, [], 0, 0)
@@ -104,7 +104,7 @@ def calibrate(
     if model is None or source.kind == "none":
         return NO_CALIBRATION
     samples = source.samples or spec.samples
-    info: dict[str, Any] | None
+    info: CaptureInfo | None
     if source.kind == "target":
         assert source.target and source.data and aux_layer_ids and source.engine
         with tempfile.TemporaryDirectory(prefix=".calibration-", dir=scratch_parent) as scratch:

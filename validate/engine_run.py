@@ -22,11 +22,11 @@ from __future__ import annotations
 
 import os
 import time
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, TypedDict, cast
 
 from eaglequant.engine import vllm_internals
 from eaglequant.engine.child import VLLM_PRELOAD
-from eaglequant.engine.request import EngineRequest
+from eaglequant.engine.request import EngineRequest, EngineRequestJson
 from eaglequant.engine.result import (
     ENGINE_RESULT_SCHEMA,
     SCALE_NAMES,
@@ -40,6 +40,9 @@ from eaglequant.engine.result import (
     TopLogprobs,
 )
 from eaglequant.validate.lossless import RAW_LOGITS
+
+if TYPE_CHECKING:
+    from eaglequant.engine.swap import SwapOutcome
 
 PRELOAD = VLLM_PRELOAD  # imported once by a fork server
 SPEC_METRICS = {
@@ -108,7 +111,7 @@ def draft_attention(worker: Any) -> list[DraftAttention]:
 
 def spec_metrics(llm: Any) -> SpecMetrics:
     """The spec-decode and prefix-cache counters ``llm`` has counted so far (cumulative)."""
-    found: dict[str, Any] = {}  # keyed by SPEC_METRICS' values, the fields of SpecMetrics
+    found: dict[str, int | list[int]] = {}  # keyed by SPEC_METRICS' values, SpecMetrics' fields
     for metric in llm.get_metrics():
         key = SPEC_METRICS.get(metric.name)
         if key is None:
@@ -133,7 +136,7 @@ class DraftInspector:
     def eaglequant_draft_attention(self) -> list[DraftAttention]:
         return draft_attention(self)
 
-    def eaglequant_swap_draft(self, speculative: dict[str, Any]) -> dict[str, Any]:
+    def eaglequant_swap_draft(self, speculative: dict[str, Any]) -> SwapOutcome:
         from eaglequant.engine.swap import swap_draft
 
         return swap_draft(self, speculative)
@@ -154,7 +157,7 @@ class DraftInspector:
         return os.environ.get(ACTIVE_ENV) == "1"
 
 
-def run(spec: dict[str, Any]) -> EngineResult:
+def run(spec: EngineRequestJson) -> EngineResult:
     """In the engine child: the engine ``spec`` asks for (an :class:`EngineRequest`), its run."""
     request = EngineRequest.from_json(spec)
     started = time.perf_counter()
@@ -239,7 +242,7 @@ def generate(llm: Any, request: EngineRequest, kwargs: dict[str, Any]) -> Genera
         use_tqdm=False,
         tokenization_kwargs={"add_special_tokens": request.add_special_tokens},
     )
-    scored: dict[str, Any] = {}
+    scored: Scored = {}
     if ranged:  # the first worker that holds the draft (it runs at draft TP 1)
         scored["draft_ranges"] = next(
             (r for r in llm.collective_rpc("eaglequant_draft_ranges") if r), {}
@@ -264,8 +267,17 @@ def generate(llm: Any, request: EngineRequest, kwargs: dict[str, Any]) -> Genera
         "kernels": loaded_kernel_libraries(),
         "plugin_active": bool(llm.collective_rpc("eaglequant_plugin_active")[0]),
         "engine_config": engine_record(kwargs),
-        **scored,  # type: ignore[typeddict-item]
+        **scored,
     }
+
+
+class Scored(TypedDict, total=False):
+    """What a run adds when asked: the draft linears' ranges, check 1's teacher-forced scores."""
+
+    draft_ranges: dict[str, LinearRange]
+    teacher_forced: list[TopLogprobs]
+    teacher_forced_scores: str
+    score_s: float
 
 
 def teacher_forced(llm: Any, outputs: Any, ranks: int) -> list[TopLogprobs]:

@@ -32,7 +32,7 @@ from eaglequant.draft import dims_from_config
 from eaglequant.engine.child import VLLM_PRELOAD
 from eaglequant.engine.config import llm_kwargs
 from eaglequant.engine.process import run_engine_child
-from eaglequant.engine.request import EngineRequest
+from eaglequant.engine.request import EngineRequest, EngineRequestJson
 from eaglequant.engine.result import (
     ENGINE_RESULT_SCHEMA,
     EngineResult,
@@ -220,7 +220,7 @@ def metrics_delta(after: SpecMetrics, before: SpecMetrics) -> SpecMetrics:
     return cast(SpecMetrics, delta)
 
 
-def run(spec: dict[str, Any]) -> SharedRuns:
+def run(spec: EngineRequestJson) -> SharedRuns:
     """In the engine child: each of the request's drafts in turn, swapped into one engine."""
     from eaglequant.engine.introspection import engine_record
     from eaglequant.validate.engine_run import generate, open_llm

@@ -18,10 +18,11 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import Any, TypedDict
 
 import numpy as np
 
+from eaglequant.engine.result import RequestCounts
 from eaglequant.spec_counts import SpecDecodeCounts
 from eaglequant.validation_report import FAIL, INCONCLUSIVE, PASS
 
@@ -44,7 +45,7 @@ class PromptCounts:
     def from_json(cls, data: Mapping[str, Any]) -> PromptCounts:
         return cls(tuple(int(c) for c in data["histogram"]), int(data["num_draft_tokens"]))
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> RequestCounts:
         return {"histogram": list(self.histogram), "num_draft_tokens": self.num_draft_tokens}
 
     @property
@@ -78,9 +79,9 @@ def counts_mismatch(prompts: Sequence[PromptCounts], metrics: Mapping[str, Any])
     """How the per-prompt sums differ from the engine's global counters (None: they agree)."""
     pooled = pooled_counts(prompts).to_vllm()
     wrong = [
-        f"{key} {pooled[key]} summed over prompts vs {metrics.get(key)} counted by vLLM"
-        for key in pooled
-        if pooled[key] != metrics.get(key)
+        f"{key} {value} summed over prompts vs {metrics.get(key)} counted by vLLM"
+        for key, value in pooled.items()
+        if value != metrics.get(key)
     ]
     return "; ".join(wrong) or None
 
@@ -104,8 +105,16 @@ class Interval:
     def describe(self) -> str:
         return f"{self.point:.3f} [{self.low:.3f}, {self.high:.3f}]"
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> dict[str, float]:
         return asdict(self)
+
+
+class RatioIntervalsJson(TypedDict):
+    """:class:`RatioIntervals` as a check's numbers hold them."""
+
+    paired: bool
+    mean_length: dict[str, float]  # an Interval's fields
+    per_position: list[dict[str, float]]
 
 
 @dataclass(frozen=True)
@@ -116,7 +125,7 @@ class RatioIntervals:
     per_position: tuple[Interval, ...]
     paired: bool
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> RatioIntervalsJson:
         return {
             "paired": self.paired,
             "mean_length": self.mean_length.to_json(),

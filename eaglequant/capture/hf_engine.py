@@ -12,11 +12,11 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import Any
 
 import torch
 from tqdm.auto import tqdm
 
+from eaglequant.capture.records import TransformersRun
 from eaglequant.capture.store import CaptureFile
 from eaglequant.engine.introspection import tree_peak_rss_mib
 
@@ -28,7 +28,7 @@ def capture_transformers(
     file: CaptureFile,
     aux_ids: tuple[int, ...],
     trust_remote_code: bool,
-) -> dict[str, Any]:
+) -> TransformersRun:
     """Fill every row of ``file``; returns the engine's record for ``capture.json``."""
     import transformers
     from transformers import AutoModelForCausalLM

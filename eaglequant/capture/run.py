@@ -19,6 +19,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal
 
+from eaglequant.capture.records import CaptureInfo, CaptureSource, TransformersRun, VllmRun
 from eaglequant.draft import require_bf16_draft
 from eaglequant.engine.config import (
     RESERVED_ARGS,
@@ -88,14 +89,15 @@ def capture_into(
     aux_ids: tuple[int, ...],
     engine: CaptureEngine,
     embeddings: bool = False,
-    source: Mapping[str, Any] | None = None,
+    source: CaptureSource | None = None,
     progress: Callable[[str], None] = lambda _m: None,
-) -> dict[str, Any]:
+) -> CaptureInfo:
     """Run the target on ``sequences``; write the capture into ``folder``; return its info.
 
     ``source`` (where the sequences came from) is recorded in ``capture.json``.
     """
     from eaglequant.capture.store import (
+        CAPTURE_FORMAT,
         CAPTURE_TENSORS,
         CaptureFile,
         target_embeddings,
@@ -115,8 +117,9 @@ def capture_into(
     return write_info(
         folder,
         {
+            "format": CAPTURE_FORMAT,
             "target": str(target),
-            **(source or {}),
+            **(source or CaptureSource()),
             "aux_layer_ids": list(aux_ids),
             "target_hidden_size": config.get("hidden_size"),
             "vocab_size": config.get("vocab_size"),
@@ -138,7 +141,7 @@ def _run_engine(
     install: VllmInstall | None,
     scratch: Path,
     progress: Callable[[str], None],
-) -> dict[str, Any]:
+) -> TransformersRun | VllmRun:
     if install is None:
         from eaglequant.capture.hf_engine import capture_transformers
 
@@ -181,7 +184,7 @@ class CaptureRequest:
 
 def capture_hidden_states(
     request: CaptureRequest, progress: Callable[[str], None] = lambda _m: None
-) -> dict[str, Any]:
+) -> CaptureInfo:
     """Check everything, run the target, publish ``out`` atomically; return capture.json's data."""
     from eaglequant.capture.sequences import check_data, tokenize_data
 

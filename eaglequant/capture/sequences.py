@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from eaglequant.capture.records import DataProvenance
 from eaglequant.errors import InputError
 from eaglequant.io.textfiles import jsonl_records, read_utf8
 from eaglequant.prompts.source import PromptSource, load_prompts, text_hashes
@@ -24,7 +25,7 @@ class TokenizedData:
     """The sequences, and where they came from: source, sha256 and the used texts' hashes."""
 
     sequences: list[list[int]]
-    provenance: dict[str, Any]
+    provenance: DataProvenance
 
 
 def as_source(data: Path | PromptSource) -> PromptSource:
@@ -56,7 +57,7 @@ def tokenize_data(
         texts = read_texts(source.path, tokenizer)
         digest = hashlib.sha256(source.path.read_bytes()).hexdigest()
     sequences, used = pack_sequences(texts, tokenizer, seq_len, count)
-    provenance = {
+    provenance: DataProvenance = {
         "source": str(source),
         "sha256": digest,
         "texts": used,

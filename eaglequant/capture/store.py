@@ -21,10 +21,12 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
+from eaglequant.capture.records import CaptureInfo
 from eaglequant.draft import DraftDims
 from eaglequant.errors import InputError
 from eaglequant.io.checkpoint import read_checkpoint
@@ -178,24 +180,28 @@ def _reserve(path: Path, size: int) -> None:
         os.close(fd)
 
 
-def write_info(folder: Path, info: dict[str, Any]) -> dict[str, Any]:
-    """``capture.json`` (format name first); returns what was written."""
-    info = {"format": CAPTURE_FORMAT, **info}
-    write_text(folder / CAPTURE_INFO, json.dumps(info, indent=2) + "\n")
-    os.chmod(folder / CAPTURE_TENSORS, FILE_MODE)
+def write_info(folder: Path, info: CaptureInfo) -> CaptureInfo:
+    """``capture.json`` (its format name first); returns what was written."""
+    _write_json(folder, info)
     return info
 
 
-def read_info(folder: Path) -> dict[str, Any] | None:
+def _write_json(folder: Path, info: Mapping[str, object]) -> None:
+    write_text(folder / CAPTURE_INFO, json.dumps(info, indent=2) + "\n")
+    os.chmod(folder / CAPTURE_TENSORS, FILE_MODE)
+
+
+def read_info(folder: Path) -> CaptureInfo | None:
     """``capture.json`` of a capture folder (None when absent: a bare tensor file)."""
     from eaglequant.manifest import read_json_object
 
     path = folder / CAPTURE_INFO
-    return read_json_object(path, "capture info") if path.is_file() else None
+    return cast(CaptureInfo, read_json_object(path, "capture info")) if path.is_file() else None
 
 
 def save_capture(folder: Path, data: CalibrationData, info: dict[str, Any]) -> None:
-    """Write a capture folder from states held in memory (small captures, tests, benches)."""
+    """Write a capture folder from states held in memory (small captures, tests, benches);
+    ``capture.json`` holds the format, the tokens and the caller's ``info``."""
     lengths = data.lengths.tolist() if data.lengths is not None else None
     rows = data.input_ids.tolist()
     sequences = [r[: lengths[i]] for i, r in enumerate(rows)] if lengths else rows
@@ -205,7 +211,7 @@ def save_capture(folder: Path, data: CalibrationData, info: dict[str, Any]) -> N
     file = CaptureFile.create(folder / CAPTURE_TENSORS, sequences, data.aux_hidden.shape[-1], embed)
     for row, seq in enumerate(sequences):
         file.write_row(row, data.aux_hidden[row, : len(seq)])
-    write_info(folder, {"tokens": data.tokens, **info})
+    _write_json(folder, {"format": CAPTURE_FORMAT, "tokens": data.tokens, **info})
 
 
 def target_embeddings(target: Path) -> TensorBlob:

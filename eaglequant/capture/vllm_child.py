@@ -21,18 +21,47 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypedDict
 
+from eaglequant.capture.records import ReplicaResult, ReplicaSpec
 from eaglequant.engine.child import VLLM_PRELOAD
+
+if TYPE_CHECKING:  # Python 3.11's; annotations stay strings at run time (3.10 too)
+    from typing import NotRequired
 
 PRELOAD = VLLM_PRELOAD  # imported once by a fork server
 CPU_CONNECTOR = ("CpuHiddenStatesConnector", "eaglequant.capture.cpu_connector")
 STOCK_CONNECTOR = "ExampleHiddenStatesConnector"
 
 
-def capture_kwargs(aux_ids: list[int], storage: str, on_cpu: bool) -> dict[str, Any]:
+class KvTransferConfig(TypedDict):
+    """vLLM's ``kv_transfer_config``: the connector that writes each request's states."""
+
+    kv_connector: str
+    kv_role: str
+    kv_connector_extra_config: dict[str, str]
+    kv_connector_module_path: NotRequired[str]
+
+
+class ExtractorConfig(TypedDict):
+    """vLLM's ``speculative_config`` that extracts the auxiliary layers' states."""
+
+    method: str
+    num_speculative_tokens: int
+    draft_model_config: dict[str, dict[str, list[int]]]
+
+
+class CaptureKwargs(TypedDict):
+    """The ``vllm.LLM`` arguments capture adds to the engine's."""
+
+    speculative_config: ExtractorConfig
+    kv_transfer_config: KvTransferConfig
+    enable_chunked_prefill: bool
+
+
+def capture_kwargs(aux_ids: list[int], storage: str, on_cpu: bool) -> CaptureKwargs:
     """The ``vllm.LLM`` arguments that turn the target into a hidden-state extractor."""
-    connector: dict[str, Any] = {
+    connector: KvTransferConfig = {
         "kv_connector": STOCK_CONNECTOR,
         "kv_role": "kv_producer",
         "kv_connector_extra_config": {"shared_storage_path": storage},
@@ -50,7 +79,7 @@ def capture_kwargs(aux_ids: list[int], storage: str, on_cpu: bool) -> dict[str, 
     }
 
 
-def run(spec: dict[str, Any]) -> dict[str, Any]:
+def run(spec: ReplicaSpec) -> ReplicaResult:
     started = time.perf_counter()
     from vllm import LLM, SamplingParams
     from vllm.inputs import TokensPrompt

@@ -25,6 +25,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
+from eaglequant.capture.records import ReplicaResult, ReplicaSpec, VllmRun
 from eaglequant.capture.store import CaptureFile
 from eaglequant.engine.config import (
     EngineOptions,
@@ -111,7 +112,7 @@ def capture_vllm(
     scratch: Path,
     timeout_s: float | None,
     progress: Callable[[str], None],
-) -> dict[str, Any]:
+) -> VllmRun:
     """Fill every row of ``file`` with vLLM replicas; returns the engine's record."""
     kwargs = llm_kwargs(options, str(target), None)
     kwargs.pop("speculative_config")
@@ -160,7 +161,7 @@ def _run_replicas(
         folder.mkdir()
         storage = scratch / f"replica-{index}"
         storage.mkdir(parents=True)
-        spec = {
+        spec: ReplicaSpec = {
             "llm": kwargs,
             "aux_layer_ids": list(aux_ids),
             "file": str(file.path),
@@ -177,7 +178,7 @@ def _run_replicas(
 
 def _collect(
     replicas: list[_Replica], timeout_s: float | None, progress: Callable[[str], None]
-) -> list[dict[str, Any]]:
+) -> list[ReplicaResult]:
     """Wait for all; the first failure kills the rest and raises EngineFailed."""
     pending = list(replicas)
     try:

@@ -12,15 +12,17 @@ import json
 import os
 import sys
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, TypeVar
 
 # What an engine child imports before its first vLLM call: a fork server
 # (:mod:`eaglequant.engine.forkserver`) imports these once, before forking each child.
 VLLM_PRELOAD = ("vllm.entrypoints.llm",)
+Spec = TypeVar("Spec")  # what a child's spec file holds (its parent wrote it)
 
 
-def serve_json_child(run: Callable[[dict[str, Any]], Mapping[str, Any]]) -> None:
-    """``run`` the spec named by ``argv[1]`` and write its result to ``argv[2]``."""
+def serve_json_child(run: Callable[[Spec], Mapping[str, Any]]) -> None:
+    """``run`` the spec named by ``argv[1]`` (read as the child's ``Spec``) and write its
+    result to ``argv[2]``."""
     spec_path, out_path = sys.argv[1], sys.argv[2]
     with open(spec_path, encoding="utf-8") as handle:
         spec = json.load(handle)

@@ -38,7 +38,7 @@ import time
 import traceback
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import TypedDict, final
 
 from eaglequant.engine.config import usable_cores
 from eaglequant.io.output import pid_alive
@@ -51,6 +51,41 @@ MAX_SERVERS = 4
 UNKEYED = frozenset({"PYTEST_CURRENT_TEST"})
 # How long a requester waits for the server's reply (it may be importing vLLM first).
 REPLY_TIMEOUT_S = 900.0
+
+
+class ForkRequest(TypedDict):
+    """One request to the server: run ``module args`` with this log, directory, environment
+    and CPU affinity."""
+
+    module: str
+    args: list[str]
+    env: dict[str, str]
+    log: str
+    cwd: str
+    affinity: list[int]
+
+
+@final  # a reply is one or the other ('in' tells them apart)
+class Started(TypedDict):
+    started: int  # the forked child's pid
+
+
+@final  # a reply is one or the other ('in' tells them apart)
+class Refused(TypedDict):
+    refused: str  # why the server would not fork the child
+
+
+class Exited(TypedDict):
+    exited: int  # a forked child's pid
+    code: int  # its exit status
+
+
+class Reply(TypedDict, total=False):
+    """The requester's answer to a request: the forked child, or why there is none (empty:
+    the server ended)."""
+
+    child: ForkedChild
+    refused: str
 
 
 def wanted(env: Mapping[str, str]) -> bool:
@@ -93,7 +128,7 @@ def serve() -> None:
         children -= _reap(replies)
 
 
-def _send(fd: int, message: dict[str, Any]) -> None:
+def _send(fd: int, message: Started | Refused | Exited) -> None:
     data = (json.dumps(message) + "\n").encode()
     while data:
         data = data[os.write(fd, data) :]
@@ -112,7 +147,7 @@ def _reap(replies: int) -> set[int]:
         _send(replies, {"exited": pid, "code": os.waitstatus_to_exitcode(status)})
 
 
-def _start(request: dict[str, Any], own: tuple[int, ...]) -> dict[str, Any]:
+def _start(request: ForkRequest, own: tuple[int, ...]) -> Started | Refused:
     module = str(request["module"])
     try:
         loaded = importlib.import_module(module)
@@ -130,7 +165,7 @@ def _start(request: dict[str, Any], own: tuple[int, ...]) -> dict[str, Any]:
     return {"started": pid}
 
 
-def _child(request: dict[str, Any], module: str, own: tuple[int, ...]) -> None:
+def _child(request: ForkRequest, module: str, own: tuple[int, ...]) -> None:
     """Become ``python -m module args…`` in a new session; never returns."""
     code = 1
     try:
@@ -235,7 +270,7 @@ class ForkServer:
         )
         self.alive = True
         self._children: dict[int, ForkedChild] = {}
-        self._replies: queue.Queue[dict[str, Any]] = queue.Queue()
+        self._replies: queue.Queue[Reply] = queue.Queue()
         self._request = threading.Lock()
         self._reader = threading.Thread(target=self._read, daemon=True)
         self._reader.start()
@@ -245,7 +280,7 @@ class ForkServer:
     ) -> ForkedChild | str:
         """The forked child running ``module args`` in ``env`` (this server's, but for
         :data:`UNKEYED`), or why the server would not fork it."""
-        request = {
+        request: ForkRequest = {
             "module": module,
             "args": args,
             "env": dict(env),

@@ -9,8 +9,22 @@ parent and a child of different eaglequant versions) in one line. Torch-free.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, field, fields
-from typing import Any
+from dataclasses import dataclass, field, fields
+from typing import Any, TypedDict
+
+
+class EngineRequestJson(TypedDict):
+    """An :class:`EngineRequest` as the child's ``spec.json`` holds it."""
+
+    llm: dict[str, Any]
+    prompts: list[str]
+    max_tokens: int
+    add_special_tokens: bool
+    logprobs: int | None
+    teacher_forced: int | None
+    draft_ranges: bool
+    drafts: list[dict[str, Any]]
+    partial_path: str | None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -27,8 +41,18 @@ class EngineRequest:
     drafts: list[dict[str, Any]] = field(default_factory=list)  # a shared engine's, in turn
     partial_path: str | None = None  # a shared engine's file for the runs finished so far
 
-    def to_json(self) -> dict[str, Any]:
-        return asdict(self)
+    def to_json(self) -> EngineRequestJson:
+        return {
+            "llm": self.llm,
+            "prompts": self.prompts,
+            "max_tokens": self.max_tokens,
+            "add_special_tokens": self.add_special_tokens,
+            "logprobs": self.logprobs,
+            "teacher_forced": self.teacher_forced,
+            "draft_ranges": self.draft_ranges,
+            "drafts": self.drafts,
+            "partial_path": self.partial_path,
+        }
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> EngineRequest:

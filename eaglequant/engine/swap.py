@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import gc
 import time
-from typing import Any
+from typing import Any, TypedDict
 
 from eaglequant.engine import vllm_internals as internals
 
@@ -31,12 +31,20 @@ from eaglequant.engine import vllm_internals as internals
 KEPT_SETTINGS = ("method", "num_speculative_tokens", "draft_tensor_parallel_size")
 
 
+class SwapOutcome(TypedDict):
+    """One worker's swap: done, or why not (``reason``), and how long it took."""
+
+    ok: bool
+    reason: str
+    swap_s: float
+
+
 class SwapRefused(Exception):
     """The swap cannot be done safely; the message says why."""
 
 
-def swap_draft(worker: Any, speculative: dict[str, Any]) -> dict[str, Any]:
-    """Replace the worker's draft by ``speculative["model"]``; ``{"ok", "reason", "swap_s"}``."""
+def swap_draft(worker: Any, speculative: dict[str, Any]) -> SwapOutcome:
+    """Replace the worker's draft by ``speculative["model"]``."""
     started = time.perf_counter()
     try:
         _swap(worker, speculative)

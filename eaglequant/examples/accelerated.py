@@ -40,6 +40,12 @@ import torch
 
 from eaglequant.examples import train_draft as td
 from eaglequant.examples.answers import answer, prepare_prompts, unpack_ids
+from eaglequant.examples.records import (
+    AcceleratedRecipe,
+    AnswersTrained,
+    LeaseSummary,
+    PreparedPrompts,
+)
 from eaglequant.examples.selfdistill import DataRecipe
 
 Log = Callable[[str], None]
@@ -163,7 +169,7 @@ def train_from_answers(
     work: Path,
     log: Log,
     seconds: float | None = None,
-) -> tuple[td.Eagle3Draft, dict[str, Any], td.TrainRecipe, dict[str, Any]]:
+) -> tuple[td.Eagle3Draft, dict[str, Any], td.TrainRecipe, AnswersTrained]:
     """The draft trained on ``model``'s device: the trained draft, its config, the recipe as
     trained (epochs fitted to ``seconds`` when given) and a summary with timings."""
     from eaglequant.target_fit import default_aux_layers
@@ -190,7 +196,7 @@ def train_from_answers(
     mark = time.monotonic()
     result = td.train(draft, embed, sequences, features, train, work / "train", log)
     timings["train_s"] = round(time.monotonic() - mark, 1)
-    summary = {
+    summary: AnswersTrained = {
         "sequences": len(sequences),
         "tokens": sum(len(s.ids) for s in sequences),
         "answer_tokens": sum(len(s.ids) - s.answer_start for s in sequences),
@@ -205,7 +211,7 @@ def device_name(device: torch.device) -> str:
     return torch.cuda.get_device_name(device) if device.type == "cuda" else device.type
 
 
-def run(args: argparse.Namespace, log: Log) -> dict[str, Any]:
+def run(args: argparse.Namespace, log: Log) -> LeaseSummary:
     """The lease's run: convert the GGUF, answer until ``--generate-seconds``, train."""
     from safetensors.torch import load_file
 
@@ -233,18 +239,18 @@ def run(args: argparse.Namespace, log: Log) -> dict[str, Any]:
     train = td.TrainRecipe(**json.loads(args.train_recipe))
     left = args.deadline_seconds - (time.monotonic() - began) - args.reserve_seconds
     seconds = None if args.fixed_epochs else left * 0.9
-    draft, config, train, summary = train_from_answers(
+    draft, config, train, trained = train_from_answers(
         model, prompts, answers, train, work, log, seconds
     )
     save_draft(out / "draft", draft, config)
-    summary = {
+    summary: LeaseSummary = {
         "device": device_name(device),
         "torch": torch.__version__,
         "target_weights_digest": digest,
         "prompts_answered": len(answers),
         "max_answer_tokens": args.answer_tokens,
         "train": asdict(train),
-        **summary,
+        **trained,
     }
     summary["timings"] |= {"generate_s": generate_s, "total_s": round(time.monotonic() - began, 1)}
     (out / SUMMARY_FILE).write_text(json.dumps(summary, indent=2) + "\n")
@@ -260,7 +266,7 @@ def reproduce_on_device(
     train: td.TrainRecipe,
     device: str,
     log: Log,
-) -> dict[str, Any]:
+) -> AcceleratedRecipe:
     """A ``generator: transformers`` recipe end to end (every stage resumes from ``work``):
     the draft and ``recipe.json`` in ``out``."""
     from safetensors.torch import load_file
@@ -297,12 +303,12 @@ def recipe_record(
     target: Path,
     data: DataRecipe,
     train: td.TrainRecipe,
-    prepared: dict[str, Any],
+    prepared: PreparedPrompts,
     answers_file: Path,
     digest: str,
-    summary: dict[str, Any],
+    summary: AnswersTrained,
     machine: str,
-) -> dict[str, Any]:
+) -> AcceleratedRecipe:
     """What ``recipe.json`` holds for a draft made by this module."""
     from eaglequant.examples.reproduce import code_commit, target_record
     from eaglequant.io.packaged import file_sha256

@@ -20,6 +20,12 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
+from eaglequant.examples.records import (
+    AcceptanceMeasure,
+    AcceptanceRow,
+    CategoryAcceptance,
+    SetAcceptance,
+)
 from eaglequant.validate.engine_run import request_counts, spec_metrics
 from eaglequant.validate.stats import (
     PromptCounts,
@@ -29,7 +35,7 @@ from eaglequant.validate.stats import (
 )
 
 
-def row(prompts: list[PromptCounts], k: int) -> dict[str, Any]:
+def row(prompts: list[PromptCounts], k: int) -> AcceptanceRow:
     """Pooled over ``prompts``: verify steps, accepted drafts, mean length, per-position rates."""
     length, *rates = pooled_quantities(prompts, k)
     return {
@@ -49,7 +55,7 @@ def _prompt_counts(completion: Any) -> PromptCounts:
 
 def measure(
     *, target: Path, draft: Path, sets: list[str], k: int, max_tokens: int, limit: int | None
-) -> dict[str, Any]:
+) -> AcceptanceMeasure:
     from vllm import LLM, SamplingParams
 
     from eaglequant.prompts.source import load_prompts, parse_source
@@ -65,7 +71,7 @@ def measure(
         per_request_spec_decode_metrics="summary",
     )
     params = SamplingParams(temperature=0.0, max_tokens=max_tokens)
-    results: dict[str, Any] = {}
+    results: dict[str, SetAcceptance] = {}
     every: list[PromptCounts] = []
     for name in sets:
         prompts = load_prompts(parse_source(name))
@@ -73,16 +79,18 @@ def measure(
         for prompt in prompts.prompts[:limit]:
             by_category[prompt.category or name].append(prompt.text)
         first = time.monotonic()
-        categories, tokens, per_prompt = {}, 0, []
+        categories: dict[str, CategoryAcceptance] = {}
+        tokens, per_prompt = 0, []
         for category, texts in sorted(by_category.items()):
             outs = llm.chat([[{"role": "user", "content": t}] for t in texts], params)
             tokens += sum(len(o.outputs[0].token_ids) for o in outs)
             counts = [_prompt_counts(o.outputs[0]) for o in outs]
-            categories[category] = row(counts, k) | {"prompts": len(texts)}
+            categories[category] = {**row(counts, k), "prompts": len(texts)}
             per_prompt += counts
         every += per_prompt
         interval = bootstrap_length(per_prompt)
-        results[name] = row(per_prompt, k) | {
+        results[name] = {
+            **row(per_prompt, k),
             "interval_95": [round(interval.low, 4), round(interval.high, 4)],
             "prompts": len(per_prompt),
             "sha256": prompts.sha256,
@@ -93,8 +101,12 @@ def measure(
     mismatch = counts_mismatch(every, spec_metrics(llm))
     if mismatch:  # the per-prompt counts must be vLLM's own counting, all of it
         raise RuntimeError(f"per-request counts disagree with vLLM's counters: {mismatch}")
-    return {"k": k, "max_tokens": max_tokens, "greedy": True, "chat_template": True} | {
-        "sets": results
+    return {
+        "k": k,
+        "max_tokens": max_tokens,
+        "greedy": True,
+        "chat_template": True,
+        "sets": results,
     }
 
 

@@ -18,6 +18,7 @@ from typing import Any
 
 import torch
 
+from eaglequant.examples.records import PreparedPrompts
 from eaglequant.examples.selfdistill import DataRecipe
 
 Log = Callable[[str], None]
@@ -107,7 +108,7 @@ def answer(
 
 def prepare_prompts(
     data: DataRecipe, target: Path, max_prompt_tokens: int, out: Path
-) -> dict[str, Any]:
+) -> PreparedPrompts:
     """The recipe's training prompts, rendered through the target's chat template and
     tokenized as vLLM's chat endpoint does, those over ``max_prompt_tokens`` left out;
     written with :func:`pack_ids`. Refuses prompts that overlap MT-Bench or HumanEval."""

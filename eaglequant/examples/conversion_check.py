@@ -16,6 +16,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from eaglequant.examples.records import ConversionCheck, ConversionRow
+
 PROMPTS = (
     "Write a Python function that checks whether a string is a palindrome.",
     "What is the capital of France? Answer in one sentence.",
@@ -70,12 +72,12 @@ def gguf_tokens(
     return tokens
 
 
-def compare(target: Path, gguf: Path) -> dict[str, Any]:
+def compare(target: Path, gguf: Path) -> ConversionCheck:
     from eaglequant.validate.lossless import DEFAULT_TIE_MARGIN, first_difference
 
     served = vllm_tokens(target, PROMPTS, MAX_TOKENS)
     reference = gguf_tokens(gguf, PROMPTS, MAX_TOKENS)
-    rows = []
+    rows: list[ConversionRow] = []
     for prompt, tokens, (expected, margins) in zip(PROMPTS, served, reference, strict=True):
         at = first_difference(expected, tokens)
         margin = margins[at] if at is not None and at < len(margins) else None

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from eaglequant.devtools.toy import save_draft
+from eaglequant.examples.records import ReproducedRecipe
 from eaglequant.examples.selfdistill import (
     DataRecipe,
     disjointness,
@@ -45,7 +46,7 @@ def read_recipe(path: Path) -> tuple[DataRecipe, Any]:
 
 def reproduce(
     *, target: Path, work: Path, out: Path, data: DataRecipe, train: Any, log: Log
-) -> dict[str, Any]:
+) -> ReproducedRecipe:
     """Run every stage into ``work`` (kept, for resuming) and write the draft to ``out``."""
     import torch
     from transformers import LlamaForCausalLM
@@ -82,7 +83,7 @@ def reproduce(
     summary = td.train(draft, model.model.embed_tokens, sequences, features, train, work, log)
     timings["train_s"] = round(time.monotonic() - mark, 1)
     save_draft(out, draft, config)  # BF16; no embed_tokens: vLLM lends the target's
-    record = {
+    record: ReproducedRecipe = {
         "data": asdict(data),
         "train": asdict(train),
         "target": target_record(target),
@@ -103,7 +104,8 @@ def reproduce(
     return record
 
 
-def target_record(target: Path) -> dict[str, Any]:
+def target_record(target: Path) -> dict[str, str]:
+    """The converted target's ``eaglequant-source.json`` (else its folder's name)."""
     source = target / "eaglequant-source.json"
     return json.loads(source.read_text()) if source.is_file() else {"path": target.name}
 

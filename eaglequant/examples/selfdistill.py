@@ -17,9 +17,10 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from eaglequant.errors import InputError
+from eaglequant.examples.records import Disjointness
 from eaglequant.io.output import write_text_atomic
 
 if TYPE_CHECKING:
@@ -78,12 +79,12 @@ def without_overlap(texts: list[str], held_out: list[PromptSet]) -> tuple[list[s
     return kept, len(texts) - len(kept)
 
 
-def disjointness(texts: list[str], held_out: list[PromptSet]) -> dict[str, Any]:
+def disjointness(texts: list[str], held_out: list[PromptSet]) -> Disjointness:
     """How many of each held-out set's prompts equal, or share an 8-word run with, a training
     prompt; InputError where any does."""
     train = {t.strip() for t in texts}
     train_shingles: set[tuple[str, ...]] = set().union(*(_shingles(t) for t in texts))
-    report: dict[str, Any] = {"rule": "exact text, or any shared run of 8 words"}
+    report: Disjointness = {"rule": "exact text, or any shared run of 8 words"}
     for held in held_out:
         exact = sum(p.text.strip() in train for p in held.prompts)
         shared = sum(bool(_shingles(p.text) & train_shingles) for p in held.prompts)

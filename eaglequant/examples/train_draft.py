@@ -24,7 +24,7 @@ import math
 import random
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +32,7 @@ import torch
 import torch.nn.functional as F
 
 from eaglequant.devtools.synthetic import draft_config
+from eaglequant.examples.records import TrainResult
 from eaglequant.model.eagle3 import Eagle3Draft, scaled_init_
 
 Log = Callable[[str], None]
@@ -301,7 +302,7 @@ def train(
     recipe: TrainRecipe,
     work: Path,
     log: Log,
-) -> dict[str, Any]:
+) -> TrainResult:
     """Train ``draft`` in place (resuming from ``work``'s checkpoint); returns the run's summary.
 
     Runs on the draft's device (the features must be there too), in BF16 autocast.
@@ -353,33 +354,41 @@ def train(
             top1 = held_out_top1(draft, embed, *held, to_draft, recipe)
             best = _record_epoch(best, draft, top1)
             shown = ", ".join(f"{a:.4f}" for a in top1)
-            log(f"epoch {len(best['by_epoch'])}: held-out top-1 by step {shown}")
+            log(f"epoch {len(best.by_epoch)}: held-out top-1 by step {shown}")
         if (step + 1) % recipe.checkpoint_every == 0 or step + 1 == len(plan):
             _checkpoint(draft, optimizer, step + 1, best, work)
-    summary: dict[str, Any] = {
+    summary: TrainResult = {
         "steps": len(plan),
         "top1_by_step_smoothed": [round(a, 4) for a in smoothed],
     }
     if held[0]:
-        draft.load_state_dict(best["weights"])
+        draft.load_state_dict(best.weights)
         summary["held_out"] = {
             "sequences": len(held[0]),
-            "top1_by_step_by_epoch": best["by_epoch"],
-            "chosen_epoch": best["epoch"],
+            "top1_by_step_by_epoch": best.by_epoch,
+            "chosen_epoch": best.epoch,
         }
-        log(f"kept epoch {best['epoch']} of {len(epochs)} (held-out acceptance proxy)")
+        log(f"kept epoch {best.epoch} of {len(epochs)} (held-out acceptance proxy)")
     return summary
 
 
-def _record_epoch(best: dict[str, Any], draft: Eagle3Draft, top1: list[float]) -> dict[str, Any]:
+@dataclass(frozen=True)
+class Best:
+    """The held-out record: every epoch's top-1 by step, the best epoch (1-based; 0: none
+    yet) and its weights."""
+
+    by_epoch: list[list[float]]
+    epoch: int = 0
+    weights: dict[str, torch.Tensor] = field(default_factory=dict)
+
+
+def _record_epoch(best: Best, draft: Eagle3Draft, top1: list[float]) -> Best:
     """``best`` with this epoch's held-out top-1 added, and its weights if it is the best."""
-    by_epoch = [*best["by_epoch"], [round(a, 4) for a in top1]]
-    if best["epoch"] and acceptance_proxy(top1) <= acceptance_proxy(
-        best["by_epoch"][best["epoch"] - 1]
-    ):
-        return best | {"by_epoch": by_epoch}
+    by_epoch = [*best.by_epoch, [round(a, 4) for a in top1]]
+    if best.epoch and acceptance_proxy(top1) <= acceptance_proxy(best.by_epoch[best.epoch - 1]):
+        return replace(best, by_epoch=by_epoch)
     weights = {k: v.detach().cpu().clone() for k, v in draft.state_dict().items()}
-    return {"by_epoch": by_epoch, "epoch": len(by_epoch), "weights": weights}
+    return Best(by_epoch, len(by_epoch), weights)
 
 
 def _schedule(step: int, steps: int, warmup: int) -> float:
@@ -387,13 +396,11 @@ def _schedule(step: int, steps: int, warmup: int) -> float:
     return min(1.0, (step + 1) / warmup) * (0.1 + 0.45 * (1 + math.cos(math.pi * step / steps)))
 
 
-def _checkpoint(
-    draft: Eagle3Draft, optimizer: Any, step: int, best: dict[str, Any], work: Path
-) -> None:
+def _checkpoint(draft: Eagle3Draft, optimizer: Any, step: int, best: Best, work: Path) -> None:
     from safetensors.torch import save_file
 
     tensors = {f"model.{k}": v.contiguous() for k, v in draft.state_dict().items()}
-    tensors |= {f"best.{k}": v.contiguous() for k, v in best["weights"].items()}
+    tensors |= {f"best.{k}": v.contiguous() for k, v in best.weights.items()}
     names = {id(p): n for n, p in draft.named_parameters()}
     for group in optimizer.param_groups:
         for p in group["params"]:
@@ -403,25 +410,24 @@ def _checkpoint(
     partial = work / (CHECKPOINT + ".partial")
     save_file(tensors, str(partial))
     partial.rename(work / CHECKPOINT)
-    state = {"step": step, "best_epoch": best["epoch"], "by_epoch": best["by_epoch"]}
+    state = {"step": step, "best_epoch": best.epoch, "by_epoch": best.by_epoch}
     (work / CHECKPOINT_STATE).write_text(json.dumps(state) + "\n")
 
 
-def _resume(draft: Eagle3Draft, optimizer: Any, work: Path) -> tuple[int, dict[str, Any]]:
+def _resume(draft: Eagle3Draft, optimizer: Any, work: Path) -> tuple[int, Best]:
     """The steps done and the held-out record (best epoch, its weights, every epoch's top-1)."""
     from safetensors.torch import load_file
 
-    best: dict[str, Any] = {"by_epoch": [], "epoch": 0, "weights": {}}
     if not (work / CHECKPOINT_STATE).is_file():
-        return 0, best
+        return 0, Best([])
     state = json.loads((work / CHECKPOINT_STATE).read_text())
     tensors = load_file(str(work / CHECKPOINT))
     draft.load_state_dict({k[6:]: v for k, v in tensors.items() if k.startswith("model.")})
-    best = {
-        "by_epoch": state.get("by_epoch", []),
-        "epoch": state.get("best_epoch", 0),
-        "weights": {k[5:]: v for k, v in tensors.items() if k.startswith("best.")},
-    }
+    best = Best(
+        state.get("by_epoch", []),
+        state.get("best_epoch", 0),
+        {k[5:]: v for k, v in tensors.items() if k.startswith("best.")},
+    )
     for name, p in draft.named_parameters():
         prefix = f"optim.{name}."
         state_p = {k[len(prefix) :]: v for k, v in tensors.items() if k.startswith(prefix)}

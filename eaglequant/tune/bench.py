@@ -19,13 +19,32 @@ import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from types import TracebackType
-from typing import Any
+from typing import TYPE_CHECKING, TypedDict, cast
 
 from eaglequant.engine.process import LOG_TAIL_CHARS, kill_group
 from eaglequant.engine.server import HOST
 from eaglequant.engine.vllm_internals import BENCH_MODULE, BENCH_PARSER
 from eaglequant.errors import CheckFailed
 from eaglequant.tune.request import TuneRequest, dataset_name
+
+if TYPE_CHECKING:  # Python 3.11's; annotations stay strings at run time (3.10 too)
+    from typing import Required
+
+
+class BenchResult(TypedDict, total=False):
+    """What tune reads of a ``vllm bench serve --save-result`` file (vLLM writes more): the
+    throughput, latencies, and the acceptance it counted where the server speculated."""
+
+    output_throughput: Required[float]
+    mean_tpot_ms: float
+    median_tpot_ms: float
+    median_ttft_ms: float
+    spec_decode_acceptance_length: float
+    spec_decode_per_position_acceptance_rates: list[float]
+    spec_decode_num_drafts: int
+    spec_decode_draft_tokens: int
+    spec_decode_accepted_tokens: int
+
 
 BENCH_IMPORTS = (
     f"from {BENCH_MODULE} import add_cli_args, main\n"
@@ -156,9 +175,7 @@ class BenchClient:
             kill_group(self.process)
             self.process.wait()
 
-    def run(
-        self, cmd: list[str], result_file: Path, log_path: Path, timeout: float
-    ) -> dict[str, Any]:
+    def run(self, cmd: list[str], result_file: Path, log_path: Path, timeout: float) -> BenchResult:
         """One ``vllm bench serve`` run (``cmd``: :func:`bench_command`'s line) to its end; its
         ``--save-result`` file, read. Its output is appended to ``log_path``."""
         process = self.process
@@ -189,7 +206,7 @@ class BenchClient:
         if status != "ok" or not result_file.is_file():
             reason = status.strip().splitlines()[-1] if status.strip() else "no result written"
             raise CheckFailed(f"vllm bench serve failed ({reason}):\n{tail}")
-        return dict(json.loads(result_file.read_text()))
+        return cast(BenchResult, dict(json.loads(result_file.read_text())))
 
     def _output_since(self, start: int) -> bytes:
         with self.log.open("rb") as handle:

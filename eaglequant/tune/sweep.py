@@ -28,7 +28,7 @@ from eaglequant.environment import EnvironmentRecord, environment
 from eaglequant.progress import Progress, quiet
 from eaglequant.render.reports import mean_positions
 from eaglequant.speculative import schedule_config, speculative_config
-from eaglequant.tune.bench import BenchClient, bench_command
+from eaglequant.tune.bench import BenchClient, BenchResult, bench_command
 from eaglequant.tune.choice import (
     Runs,
     Schedule,
@@ -80,7 +80,7 @@ class TuneResult:
         return fmean(self.runs)
 
 
-def to_result(k: int, concurrency: int, raws: list[dict[str, Any]], schedule: bool) -> TuneResult:
+def to_result(k: int, concurrency: int, raws: list[BenchResult], schedule: bool) -> TuneResult:
     """One point from its repeats' ``--save-result`` files (latency and acceptance averaged)."""
     positions = [r.get("spec_decode_per_position_acceptance_rates") for r in raws]
     return TuneResult(
