@@ -19,7 +19,6 @@ from __future__ import annotations
 import fnmatch
 import re
 from dataclasses import dataclass
-from typing import Any, cast
 
 from eaglequant.forms import form_of, fused_shards
 from eaglequant.forms.llama import LLAMA
@@ -115,11 +114,10 @@ def is_excluded(vllm_name: str, exclude: list[str]) -> bool:
 
 
 def predict_fates(
-    config: dict[str, Any], target_layers: int = DEFAULT_TARGET_LAYERS
+    draft: DraftConfig, target_layers: int = DEFAULT_TARGET_LAYERS
 ) -> list[LayerFate]:
-    """Predict vLLM's treatment of every draft linear under ``config``'s quantization_config
-    (``config``: a checkpoint's, as vLLM reads it)."""
-    draft = cast(DraftConfig, config)
+    """Predict vLLM's treatment of every draft linear under ``draft``'s quantization_config
+    (a checkpoint's config, as vLLM reads it)."""
     qcfg = draft.get("quantization_config")
     fates = []
     for vllm_name, sources in draft_linear_names(draft, target_layers).items():

@@ -109,7 +109,7 @@ def inspect_checkpoint(path: Path, target_layers: int = DEFAULT_TARGET_LAYERS) -
     bytes_by_dtype: Counter[str] = Counter()
     for info in ckpt.tensors.values():
         bytes_by_dtype[info.dtype] += info.nbytes
-    fates = predict_fates(ckpt.config, target_layers)
+    fates = predict_fates(ckpt.flat_config, target_layers)
     scales = read_scales(ckpt)
     if not problems:
         problems += quantization_problems(ckpt, fates, scales, target_layers)

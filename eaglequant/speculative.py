@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TypedDict
 
 from eaglequant.io.model_config import ModelConfig
 
@@ -23,6 +23,19 @@ DRAFT_KV_CACHE_DTYPES = ("auto", "bfloat16", "float16", "fp8", "fp8_e4m3", "fp8_
 # The KV cache a draft with calibrated K/V scales (Quark's ``kv_cache_group``) runs with:
 # vLLM uses the scales only when the cache is FP8, and Quark's are FP8 E4M3 per tensor.
 SCALED_KV_CACHE_DTYPE = "fp8_e4m3"
+
+
+class SpeculativeDict(TypedDict, total=False):
+    """vLLM's ``--speculative-config`` as eaglequant writes it (``SpeculativeDict``'s fields
+    in ``vllm/config/speculative.py``)."""
+
+    model: str
+    method: str
+    num_speculative_tokens: int
+    draft_tensor_parallel_size: int
+    kv_cache_dtype: str
+    attention_backend: str
+    num_speculative_tokens_per_batch_size: list[list[int]]
 
 
 def kv_source(draft: Path) -> str:
@@ -41,11 +54,11 @@ def draft_kv_cache_dtype(asked: str | None, draft_config: ModelConfig) -> str | 
 
 def speculative_config(
     draft: str, k: int, kv_cache_dtype: str | None = None, *, attention_backend: str | None = None
-) -> dict[str, Any]:
+) -> SpeculativeDict:
     """``--speculative-config`` for an EAGLE-3 draft proposing ``k`` tokens (its KV cache in
     ``kv_cache_dtype``, else the target's; its attention in vLLM's backend
     ``attention_backend``, else the one vLLM picks for the draft, never the target's)."""
-    config: dict[str, Any] = {
+    config: SpeculativeDict = {
         "model": draft,
         "method": "eagle3",
         "num_speculative_tokens": k,
@@ -60,12 +73,12 @@ def speculative_config(
 
 def schedule_config(
     draft: str, schedule: Sequence[Sequence[int]], kv_cache_dtype: str | None = None
-) -> dict[str, Any]:
+) -> SpeculativeDict:
     """``--speculative-config`` proposing k tokens by batch size (``[first, last, k]`` ranges).
 
     ``num_speculative_tokens`` is the largest k: vLLM caps every range's k at it.
     """
     largest = max(k for _, _, k in schedule)
-    return speculative_config(draft, largest, kv_cache_dtype) | {
-        "num_speculative_tokens_per_batch_size": [list(r) for r in schedule]
-    }
+    config = speculative_config(draft, largest, kv_cache_dtype)
+    config["num_speculative_tokens_per_batch_size"] = [list(r) for r in schedule]
+    return config

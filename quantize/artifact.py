@@ -160,7 +160,7 @@ class Artifact:
         when vLLM would misread the folder.
         """
         reopened = read_checkpoint(self.folder)
-        fates = predict_fates(reopened.config)
+        fates = predict_fates(reopened.flat_config)
         problems = [str(p) for p in structure_problems(reopened)]
         scales = read_scales(reopened)
         found = quantization_problems(reopened, fates, scales, DEFAULT_TARGET_LAYERS)

@@ -39,6 +39,7 @@ from eaglequant.engine.result import (
     SpecMetrics,
     TopLogprobs,
 )
+from eaglequant.speculative import SpeculativeDict
 from eaglequant.validate.lossless import RAW_LOGITS
 
 if TYPE_CHECKING:
@@ -136,7 +137,7 @@ class DraftInspector:
     def eaglequant_draft_attention(self) -> list[DraftAttention]:
         return draft_attention(self)
 
-    def eaglequant_swap_draft(self, speculative: dict[str, Any]) -> SwapOutcome:
+    def eaglequant_swap_draft(self, speculative: SpeculativeDict) -> SwapOutcome:
         from eaglequant.engine.swap import swap_draft
 
         return swap_draft(self, speculative)

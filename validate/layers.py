@@ -28,7 +28,7 @@ def expected_schemes(draft: Path) -> dict[str, str | None]:
     """Each draft-layer linear, named within the layer (vLLM's layer index differs between its
     weights and its modules), with the Quark scheme inspect predicts vLLM builds it with
     (None: BF16, as an MLA draft's ``self_attn.kv_b_proj``)."""
-    fates = predict_fates(read_checkpoint(draft).config)
+    fates = predict_fates(read_checkpoint(draft).flat_config)
     return {
         f.vllm_name.split(".", 3)[3]: f.vllm_scheme if f.quantized else None
         for f in fates

@@ -105,7 +105,7 @@ def check_inputs(request: ValidateRequest) -> dict[str, Binding]:
             raise InputError(str(problems[0]))
         dims[folder] = dims_from_config(ckpt.flat_config, str(folder / "config.json"))
         check_target_fits(request.target, dims[folder])
-        if folder == request.draft and "quantization_config" not in ckpt.config:
+        if folder == request.draft and "quantization_config" not in ckpt.flat_config:
             raise InputError(
                 f"{request.draft}: has no quantization_config; pass the FP8 draft to validate"
             )

@@ -45,7 +45,7 @@ from eaglequant.io.checkpoint import read_checkpoint
 from eaglequant.io.output import write_text_atomic
 from eaglequant.progress import Progress
 from eaglequant.spec_counts import VLLM_KEYS, SpecDecodeCounts
-from eaglequant.speculative import speculative_config
+from eaglequant.speculative import SpeculativeDict, speculative_config
 from eaglequant.validate.lossless import TEACHER_FORCED_RANKS
 from eaglequant.validation_report import PER_DRAFT
 
@@ -262,7 +262,7 @@ def _shared_runs(runs: list[EngineResult], refused: str | None) -> SharedRuns:
     return {"schema_version": ENGINE_RESULT_SCHEMA, "runs": runs, "refused": refused}
 
 
-def _swap(llm: Any, speculative: dict[str, Any]) -> str | None:
+def _swap(llm: Any, speculative: SpeculativeDict) -> str | None:
     """Swap the draft on every worker and reset the prefix cache; why not, when refused."""
     answers = llm.collective_rpc("eaglequant_swap_draft", args=(speculative,))
     refused = next((a["reason"] for a in answers if not a["ok"]), None)

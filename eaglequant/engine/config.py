@@ -31,6 +31,7 @@ from typing import Any
 
 from eaglequant.engine.vllm_internals import W8A16_KERNEL, gate, version_warning
 from eaglequant.errors import InputError
+from eaglequant.speculative import SpeculativeDict
 
 CPU_KVCACHE_SPACE_GIB = "1"
 CPU_MAX_MODEL_LEN = 1024
@@ -191,7 +192,7 @@ def probe_vllm(python: str) -> VllmInstall:
     return install
 
 
-def llm_kwargs(options: EngineOptions, target: str, speculative: dict[str, Any] | None) -> dict:
+def llm_kwargs(options: EngineOptions, target: str, speculative: SpeculativeDict | None) -> dict:
     """Keyword arguments for ``vllm.LLM``, before platform defaults."""
     kwargs: dict[str, Any] = {
         "model": target,

@@ -12,6 +12,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any, TypedDict
 
+from eaglequant.speculative import SpeculativeDict
+
 
 class EngineRequestJson(TypedDict):
     """An :class:`EngineRequest` as the child's ``spec.json`` holds it."""
@@ -23,7 +25,7 @@ class EngineRequestJson(TypedDict):
     logprobs: int | None
     teacher_forced: int | None
     draft_ranges: bool
-    drafts: list[dict[str, Any]]
+    drafts: list[SpeculativeDict]
     partial_path: str | None
 
 
@@ -38,7 +40,7 @@ class EngineRequest:
     # scored); the engine then returns the target's raw logits for them.
     teacher_forced: int | None = None
     draft_ranges: bool = False  # check 6: record the draft linears' input and output ranges
-    drafts: list[dict[str, Any]] = field(default_factory=list)  # a shared engine's, in turn
+    drafts: list[SpeculativeDict] = field(default_factory=list)  # a shared engine's, in turn
     partial_path: str | None = None  # a shared engine's file for the runs finished so far
 
     def to_json(self) -> EngineRequestJson:

@@ -23,12 +23,18 @@ from __future__ import annotations
 
 import gc
 import time
-from typing import Any, TypedDict
+from typing import Any, Literal, TypedDict
 
 from eaglequant.engine import vllm_internals as internals
+from eaglequant.speculative import SpeculativeDict
 
 # The speculative settings the engine was planned with; a swap keeps them.
-KEPT_SETTINGS = ("method", "num_speculative_tokens", "draft_tensor_parallel_size")
+KeptSetting = Literal["method", "num_speculative_tokens", "draft_tensor_parallel_size"]
+KEPT_SETTINGS: tuple[KeptSetting, ...] = (
+    "method",
+    "num_speculative_tokens",
+    "draft_tensor_parallel_size",
+)
 
 
 class SwapOutcome(TypedDict):
@@ -43,7 +49,7 @@ class SwapRefused(Exception):
     """The swap cannot be done safely; the message says why."""
 
 
-def swap_draft(worker: Any, speculative: dict[str, Any]) -> SwapOutcome:
+def swap_draft(worker: Any, speculative: SpeculativeDict) -> SwapOutcome:
     """Replace the worker's draft by ``speculative["model"]``."""
     started = time.perf_counter()
     try:
@@ -53,7 +59,7 @@ def swap_draft(worker: Any, speculative: dict[str, Any]) -> SwapOutcome:
     return {"ok": True, "reason": "", "swap_s": round(time.perf_counter() - started, 2)}
 
 
-def _swap(worker: Any, speculative: dict[str, Any]) -> None:
+def _swap(worker: Any, speculative: SpeculativeDict) -> None:
     from vllm.config import SpeculativeConfig, set_current_vllm_config
 
     runner = internals.runner_of(worker)

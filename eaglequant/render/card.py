@@ -30,6 +30,7 @@ from eaglequant.environment import environment, environment_markdown
 from eaglequant.errors import InputError
 from eaglequant.exclusions import predict_fates
 from eaglequant.io.checkpoint import read_checkpoint
+from eaglequant.io.model_config import DraftConfig
 from eaglequant.io.output import write_text_atomic
 from eaglequant.io.readback import sha256_file
 from eaglequant.manifest import CalibrationRecord, Manifest, read_json_object, read_manifest
@@ -42,7 +43,7 @@ from eaglequant.render.validation_tables import (
     validation_markdown,
     validation_sets_markdown,
 )
-from eaglequant.speculative import schedule_config, speculative_config
+from eaglequant.speculative import SpeculativeDict, schedule_config, speculative_config
 from eaglequant.tune.summary import COMPARISON, SWEEP, TuneSummary, tune_summary
 from eaglequant.validation_report import ValidationReport, read_report
 
@@ -67,7 +68,7 @@ def write_card(
 
     ``validations``: one report per prompt set (the first one's run is the card's usage,
     environment and reproduce line); with more than one, a table gives each set's row."""
-    config = read_checkpoint(folder).config  # as vLLM reads it, in any draft format
+    config = read_checkpoint(folder).flat_config  # as vLLM reads it, in any draft format
     if "quantization_config" not in config:
         raise InputError(f"{folder}: no quantization_config; run the card on an exported FP8 draft")
     manifest = read_manifest(folder)
@@ -183,7 +184,7 @@ def front_matter(base_model: str, license_id: str | None) -> dict[str, Any]:
 def render(
     folder: Path,
     names: PublicNames,
-    config: dict[str, Any],
+    config: DraftConfig,
     manifest: Manifest,
     validations: Sequence[ValidationReport],
     results: Mapping[str, Any] | None,
@@ -252,7 +253,7 @@ def render(
 
 def _usage(
     name: str, report: ValidationReport | None, tuning: TuneSummary | None
-) -> tuple[dict[str, Any], str]:
+) -> tuple[SpeculativeDict, str]:
     """The usage line's speculative config (tune's recommendation where there is one), a note."""
     validated_k = (report.k if report else None) or 6
     if tuning is None:
@@ -280,14 +281,14 @@ def _usage(
     return speculative_config(name, k), ""
 
 
-def _quantization_section(config: dict[str, Any], manifest: Manifest) -> str:
+def _quantization_section(config: DraftConfig, manifest: Manifest) -> str:
     fates = predict_fates(config)
     rows = "\n".join(
         f"| `{', '.join(f.checkpoint_names)}` | "
         f"{f'{f.scheme} (`{f.vllm_scheme}`)' if f.quantized else f'BF16 ({f.reason})'} |"
         for f in fates
     )
-    exclude = config["quantization_config"].get("exclude")
+    exclude = config["quantization_config"].get("exclude") or []
     return (
         "## What is quantized\n\n| layers | format in vLLM |\n|---|---|\n" + rows + "\n\n"
         f"`exclude` is written as regex ({', '.join(f'`{e}`' for e in exclude)}): vLLM matches "

@@ -24,7 +24,6 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from statistics import fmean, median
-from typing import Any
 
 from eaglequant.engine.config import probe_vllm
 from eaglequant.engine.server import Server
@@ -32,7 +31,7 @@ from eaglequant.environment import EnvironmentRecord, environment
 from eaglequant.errors import CheckFailed
 from eaglequant.progress import Progress
 from eaglequant.spec_counts import SpecDecodeCounts
-from eaglequant.speculative import speculative_config
+from eaglequant.speculative import SpeculativeDict, speculative_config
 from eaglequant.tune.bench import BenchClient, BenchResult, bench_command, warm_up
 from eaglequant.tune.compare import (
     best_by_concurrency,
@@ -76,7 +75,7 @@ class Candidate:
 
     role: str
     k: int
-    spec: dict[str, Any] | None
+    spec: SpeculativeDict | None
 
     @property
     def label(self) -> str:

@@ -31,7 +31,7 @@ from eaglequant.engine.config import (
 )
 from eaglequant.errors import InputError
 from eaglequant.io.checkpoint import read_checkpoint, read_config
-from eaglequant.speculative import draft_kv_cache_dtype, kv_source
+from eaglequant.speculative import SpeculativeDict, draft_kv_cache_dtype, kv_source
 from eaglequant.tune.choice import schedule_problem
 from eaglequant.tune.summary import Workload
 
@@ -96,7 +96,7 @@ def _check_draft(path: Path, dtype: str) -> None:
     problems = [p for p in structure_problems(checkpoint) if not p.loadable]
     if problems:  # the same recognition as export and validate (plain-Llama form included)
         raise InputError(str(problems[0]))
-    method = (checkpoint.config.get("quantization_config") or {}).get("quant_method")
+    method = (checkpoint.flat_config.get("quantization_config") or {}).get("quant_method")
     if method == "quark" and dtype not in QUARK_DTYPES:
         raise InputError(
             f"{path}: a Quark-quantized draft runs in the target's dtype, and vLLM's quark "
@@ -165,7 +165,7 @@ def dataset_name(request: TuneRequest) -> str:
     return "random" if request.prompts is None else "custom"
 
 
-def engine_flags(request: TuneRequest, spec: dict[str, Any] | None, max_len: int) -> list[str]:
+def engine_flags(request: TuneRequest, spec: SpeculativeDict | None, max_len: int) -> list[str]:
     """Everything after the model and address: parallelism, engine and serve arguments, spec."""
     flags = ["--tensor-parallel-size", str(request.engine.tensor_parallel_size)]
     if not any(arg.startswith("--max-model-len") for arg in request.serve_args):
@@ -176,7 +176,7 @@ def engine_flags(request: TuneRequest, spec: dict[str, Any] | None, max_len: int
     return flags
 
 
-def serve_line(request: TuneRequest, spec: dict[str, Any] | None, max_len: int) -> str:
+def serve_line(request: TuneRequest, spec: SpeculativeDict | None, max_len: int) -> str:
     """The ``vllm serve`` command a reader runs to reproduce one configuration."""
     return shlex.join(["vllm", "serve", str(request.target), *engine_flags(request, spec, max_len)])
 

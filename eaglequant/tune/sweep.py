@@ -20,14 +20,13 @@ from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
 from statistics import fmean
-from typing import Any
 
 from eaglequant.engine.config import probe_vllm
 from eaglequant.engine.server import Server, serving
 from eaglequant.environment import EnvironmentRecord, environment
 from eaglequant.progress import Progress, quiet
 from eaglequant.render.reports import mean_positions
-from eaglequant.speculative import schedule_config, speculative_config
+from eaglequant.speculative import SpeculativeDict, schedule_config, speculative_config
 from eaglequant.tune.bench import BenchClient, BenchResult, bench_command
 from eaglequant.tune.choice import (
     Runs,
@@ -105,7 +104,7 @@ class Configuration:
 
     label: str
     k: int
-    spec: dict[str, Any] | None
+    spec: SpeculativeDict | None
     schedule: bool = False
 
 
