@@ -93,6 +93,22 @@ ADVISORY_WHEN_UNDECIDED = frozenset(
 )
 
 
+@dataclass(frozen=True)
+class RatioInterval:
+    """FP8/BF16 as checks 2 and 5 judge it: the point ratio and its bootstrap interval."""
+
+    point: float
+    low: float
+    high: float
+
+    def describe(self) -> str:
+        return f"{self.point:.3f} [{self.low:.3f}, {self.high:.3f}]"
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> RatioInterval:
+        return cls(float(data["point"]), float(data["low"]), float(data["high"]))
+
+
 @dataclass
 class Check:
     """One check's outcome. ``verdict`` is PASS, FAIL or INCONCLUSIVE (a pass/fail check:
@@ -121,6 +137,23 @@ class Check:
         if self.verdict == INCONCLUSIVE and self.name in ADVISORY_WHEN_UNDECIDED:
             return PASS
         return self.verdict
+
+    @property
+    def intervals(self) -> tuple[RatioInterval, ...]:
+        """What checks 2 and 5 judged: FP8/BF16 with its interval (check 2: the mean
+        acceptance length's; check 5: each position's); empty for any other check."""
+        one = self.numbers.get("interval")
+        judged = [one] if one is not None else self.numbers.get("intervals") or []
+        return tuple(RatioInterval.from_json(i) for i in judged)
+
+    @property
+    def fp8_values(self) -> tuple[float, ...]:
+        """What checks 2 and 5 measured of the FP8 draft (check 2: its mean acceptance
+        length; check 5: each position's rate); empty for any other check."""
+        value = self.numbers.get("fp8")
+        if value is None:
+            return ()
+        return tuple(float(v) for v in value) if isinstance(value, list) else (float(value),)
 
     @classmethod
     def judged(

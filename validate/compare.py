@@ -354,7 +354,7 @@ def _row(
     acceptance = report.check(ACCEPTANCE)  # None when an engine failed: "engines" alone
     per_position = report.check(PER_POSITION)
     lossless = report.check(CheckId.LOSSLESS)
-    numbers = acceptance.numbers if acceptance else {}
+    judged = acceptance.intervals if acceptance else ()
     size = size_summary(read_checkpoint(checked.draft))
     baseline_bytes = read_checkpoint(request.baseline).total_bytes
     return CandidateRow(
@@ -365,9 +365,9 @@ def _row(
         bytes_ratio=round(size.bytes_on_disk / baseline_bytes, 4),
         quantized_fraction=round(size.quantized_fraction, 4),
         lossless=bool(lossless and lossless.passed),
-        mean_acceptance=numbers.get("fp8"),
-        per_position=list((per_position.numbers.get("fp8") if per_position else None) or []),
-        acceptance_ratio=numbers.get("ratio"),
+        mean_acceptance=acceptance.fp8_values[0] if acceptance and acceptance.fp8_values else None,
+        per_position=list(per_position.fp8_values if per_position else ()),
+        acceptance_ratio=judged[0].point if judged else None,
         min_acceptance_ratio=recipe.validation.min_acceptance_ratio,
         passed=report.passed,
         failed_checks=[str(c.name) for c in report.checks if c.counted != PASS],

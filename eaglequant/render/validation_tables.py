@@ -65,8 +65,8 @@ def category_rows(categories: Mapping[str, CategoryRow] | None) -> list[tuple[st
         verdicts = "reported, not judged"
         if row.checks:
             two, five = row.checks
-            interval = two.numbers["interval"]
-            ratio += f" [{interval['low']:.3f}, {interval['high']:.3f}]"
+            interval = two.intervals[0]
+            ratio += f" [{interval.low:.3f}, {interval.high:.3f}]"
             verdicts = f"2 {two.verdict}, 5 {five.verdict}"
         positions = " / ".join(
             f"{f:.3f}:{b:.3f}" for f, b in zip(fp8.per_position, bf16.per_position, strict=False)
@@ -162,12 +162,8 @@ def _set_row(report: ValidationReport) -> tuple[str, ...]:
     means = {role: mean for role, mean, _, _ in acceptance_rows(report)}
     acceptance = report.check(CheckId.ACCEPTANCE)
     per_position = report.check(CheckId.PER_POSITION)
-    ratio = _interval(acceptance.numbers.get("interval")) if acceptance else "-"
-    positions = (
-        " / ".join(_interval(i) for i in per_position.numbers.get("intervals") or [])
-        if per_position
-        else ""
-    )
+    ratio = acceptance.intervals[0].describe() if acceptance and acceptance.intervals else "-"
+    positions = " / ".join(i.describe() for i in per_position.intervals) if per_position else ""
     verdicts = f"{acceptance.verdict}" if acceptance else "-"
     return (
         f"`{source}`",
@@ -178,12 +174,6 @@ def _set_row(report: ValidationReport) -> tuple[str, ...]:
         _categories_cell(report),
         report.verdict,
     )
-
-
-def _interval(data: Mapping[str, float] | None) -> str:
-    if not data:
-        return "-"
-    return f"{data['point']:.3f} [{data['low']:.3f}, {data['high']:.3f}]"
 
 
 def _categories_cell(report: ValidationReport) -> str:

@@ -165,3 +165,21 @@ def test_the_markdown_names_the_reproducing_engine_env_only() -> None:
     )  # fmt: skip
     text = validation_markdown(report)
     assert "vLLM 0.32.0; environment: `VLLM_CPU_KVCACHE_SPACE=1`." in text
+
+
+def test_checks_2_and_5_read_back_what_they_judged_by_attribute() -> None:
+    acceptance, per_position = checks(FP8)
+    (ratio,) = acceptance.intervals
+    assert ratio.point == acceptance.numbers["ratio"]
+    assert (ratio.low, ratio.high) == (
+        acceptance.numbers["interval"]["low"],
+        acceptance.numbers["interval"]["high"],
+    )
+    assert ratio.describe() in acceptance.detail
+    assert acceptance.fp8_values == (acceptance.numbers["fp8"],)
+    assert [i.point for i in per_position.intervals] == [
+        i["point"] for i in per_position.numbers["intervals"]
+    ]
+    assert per_position.fp8_values == tuple(per_position.numbers["fp8"])
+    other = Check(CheckId.LAYERS, True, "fc, lm_head unquantized")
+    assert other.intervals == () and other.fp8_values == ()
