@@ -11,7 +11,12 @@ from typing import Any
 
 from eaglequant.errors import InputError
 from eaglequant.manifest import check_schema, field_values, read_json_object
-from eaglequant.validation_report import CategoryRow, categories_from_json, categories_json
+from eaglequant.validation_report import (
+    CategoryRow,
+    RatioInterval,
+    categories_from_json,
+    categories_json,
+)
 
 COMPARE_JSON, COMPARE_MD = "compare.json", "compare.md"  # in ``eaglequant compare --out``
 COMPARE_SCHEMA_VERSION = 3  # compare.json
@@ -41,6 +46,9 @@ class CandidateRow:
     prompt_set: str = ""  # the set's source as given
     categories: dict[str, CategoryRow] | None = None  # the validation report's
     min_category_drafts: int | None = None
+    # FP8/BF16 with the intervals checks 2 and 5 judged (absent from files before they were)
+    acceptance_interval: RatioInterval | None = None
+    position_intervals: tuple[RatioInterval, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -95,6 +103,11 @@ class CompareReport:
 def _candidate_row(data: Mapping[str, Any]) -> CandidateRow:
     values = field_values(CandidateRow, data)
     values["categories"] = categories_from_json(data.get("categories"))
+    if values.get("acceptance_interval") is not None:
+        values["acceptance_interval"] = RatioInterval.from_json(values["acceptance_interval"])
+    values["position_intervals"] = tuple(
+        RatioInterval.from_json(i) for i in values.get("position_intervals", ())
+    )
     return CandidateRow(**values)
 
 

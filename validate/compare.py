@@ -376,6 +376,8 @@ def _row(
         prompt_set=report.prompt_set["source"] if report.prompt_set else "",
         categories=report.categories,
         min_category_drafts=report.min_category_drafts,
+        acceptance_interval=judged[0] if judged else None,
+        position_intervals=per_position.intervals if per_position else (),
     )
 
 

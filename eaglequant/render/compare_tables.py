@@ -58,13 +58,20 @@ def _compare_set(prompt_set: PromptSetSummary, rows: list[CandidateRow]) -> list
     ]
     for row in rows:
         per_pos = " / ".join(f"{p:.3f}" for p in row.per_position) or "-"
+        if row.position_intervals:  # FP8/BF16 by position, as check 5 judged it
+            per_pos += " (vs BF16 " + " / ".join(i.describe() for i in row.position_intervals) + ")"
+        ratio = (
+            row.acceptance_interval.describe()
+            if row.acceptance_interval
+            else number_text(row.acceptance_ratio)
+        )
         verdict = "PASS" if row.passed else row.verdict
         verdict += "" if row.passed else " (" + ", ".join(row.failed_checks) + ")"
         lines.append(
             f"| `{row.recipe}` | {row.scheme} | {row.kv_cache_dtype} | "
             f"{row.bytes_on_disk} | {row.bytes_ratio:.3f} | "
             f"{row.quantized_fraction:.1%} | {'yes' if row.lossless else 'NO'} | "
-            f"{number_text(row.mean_acceptance)} | {per_pos} | {number_text(row.acceptance_ratio)} "
+            f"{number_text(row.mean_acceptance)} | {per_pos} | {ratio} "
             f"(>= {row.min_acceptance_ratio}) | {verdict} |"
         )
     for row in rows:

@@ -295,3 +295,30 @@ def test_an_engine_request_reads_back_and_refuses_an_unknown_key() -> None:
     assert EngineRequest.from_json(request.to_json()) == request
     with pytest.raises(ValueError, match=r"unknown keys \['logprob_mode'\]: the parent and"):
         EngineRequest.from_json(request.to_json() | {"logprob_mode": "raw"})
+
+
+def test_a_row_carries_the_intervals_checks_2_and_5_judged(tmp_path: Path) -> None:
+    import json
+
+    from eaglequant.validation_report import RatioInterval
+
+    judged = replace(
+        ROW,
+        acceptance_interval=RatioInterval(0.992, 0.985, 0.999),
+        position_intervals=(RatioInterval(1.0, 0.99, 1.01), RatioInterval(0.98, 0.96, 1.0)),
+    )
+    report = _report([judged, MXFP4], [SET])
+    path = tmp_path / "compare.json"
+    path.write_text(json.dumps(report.to_json()))
+    assert read_compare_report(path) == report
+    text = compare_markdown(report)
+    assert (
+        "| 0.800 / 0.600 / 0.400 (vs BF16 1.000 [0.990, 1.010] / 0.980 [0.960, 1.000]) "
+        "| 0.992 [0.985, 0.999] (>= 0.98) | PASS |" in text
+    )
+    older = report.to_json()  # a file written before rows carried them reads as without
+    for row in older["rows"]:
+        del row["acceptance_interval"], row["position_intervals"]
+    path.write_text(json.dumps(older))
+    assert read_compare_report(path).rows[0].acceptance_interval is None
+    assert "| 0.992 (>= 0.98) | PASS |" in compare_markdown(read_compare_report(path))
