@@ -36,6 +36,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -97,6 +98,93 @@ json.dump({
     "tokens_sha256": hashlib.sha256(json.dumps(tokens).encode()).hexdigest(),
 }, open(out, "w"))
 """
+# --one-engine: the BF16 and the FP8 draft in one engine (the target loaded once), swapped in
+# turn as validate swaps them, rounds alternating ABBA; each round pair gives a ratio.
+RUN_ONE = """
+import hashlib, json, sys, time
+from vllm import LLM, SamplingParams
+from eaglequant.speculative import speculative_config
+drafts, prompts = json.loads(sys.argv[1]), json.loads(sys.argv[2])
+max_tokens, rounds, out, target = int(sys.argv[3]), int(sys.argv[4]), sys.argv[5], sys.argv[6]
+names = list(drafts)
+llm = LLM(target, max_model_len=1024, enforce_eager=True, seed=0, disable_log_stats=False,
+          speculative_config=speculative_config(drafts[names[0]], 3),
+          worker_extension_cls="eaglequant.validate.engine_run.DraftInspector")
+params = SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True)
+NAMES = ("vllm:spec_decode_num_drafts", "vllm:spec_decode_num_accepted_tokens")
+def counters():
+    found = {m.name: m.value for m in llm.get_metrics() if m.name in NAMES}
+    return [found[n] for n in NAMES]
+current = names[0]
+def use(name):
+    global current
+    if name != current:
+        spec = speculative_config(drafts[name], 3)
+        answers = llm.collective_rpc("eaglequant_swap_draft", args=(spec,))
+        refused = [a["reason"] for a in answers if not a["ok"]]
+        if refused:
+            raise SystemExit("swap refused: " + refused[0])
+        llm.reset_prefix_cache()
+        current = name
+runs = {name: {"rounds_s": [], "drafts": 0, "accepted": 0} for name in names}
+for name in names:  # warm-up: each draft once, untimed
+    use(name)
+    llm.generate(prompts, params, use_tqdm=False)
+for r in range(rounds):
+    for name in (names if r % 2 == 0 else names[::-1]):
+        use(name)
+        before = counters()
+        began = time.perf_counter()
+        outputs = llm.generate(prompts, params, use_tqdm=False)
+        runs[name]["rounds_s"].append(round(time.perf_counter() - began, 4))
+        after = counters()
+        runs[name]["drafts"] += after[0] - before[0]
+        runs[name]["accepted"] += after[1] - before[1]
+        tokens = [list(o.outputs[0].token_ids) for o in outputs]
+        runs[name]["tokens"] = sum(map(len, tokens))
+        runs[name]["tokens_sha256"] = hashlib.sha256(json.dumps(tokens).encode()).hexdigest()
+json.dump(runs, open(out, "w"))
+"""
+
+
+def measure_one_engine(
+    drafts: dict[str, Path], env: dict[str, str], args: argparse.Namespace, prompts: list[str]
+) -> Any:
+    """Both drafts in one engine, rounds alternating; per draft its round times, acceptance
+    and tokens, and the per-round-pair speed ratios (each draft's over the first's)."""
+    with tempfile.TemporaryDirectory(prefix="eaglequant-bench-") as scratch:
+        out = Path(scratch) / "out.json"
+        argv = [sys.executable, "-c", RUN_ONE, json.dumps({k: str(v) for k, v in drafts.items()})]
+        argv += [json.dumps(prompts), str(args.max_tokens), str(args.rounds), str(out)]
+        argv += [str(args.target)]
+        base = dict(os.environ, VLLM_ENABLE_V1_MULTIPROCESSING="0", VLLM_TARGET_DEVICE="cpu")
+        base.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+        log = Path(scratch) / "log"
+        with log.open("w") as sink:
+            child = subprocess.Popen(argv, env=base | env, stdout=sink, stderr=sink, cwd=REPO)
+            stopped = _watch(child, MAX_SECONDS * (2 + args.rounds))
+        if stopped or child.returncode != 0 or not out.is_file():
+            lines = log.read_text(errors="replace").splitlines()
+            errors = [line for line in lines if "Error" in line or "refused" in line]
+            return {"failed": stopped or (errors or lines or ["no output"])[-1][:300]}
+        runs = json.loads(out.read_text())
+    first, *others = list(drafts)
+    for run in runs.values():
+        run["seconds"] = min(run["rounds_s"])
+        run["tokens_per_s"] = round(run["tokens"] / run["seconds"], 1)
+        run["mean_acceptance_length"] = round(1 + run.pop("accepted") / run.pop("drafts"), 4)
+    ratios: dict[str, Any] = {}
+    for name in others:
+        pairs = [
+            b / f for b, f in zip(runs[first]["rounds_s"], runs[name]["rounds_s"], strict=True)
+        ]
+        ratios[f"{name}_over_{first}"] = {
+            "median": round(statistics.median(pairs), 3),
+            "fastest_over_fastest": round(runs[first]["seconds"] / runs[name]["seconds"], 3),
+            "round_pairs": [round(p, 3) for p in pairs],
+            "same_tokens": runs[name]["tokens_sha256"] == runs[first]["tokens_sha256"],
+        }
+    return {"runs": runs, "ratios": ratios}
 
 
 def measure(
@@ -163,6 +251,12 @@ def main() -> None:
         choices=list(CONFIGS),
         help="the configurations to run (bf16 is always run: the ratios are over it)",
     )
+    parser.add_argument(
+        "--one-engine",
+        action="store_true",
+        help="bf16 and fp8 only, both drafts in one engine (the target loaded once), swapped "
+        "in turn, rounds alternating: no engine-to-engine spread in the ratio",
+    )
     parser.add_argument("--out", type=Path, default=HERE / "results-fp8-speed.json")
     args = parser.parse_args()
     from eaglequant.environment import cpu_info, versions
@@ -175,6 +269,10 @@ def main() -> None:
         drafts = {"bf16": args.bf16, "fp8": fp8}
         for kind, kind_env in (("native", {}), ("as-avx2", AS_AVX2)):
             if kind not in args.kinds:
+                continue
+            if args.one_engine:
+                kinds[kind] = measure_one_engine(drafts, kind_env | W8A16_OFF, args, prompts)
+                print(kind, json.dumps(kinds[kind].get("ratios", kinds[kind])), flush=True)
                 continue
             cycles: dict[str, list[Any]] = {}
             for cycle in range(args.cycles):
@@ -194,12 +292,13 @@ def main() -> None:
         "max_tokens": args.max_tokens,
         "rounds": args.rounds,
         "cycles": args.cycles,
+        "one_engine": args.one_engine,
         "cpu": cpu_info(),
         "versions": versions(),
         "kinds": kinds,
     }
     args.out.write_text(json.dumps(result, indent=2) + "\n")
-    print(json.dumps({k: v["ratios"] for k, v in kinds.items()}, indent=2))
+    print(json.dumps({k: v.get("ratios", v) for k, v in kinds.items()}, indent=2))
 
 
 def _fastest(cycles: list[Any]) -> Any:
