@@ -74,11 +74,15 @@ def _static_input_linear(kernel: Any, layer: Any, x: Any, bias: Any) -> Any:
     if state is None or not isinstance(x, torch.Tensor) or x.dtype.itemsize < 2:
         return None  # no static scale, or inputs vLLM quantized already
     out = state.linear(state.quantize(x.reshape(-1, x.shape[-1])))
-    # float32 in place; a BF16 GEMM's output is promoted (the scales are applied in float32)
+    shape = (*x.shape[:-1], out.shape[-1])
+    if bias is None and x.dtype != torch.float32:
+        # The scales applied in float32 and the product cast to the input's dtype, in one pass
+        # (a BF16 GEMM's output is promoted: the scale is a float32 tensor with a dimension).
+        return torch.mul(out, state.scale, out=out.new_empty(out.shape, dtype=x.dtype)).view(shape)
     out = out.mul_(state.scale) if out.dtype == torch.float32 else torch.mul(out, state.scale)
     if bias is not None:
         out.add_(bias)
-    return out.to(x.dtype).view(*x.shape[:-1], out.shape[-1])
+    return out.to(x.dtype).view(shape)
 
 
 class _StaticInput:
