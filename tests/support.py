@@ -19,6 +19,7 @@ from eaglequant.engine.result import (
     RequestCounts,
     SpecMetrics,
 )
+from eaglequant.io.checkpoint import read_checkpoint
 from eaglequant.io.output import TEMP_MARK
 from eaglequant.model.eagle3 import Eagle3Draft
 from tests.conftest import TOY, tree_digest
@@ -74,8 +75,8 @@ def check6(pair: dict[str, Path], draft: Path) -> tuple[list[str], dict[str, Any
 
     inputs = PlausibilityInputs(
         target=pair["target"],
-        draft=draft,
-        baseline=pair["draft"],
+        draft=read_checkpoint(draft),
+        baseline=read_checkpoint(pair["draft"]),
         prompts=["def function_3(x):\n    return x * 3 + 3\n"],
         generated=None,
         k=3,

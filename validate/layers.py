@@ -12,23 +12,22 @@
 from __future__ import annotations
 
 import math
-from pathlib import Path
 
 from eaglequant.draft import dims_from_config, kv_scale_pairs
 from eaglequant.engine.result import SCALE_NAMES, DraftAttention, DraftLayer, ScaleStats
 from eaglequant.exclusions import predict_fates
-from eaglequant.io.checkpoint import read_checkpoint
+from eaglequant.io.checkpoint import Checkpoint
 from eaglequant.recipe import E8M0_NAN
 from eaglequant.validation_report import Check, CheckId
 
 BAD_EXCLUSION_SIGNATURE = "Attempted to load weight"
 
 
-def expected_schemes(draft: Path) -> dict[str, str | None]:
+def expected_schemes(draft: Checkpoint) -> dict[str, str | None]:
     """Each draft-layer linear, named within the layer (vLLM's layer index differs between its
     weights and its modules), with the Quark scheme inspect predicts vLLM builds it with
     (None: BF16, as an MLA draft's ``self_attn.kv_b_proj``)."""
-    fates = predict_fates(read_checkpoint(draft).flat_config)
+    fates = predict_fates(draft.flat_config)
     return {
         f.vllm_name.split(".", 3)[3]: f.vllm_scheme if f.quantized else None
         for f in fates
@@ -36,9 +35,8 @@ def expected_schemes(draft: Path) -> dict[str, str | None]:
     }
 
 
-def checkpoint_kv_scales(draft: Path) -> list[tuple[float, float]]:
+def checkpoint_kv_scales(ckpt: Checkpoint) -> list[tuple[float, float]]:
     """The draft's calibrated (K, V) scales, one pair per attention in layer order (none: [])."""
-    ckpt = read_checkpoint(draft)
 
     def scalar(name: str) -> float:
         return float(ckpt.load_tensor(name).float().reshape(-1)[0])

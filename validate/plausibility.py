@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any, TypedDict
 from eaglequant.draft import KV_SCALES, DraftDims, dims_from_config, kv_scale_name
 from eaglequant.engine.result import LinearRange
 from eaglequant.errors import InputError
-from eaglequant.io.checkpoint import read_checkpoint
+from eaglequant.io.checkpoint import Checkpoint
 from eaglequant.io.model_config import DraftConfig
 from eaglequant.recipe import E8M0_NAN, FP8_E4M3_MAX, MX_BLOCK
 from eaglequant.validate.draft_ranges import checkpoint_ranges
@@ -56,8 +56,8 @@ class PlausibilityInputs:
     """What check 6 reads: the pair, the drafts, the validation sequences and the tolerance."""
 
     target: Path
-    draft: Path
-    baseline: Path
+    draft: Checkpoint
+    baseline: Checkpoint
     prompts: list[str]
     generated: list[list[int]] | None
     k: int
@@ -89,8 +89,7 @@ def plausibility_problems(
     from eaglequant.model.load import load_draft_module
     from eaglequant.target_fit import check_target_fits
 
-    fp8 = read_checkpoint(inputs.draft)
-    baseline = read_checkpoint(inputs.baseline)
+    fp8, baseline = inputs.draft, inputs.baseline
     dims = dims_from_config(baseline.flat_config)
     aux_ids = check_target_fits(inputs.target, dims)
     model = load_draft_module(baseline)

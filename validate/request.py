@@ -20,7 +20,7 @@ from eaglequant.engine.config import (
     probe_vllm,
 )
 from eaglequant.errors import InputError
-from eaglequant.io.checkpoint import read_checkpoint
+from eaglequant.io.checkpoint import Checkpoint, read_checkpoint
 from eaglequant.manifest import MANIFEST_FILE, read_json_object, read_manifest
 from eaglequant.prompts.chat import RenderedPrompts, render_for_target
 from eaglequant.prompts.source import text_hashes
@@ -87,8 +87,19 @@ def validation_spec(draft: Path, recipe: str | None) -> ValidationSpec:
         ) from exc
 
 
-def check_inputs(request: ValidateRequest) -> dict[str, Binding]:
-    """Everything that can be checked before any engine starts; the files it will validate."""
+@dataclass(frozen=True)
+class CheckedInputs:
+    """What :func:`check_inputs` read and proved, each folder read once: the bytes validated
+    (by role) and both drafts as vLLM reads them, for every later check."""
+
+    files: dict[str, Binding]
+    draft: Checkpoint
+    baseline: Checkpoint
+
+
+def check_inputs(request: ValidateRequest) -> CheckedInputs:
+    """Everything that can be checked before any engine starts; the files it will validate
+    and the drafts, read."""
     if not request.target.is_dir():
         raise InputError(f"{request.target}: no such target folder; pass the target model's folder")
     if request.categories is not None and len(request.categories) != len(request.prompts):
@@ -97,9 +108,9 @@ def check_inputs(request: ValidateRequest) -> dict[str, Binding]:
             "give one category per prompt"
         )
     files = {"draft": binding(request.draft), "baseline": binding(request.baseline)}
-    dims = {}
+    dims, read = {}, {}
     for folder in (request.draft, request.baseline):
-        ckpt = read_checkpoint(folder)  # as vLLM reads it, in any draft format
+        ckpt = read[folder] = read_checkpoint(folder)  # as vLLM reads it, in any draft format
         problems = [p for p in structure_problems(ckpt) if not p.loadable]
         if problems:
             raise InputError(str(problems[0]))
@@ -120,7 +131,7 @@ def check_inputs(request: ValidateRequest) -> dict[str, Binding]:
         check_capture(request.hidden_states, dims[request.baseline])
     else:
         check_engine(request.capture)
-    return files
+    return CheckedInputs(files, read[request.draft], read[request.baseline])
 
 
 def require_layer_inspection(install: VllmInstall, command: str) -> None:

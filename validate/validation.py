@@ -44,7 +44,7 @@ from functools import partial
 from pathlib import Path
 from typing import Literal
 
-from eaglequant.engine.config import llm_kwargs, probe_vllm
+from eaglequant.engine.config import check_kv_cache_dtype, llm_kwargs, probe_vllm
 from eaglequant.engine.process import ChildRun, log_tail, run_engine_child
 from eaglequant.engine.request import EngineRequest
 from eaglequant.engine.result import (
@@ -53,11 +53,10 @@ from eaglequant.engine.result import (
 )
 from eaglequant.environment import environment
 from eaglequant.errors import EngineFailed
-from eaglequant.io.checkpoint import read_checkpoint
 from eaglequant.progress import Progress, quiet
 from eaglequant.prompts.chat import RenderedPrompts
 from eaglequant.prompts.format import read_prompts as read_prompts
-from eaglequant.speculative import draft_kv_cache_dtype, speculative_config
+from eaglequant.speculative import draft_kv_cache_dtype, kv_source, speculative_config
 from eaglequant.validate.acceptance import (
     AcceptanceThresholds,
     engine_acceptance_checks,
@@ -88,6 +87,7 @@ from eaglequant.validate.prompt_lengths import check_prompt_lengths
 from eaglequant.validate.regression import NAME as REGRESSION
 from eaglequant.validate.regression import RunCounts, regression_check
 from eaglequant.validate.request import (
+    CheckedInputs,
     ValidateRequest,
     calibration_overlap,
     check_inputs,
@@ -109,12 +109,13 @@ def validate_draft(
     reuse: dict[str, EngineRun] | None = None,
 ) -> ValidationReport:
     """Run the three engines (or reuse finished ``target``/``bf16`` runs) and the six checks."""
+    checked = check_inputs(request)
     asked = request.draft_kv_cache_dtype
-    kv = draft_kv_cache_dtype(asked, read_checkpoint(request.draft).flat_config)
+    kv = draft_kv_cache_dtype(asked, checked.draft.flat_config)
     if kv != asked:
+        check_kv_cache_dtype(kv, probe_vllm(sys.executable), kv_source(request.draft))
         progress(f"the draft carries calibrated K/V scales: its KV cache runs in {kv}")
         request = replace(request, draft_kv_cache_dtype=kv)
-    files = check_inputs(request)
     rendered = engine_prompts(request)
     check_prompt_lengths(
         request.target,
@@ -147,12 +148,12 @@ def validate_draft(
         progress(f"{unscored}: a target-alone engine for check 1 instead")
         runs.engines["target"] = engines["target"] = run_one(None)
         runs.target_loads += 1
-    checks = _engine_checks(request, engines)
+    checks = _engine_checks(request, checked, engines)
     categories = _categories(request, engines)
     if categories is not None:
         checks += category_checks(categories)
     progress("scale plausibility ...")
-    plausibility = scale_plausibility(request, engines, rendered, progress)
+    plausibility = scale_plausibility(request, checked, engines, rendered, progress)
     checks.append(plausibility)
     if request.against is not None:
         checks += _regression(request, engines["fp8"])
@@ -170,7 +171,7 @@ def validate_draft(
         checks=checks,
         prompts_sha256=prompts_digest(request.prompts),
         serve_command=fp8["engine_config"]["serve_line"] if fp8 else None,
-        files=files,
+        files=checked.files,
         command=request.command,
         environment=environment(),
         chat_template=rendered.chat_template,
@@ -293,7 +294,9 @@ def _lossless(request: ValidateRequest, engines: dict[str, EngineRun]) -> Check:
     )
 
 
-def _engine_checks(request: ValidateRequest, engines: dict[str, EngineRun]) -> list[Check]:
+def _engine_checks(
+    request: ValidateRequest, checked: CheckedInputs, engines: dict[str, EngineRun]
+) -> list[Check]:
     failed = [role for role, e in engines.items() if not e["ok"]]
     if failed:
         tails = {role: log_tail(engines[role]["log"]) for role in failed}
@@ -313,10 +316,10 @@ def _engine_checks(request: ValidateRequest, engines: dict[str, EngineRun]) -> l
         acceptance_check,
         layers_check(
             engines["fp8"]["result"]["draft_layers"],
-            expected_schemes(request.draft),
+            expected_schemes(checked.draft),
             kv_cache=(
                 engines["fp8"]["result"].get("draft_attention", []),
-                checkpoint_kv_scales(request.draft),
+                checkpoint_kv_scales(checked.draft),
             ),
         ),
         log_check(engines["fp8"]["log"]),
@@ -369,6 +372,7 @@ def _regression(request: ValidateRequest, fp8: EngineRun) -> list[Check]:
 
 def scale_plausibility(
     request: ValidateRequest,
+    checked: CheckedInputs,
     engines: Mapping[str, EngineRun],
     rendered: RenderedPrompts,
     progress: Callable[[str], None] = lambda _m: None,
@@ -384,8 +388,8 @@ def scale_plausibility(
     bf16_result = engines["bf16"].get("result")
     inputs = PlausibilityInputs(
         target=request.target,
-        draft=request.draft,
-        baseline=request.baseline,
+        draft=checked.draft,
+        baseline=checked.baseline,
         prompts=rendered.texts,
         add_special_tokens=rendered.add_special_tokens,
         generated=target_result["token_ids"] if target_result else None,

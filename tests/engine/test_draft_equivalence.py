@@ -267,7 +267,7 @@ def test_exported_draft_loads_as_inspect_predicts(
     engine = run_engine(validating, out)
     assert engine["ok"], engine["log"][-3000:]
     layers = engine["result"]["draft_layers"]
-    expected = expected_schemes(out)
+    expected = expected_schemes(read_checkpoint(out))
     check = layers_check(layers, expected)
     assert check.passed, check.detail
     kept = {name for name, scheme in expected.items() if scheme is None}

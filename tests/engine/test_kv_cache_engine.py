@@ -13,6 +13,7 @@ from click.testing import CliRunner
 
 from eaglequant.cli import main
 from eaglequant.engine.config import probe_vllm
+from eaglequant.io.checkpoint import read_checkpoint
 from eaglequant.validate.layers import checkpoint_kv_scales
 from tests.conftest import TOY, toy_prompts_file
 
@@ -42,7 +43,7 @@ def test_a_kv_scaled_draft_runs_with_its_scales_in_an_fp8_kv_cache(tmp_path: Pat
     assert layers["passed"], layers["detail"]
     assert layers["detail"].endswith("FP8 draft KV cache with the checkpoint's K/V scales (1)")
     [attention] = layers["numbers"]["attention"]
-    [(k, v)] = checkpoint_kv_scales(draft)
+    [(k, v)] = checkpoint_kv_scales(read_checkpoint(draft))
     assert attention["kv_cache_dtype"] == "fp8_e4m3"
     assert (attention["k_scale"], attention["v_scale"]) == (k, v) and k != 1.0
     assert checks["1 lossless"]["passed"] and checks["6 scale plausibility"]["passed"]

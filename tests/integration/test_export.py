@@ -132,8 +132,8 @@ def _check_six_sees_every_layer(
     def problems(fp8: Path) -> list[str]:
         inputs = PlausibilityInputs(
             target=pair["target"],
-            draft=fp8,
-            baseline=draft,
+            draft=read_checkpoint(fp8),
+            baseline=read_checkpoint(draft),
             prompts=[],
             generated=None,
             k=3,

@@ -61,7 +61,7 @@ def test_the_form_takes_attn_kv_scales_and_refuses_quarks_names(tiny_draft: Path
     }
     _with_tensors(tiny_draft, scales)
     assert structure_problems(read_checkpoint(tiny_draft)) == []
-    assert checkpoint_kv_scales(tiny_draft) == [(0.25, 0.5)]
+    assert checkpoint_kv_scales(read_checkpoint(tiny_draft)) == [(0.25, 0.5)]
     _with_tensors(tiny_draft, {"midlayer.self_attn.k_proj.output_scale": torch.tensor(0.25)})
     problems = [str(p) for p in structure_problems(read_checkpoint(tiny_draft))]
     assert len(problems) == 1 and "'midlayer.self_attn.k_proj.output_scale'" in problems[0]
