@@ -19,12 +19,13 @@ from click.testing import CliRunner
 from safetensors.torch import load_file, save_file
 
 from eaglequant.cli import main
+from eaglequant.io.checkpoint import read_checkpoint
 from eaglequant.spec_counts import SpecDecodeCounts
 from eaglequant.validate.acceptance import prompt_counts
 from eaglequant.validate.engine_summary import outputs_digest
 from eaglequant.validate.lossless import DEFAULT_TIE_MARGIN, lossless_check
 from eaglequant.validate.regression import RunCounts, read_previous, regression_check
-from eaglequant.validate.request import ValidateRequest, engine_prompts
+from eaglequant.validate.request import CheckedInputs, ValidateRequest, engine_prompts
 from eaglequant.validate.stats import PromptCounts, counts_mismatch
 from eaglequant.validate.validation import (
     ValidationReport,
@@ -274,14 +275,13 @@ def test_corrupted_scales_fail_plausibility(
     variant = _variant(good_fp8, tmp_path, edit)
     states = validation_states if source == "hidden_states" else None
     request = _request(variant, hidden_states=states)
-    check = scale_plausibility(request, shared_engines, engine_prompts(request))
+    check = scale_plausibility(request, _read(request), shared_engines, engine_prompts(request))
     assert check.name.startswith("6") and not check.passed, (label, check.detail)
     assert check.numbers["ranges_from"] == source
 
 
 def test_random_weight_draft_has_acceptance_near_one(tmp_path: Path) -> None:
     from eaglequant.devtools.synthetic import write_random_draft
-    from eaglequant.io.checkpoint import read_checkpoint
 
     config = read_checkpoint(TOY / "draft").config
     random_draft = write_random_draft(tmp_path / "random", config, seed=3)
@@ -316,9 +316,14 @@ def test_engine_crash_is_a_failed_check_with_log_tail(
     bf16 = dict(shared_engines["bf16"], result=dict(shared_engines["bf16"]["result"]))
     del bf16["result"]["draft_ranges"]
     request = _request(good_fp8)
-    six = scale_plausibility(request, {"bf16": bf16}, engine_prompts(request))
+    six = scale_plausibility(request, _read(request), {"bf16": bf16}, engine_prompts(request))
     assert not six.passed
     assert six.detail.startswith("could not capture the target's hidden states: vLLM capture")
+
+
+def _read(request: ValidateRequest) -> CheckedInputs:
+    """The drafts as validate's input checks read them (check 6 takes them read)."""
+    return CheckedInputs({}, read_checkpoint(request.draft), read_checkpoint(request.baseline))
 
 
 def _diverged_fraction(ids: list[list[int]], other: dict) -> float:
