@@ -178,13 +178,30 @@ def measure_one_engine(
         pairs = [
             b / f for b, f in zip(runs[first]["rounds_s"], runs[name]["rounds_s"], strict=True)
         ]
+        low, high = _median_interval(pairs)
         ratios[f"{name}_over_{first}"] = {
             "median": round(statistics.median(pairs), 3),
+            "median_interval_95": [round(low, 3), round(high, 3)],
+            f"at_least_{args.bar}": _verdict(low, high, args.bar),
             "fastest_over_fastest": round(runs[first]["seconds"] / runs[name]["seconds"], 3),
             "round_pairs": [round(p, 3) for p in pairs],
             "same_tokens": runs[name]["tokens_sha256"] == runs[first]["tokens_sha256"],
         }
     return {"runs": runs, "ratios": ratios}
+
+
+def _median_interval(pairs: list[float], resamples: int = 4000) -> tuple[float, float]:
+    """A 95% percentile-bootstrap interval of the median round-pair ratio (seeded: the same
+    rounds give the same interval)."""
+    import random
+
+    draw = random.Random(0)
+    medians = sorted(statistics.median(draw.choices(pairs, k=len(pairs))) for _ in range(resamples))
+    return medians[int(0.025 * resamples)], medians[int(0.975 * resamples) - 1]
+
+
+def _verdict(low: float, high: float, bar: float) -> str:
+    return "yes" if low >= bar else "no" if high < bar else "undecided"
 
 
 def measure(
@@ -257,6 +274,9 @@ def main() -> None:
         help="bf16 and fp8 only, both drafts in one engine (the target loaded once), swapped "
         "in turn, rounds alternating: no engine-to-engine spread in the ratio",
     )
+    parser.add_argument(
+        "--bar", type=float, default=0.9, help="--one-engine: the FP8/BF16 ratio judged against"
+    )
     parser.add_argument("--out", type=Path, default=HERE / "results-fp8-speed.json")
     args = parser.parse_args()
     from eaglequant.environment import cpu_info, versions
@@ -293,6 +313,7 @@ def main() -> None:
         "rounds": args.rounds,
         "cycles": args.cycles,
         "one_engine": args.one_engine,
+        "fp8_gemm_dtype": os.environ.get("EAGLEQUANT_CPU_FP8_GEMM") or "float32",
         "cpu": cpu_info(),
         "versions": versions(),
         "kinds": kinds,

@@ -78,7 +78,9 @@ def _static_input_linear(kernel: Any, layer: Any, x: Any, bias: Any) -> Any:
     if bias is None and x.dtype != torch.float32:
         # The scales applied in float32 and the product cast to the input's dtype, in one pass
         # (a BF16 GEMM's output is promoted: the scale is a float32 tensor with a dimension).
-        return torch.mul(out, state.scale, out=out.new_empty(out.shape, dtype=x.dtype)).view(shape)
+        result = torch.empty(shape, dtype=x.dtype)
+        torch.mul(out, state.scale, out=result.view(out.shape))
+        return result
     out = out.mul_(state.scale) if out.dtype == torch.float32 else torch.mul(out, state.scale)
     if bias is not None:
         out.add_(bias)
@@ -115,7 +117,8 @@ class _StaticInput:
             if table is None:
                 every = torch.arange(65536, dtype=torch.int32).to(torch.int16).view(rows.dtype)
                 table = self.tables[rows.dtype] = self._reference(every)
-            bits = rows.contiguous().view(torch.uint16).view(-1).to(torch.int32)
+            # A 16-bit view needs no copy; the index is made contiguous by the cast itself.
+            bits = rows.view(torch.uint16).to(torch.int32).view(-1)
             return torch.index_select(table, 0, bits).view(rows.shape)
         return self._reference(rows)
 
