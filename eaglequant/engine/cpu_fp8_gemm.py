@@ -6,6 +6,7 @@ guarded, with the others). Why and how: :func:`plain_fp8_gemm`.
 
 from __future__ import annotations
 
+import functools
 import os
 from typing import Any
 
@@ -73,6 +74,12 @@ def _static_input_linear(kernel: Any, layer: Any, x: Any, bias: Any) -> Any:
     state = _static_state(kernel, layer)
     if state is None or not isinstance(x, torch.Tensor) or x.dtype.itemsize < 2:
         return None  # no static scale, or inputs vLLM quantized already
+    if state.scaled_into is not None and bias is None and x.dtype == torch.bfloat16:
+        # One GEMM from the looked-up values to the BF16 output, the scales folded in.
+        rows = x.reshape(-1, x.shape[-1])
+        result = torch.empty((*x.shape[:-1], state.outputs), dtype=x.dtype)
+        state.scaled_into(result.view(-1, state.outputs), state.quantize(rows))
+        return result
     out = state.linear(state.quantize(x.reshape(-1, x.shape[-1])))
     shape = (*x.shape[:-1], out.shape[-1])
     if bias is None and x.dtype != torch.float32:
@@ -90,12 +97,15 @@ def _static_input_linear(kernel: Any, layer: Any, x: Any, bias: Any) -> Any:
 class _StaticInput:
     """What the static-input path keeps per layer: the GEMM, the input scale's reciprocal
     (vLLM quantizes by multiplying with it) and the output scale, each a float32 tensor with
-    a dimension (so that a BF16 operand is promoted), and per 16-bit input dtype a table."""
+    a dimension (so that a BF16 operand is promoted), per 16-bit input dtype a table, and
+    where it can be made the GEMM with the scales folded in (:func:`_scaled_gemm`)."""
 
-    def __init__(self, linear: Any, dtype: Any, inverse: Any, scale: Any) -> None:
+    def __init__(self, linear: Any, dtype: Any, inverse: Any, scale: Any, weight: Any) -> None:
         import torch
 
         self.linear, self.inverse, self.scale = linear, inverse, scale
+        self.outputs = weight.shape[1]
+        self.scaled_into = _scaled_gemm(weight, scale) if dtype == torch.float32 else None
         # The 256 E4M3 values in the GEMM's dtype: a lookup by code is about twice as fast
         # as a cast from FP8 on a CPU.
         self.values = torch.arange(256, dtype=torch.uint8).view(torch.float8_e4m3fn).to(dtype)
@@ -135,20 +145,86 @@ class _StaticInput:
 
 def _static_state(kernel: Any, layer: Any) -> _StaticInput | None:
     """The static-input path's state for this layer, made on its first call (None: the
-    layer's input scale is not one static value). Made anew if the weight tensor was
-    replaced (a reload)."""
-    weight, weight_scale, input_scale, _ = kernel._get_layer_params(layer)
+    layer's input scale is not one static value). Made anew if the weight's storage moved
+    (a reload). The check reads the layer's registered weight directly: it runs on every
+    call, and ``nn.Module`` attribute reads cost more than the rest of it."""
     cached = kernel.__dict__.get("_eaglequant_static")
-    if cached is not None and cached[0] == weight.data_ptr():
-        return cached[1]
+    if cached is not None and cached[0] is not None:
+        current = layer._parameters.get(cached[0])
+        if current is not None and current.data_ptr() == cached[1]:
+            return cached[2]
+    weight, weight_scale, input_scale, _ = kernel._get_layer_params(layer)
+    if cached is not None and cached[1] == weight.data_ptr():
+        return cached[2]  # a weight that is not a registered parameter: checked the long way
     state = None
     if input_scale is not None and input_scale.numel() == 1:
         linear, dtype = _gemm(kernel, weight)
         inverse = input_scale.float().reshape(1).reciprocal()
         scale = input_scale.float().reshape(1, 1) * weight_scale.float().reshape(1, -1)
-        state = _StaticInput(linear, dtype, inverse, scale)
-    kernel._eaglequant_static = (weight.data_ptr(), state)
+        state = _StaticInput(linear, dtype, inverse, scale, weight)
+    parameters = getattr(layer, "_parameters", {})
+    name = next((key for key, value in parameters.items() if value is weight), None)
+    kernel._eaglequant_static = (name, weight.data_ptr(), state)
     return state
+
+
+def _scaled_gemm(weight: Any, scale: Any) -> Any:
+    """``into(out, values)``: ``out = values @ (weight * scale)`` in one call, or None.
+
+    vLLM's oneDNN GEMM over the FP8 weight's values with the per-tensor or per-channel
+    scales folded in, in float32 (``weight``: ``(K, N)``; ``scale``: ``(1, N)``), writing
+    its float32 sums converted to ``out``'s dtype. The arithmetic is the float32 GEMM's
+    with each product's scale applied before the sum instead of after: every product is
+    then rounded once in float32 (a relative 2**-24, the size of one float32 addition's
+    rounding), and the BF16 result is rounded once, as a GPU rounds it. It saves the
+    separate pass that scales and casts. None where vLLM has no oneDNN GEMM or where its
+    output fails :func:`_scaled_gemm_holds` in this process."""
+    import torch
+    from vllm import _custom_ops as ops
+
+    if not getattr(ops, "_supports_onednn", False) or not _scaled_gemm_holds():
+        return None
+    folded = (weight.t().float() * scale.reshape(-1, 1)).contiguous()  # (N, K)
+    handler = ops.create_onednn_mm(folded.t(), 32)
+    run, kept = torch.ops._C.onednn_mm, (handler, folded)
+
+    def into(out: Any, values: Any, _kept: Any = kept) -> None:
+        run(out, values, None, _kept[0].handler_tensor)
+
+    return into
+
+
+@functools.cache
+def _scaled_gemm_holds() -> bool:
+    """Whether vLLM's oneDNN GEMM, given a BF16 output, writes its float32 sums rounded to
+    BF16 (checked once a process on E4M3 values against float64: every element within one
+    BF16 step of the exact product, nearly all equal to it rounded). Another vLLM build
+    could write the input's dtype into it, as it does for a float32 output of a BF16 GEMM."""
+    import torch
+    from vllm import _custom_ops as ops
+
+    generator = torch.Generator().manual_seed(0)
+    values = torch.arange(256, dtype=torch.uint8).view(torch.float8_e4m3fn).float()
+    values = values[values.isfinite()]
+    pick = lambda *shape: values[torch.randint(len(values), shape, generator=generator)]  # noqa: E731
+    x, w = pick(24, 96), pick(40, 96)
+    scale = torch.rand(1, 40, generator=generator) + 0.01
+    folded = (w * scale.reshape(-1, 1)).contiguous()
+    out = torch.empty(24, 40, dtype=torch.bfloat16)
+    try:
+        handler = ops.create_onednn_mm(folded.t(), 1)  # held: freeing it frees the primitive
+        torch.ops._C.onednn_mm(out, x, None, handler.handler_tensor)
+    except RuntimeError:
+        return False
+    exact = (x.double() @ w.double().t()) * scale.double()
+    rounded = exact.bfloat16()
+    _, exponent = torch.frexp(exact)
+    step = torch.ldexp(torch.ones_like(exact), exponent - 8)  # one BF16 step at each value
+    return bool(
+        out.isfinite().all()
+        and ((out.double() - exact).abs() <= step).all()
+        and (out == rounded).float().mean() >= 0.99
+    )
 
 
 def plain_scaled_mm(

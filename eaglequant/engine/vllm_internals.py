@@ -178,6 +178,17 @@ PLUGIN_HOOKS = {
             "CPU FP8 GEMMs (vLLM's own CPU GEMM)",
             ("layer", "remove_weight"),
         ),
+        # The static-input GEMM with the scales folded in: vLLM's oneDNN GEMM called with a
+        # BF16 output (``cpu_fp8_gemm._scaled_gemm``, self-checked once a process).
+        Hook("plugin.onednn", "vllm._custom_ops", "_supports_onednn", "CPU FP8 GEMMs"),
+        Hook(
+            "plugin.create_onednn_mm",
+            "vllm._custom_ops",
+            "create_onednn_mm",
+            "CPU FP8 GEMMs",
+            ("weight", "primitive_cache_size"),
+        ),
+        Hook("plugin.onednn_mm", "vllm._custom_ops", "onednn_mm", "CPU FP8 GEMMs"),
         *(
             Hook(
                 f"plugin.{kernel}.{member}",
