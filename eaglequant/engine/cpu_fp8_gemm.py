@@ -31,7 +31,9 @@ def plain_fp8_gemm() -> None:
     rounded to BF16 once before the scales, which moved the real pair's FP8 acceptance by
     0.6% (``docs/benchmarks.md``): for speed, not for a verdict. A static
     per-tensor input is quantized as vLLM quantizes it (times the scale's reciprocal,
-    clamped, cast) in the same call. The layer keeps its FP8 weight (what check 3 reads);
+    clamped, cast) in the same call; for a BF16 input without bias the GEMM then takes the
+    scales folded into its float32 weight and writes the BF16 output itself
+    (:func:`_scaled_gemm`). The layer keeps its FP8 weight (what check 3 reads);
     the GEMM's copy is made on the first call and kept beside it. Idempotent.
     """
     from vllm.model_executor.kernels.linear.scaled_mm import pytorch

@@ -179,6 +179,15 @@ def test_every_plugin_patch_and_feature_names_known_hooks() -> None:
         assert keys and all(k in internals.BY_KEY for k in keys)
 
 
+def test_the_hook_table_in_the_docs_lists_every_hook_and_no_other() -> None:
+    from pathlib import Path
+
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "verification.md").read_text()
+    rows = [line for line in doc.splitlines() if line.startswith("| `") and "`vllm/" in line]
+    listed = [row.split("`")[1] for row in rows]
+    assert sorted(listed) == sorted(hook.key for hook in internals.HOOKS)
+
+
 def test_the_probe_warns_once_for_a_vllm_outside_the_range(
     monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
