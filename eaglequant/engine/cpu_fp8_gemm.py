@@ -33,8 +33,8 @@ def plain_fp8_gemm() -> None:
     per-tensor input is quantized as vLLM quantizes it (times the scale's reciprocal,
     clamped, cast) in the same call; for a BF16 input without bias the GEMM then takes the
     scales folded into its float32 weight and writes the BF16 output itself
-    (:func:`_scaled_gemm`). The layer keeps its FP8 weight (what check 3 reads);
-    the GEMM's copy is made on the first call and kept beside it. Idempotent.
+    (:func:`_scaled_gemm`). The layer keeps its FP8 weight (what check 3 reads); the
+    GEMM's copy is made on the first call that needs it and kept beside it. Idempotent.
     """
     from vllm.model_executor.kernels.linear.scaled_mm import pytorch
 
@@ -102,16 +102,22 @@ class _StaticInput:
     a dimension (so that a BF16 operand is promoted), per 16-bit input dtype a table, and
     where it can be made the GEMM with the scales folded in (:func:`_scaled_gemm`)."""
 
-    def __init__(self, linear: Any, dtype: Any, inverse: Any, scale: Any, weight: Any) -> None:
+    def __init__(self, kernel: Any, weight: Any, inverse: Any, scale: Any) -> None:
         import torch
 
-        self.linear, self.inverse, self.scale = linear, inverse, scale
+        self.inverse, self.scale, self._kernel, self._weight = inverse, scale, kernel, weight
         self.outputs = weight.shape[1]
+        dtype = gemm_dtype()
         self.scaled_into = _scaled_gemm(weight, scale) if dtype == torch.float32 else None
         # The 256 E4M3 values in the GEMM's dtype: a lookup by code is about twice as fast
         # as a cast from FP8 on a CPU.
         self.values = torch.arange(256, dtype=torch.uint8).view(torch.float8_e4m3fn).to(dtype)
         self.tables: dict[Any, Any] = {}
+
+    def linear(self, values: Any) -> Any:
+        """The GEMM with the scales after (float32 inputs, a bias, or no folded GEMM), its
+        weight copy made on first use only: a draft that never needs it never holds it."""
+        return _gemm(self._kernel, self._weight)[0](values)
 
     def quantize(self, rows: Any) -> Any:
         """``rows`` quantized as vLLM quantizes a static input (times the reciprocal, clamped
@@ -160,10 +166,9 @@ def _static_state(kernel: Any, layer: Any) -> _StaticInput | None:
         return cached[2]  # a weight that is not a registered parameter: checked the long way
     state = None
     if input_scale is not None and input_scale.numel() == 1:
-        linear, dtype = _gemm(kernel, weight)
         inverse = input_scale.float().reshape(1).reciprocal()
         scale = input_scale.float().reshape(1, 1) * weight_scale.float().reshape(1, -1)
-        state = _StaticInput(linear, dtype, inverse, scale, weight)
+        state = _StaticInput(kernel, weight, inverse, scale)
     parameters = getattr(layer, "_parameters", {})
     name = next((key for key, value in parameters.items() if value is weight), None)
     kernel._eaglequant_static = (name, weight.data_ptr(), state)
