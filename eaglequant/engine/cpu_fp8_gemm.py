@@ -76,13 +76,13 @@ def _static_input_linear(kernel: Any, layer: Any, x: Any, bias: Any) -> Any:
     state = _static_state(kernel, layer)
     if state is None or not isinstance(x, torch.Tensor) or x.dtype.itemsize < 2:
         return None  # no static scale, or inputs vLLM quantized already
+    values = state.quantize(x.reshape(-1, x.shape[-1]))
     if state.scaled_into is not None and bias is None and x.dtype == torch.bfloat16:
         # One GEMM from the looked-up values to the BF16 output, the scales folded in.
-        rows = x.reshape(-1, x.shape[-1])
         result = torch.empty((*x.shape[:-1], state.outputs), dtype=x.dtype)
-        state.scaled_into(result.view(-1, state.outputs), state.quantize(rows))
+        state.scaled_into(result.view(-1, state.outputs), values)
         return result
-    out = state.linear(state.quantize(x.reshape(-1, x.shape[-1])))
+    out = state.linear(values)
     shape = (*x.shape[:-1], out.shape[-1])
     if bias is None and x.dtype != torch.float32:
         # The scales applied in float32 and the product cast to the input's dtype, in one pass
@@ -186,13 +186,22 @@ def _scaled_gemm(weight: Any, scale: Any) -> Any:
     rounding), and the BF16 result is rounded once, as a GPU rounds it. It saves the
     separate pass that scales and casts. None where vLLM has no oneDNN GEMM or where its
     output fails :func:`_scaled_gemm_holds` in this process."""
-    import torch
     from vllm import _custom_ops as ops
 
     if not getattr(ops, "_supports_onednn", False) or not _scaled_gemm_holds():
         return None
+    return _folded_gemm(weight, scale, 32)
+
+
+def _folded_gemm(weight: Any, scale: Any, cache_size: int) -> Any:
+    """``into(out, values)`` over vLLM's oneDNN GEMM of ``weight * scale`` in float32
+    (``weight``: ``(K, N)``; ``scale``: ``(1, N)``), unchecked: :func:`_scaled_gemm`. The
+    closure holds the handler: freeing it frees oneDNN's primitive."""
+    import torch
+    from vllm import _custom_ops as ops
+
     folded = (weight.t().float() * scale.reshape(-1, 1)).contiguous()  # (N, K)
-    handler = ops.create_onednn_mm(folded.t(), 32)
+    handler = ops.create_onednn_mm(folded.t(), cache_size)
     run, kept = torch.ops._C.onednn_mm, (handler, folded)
 
     def into(out: Any, values: Any, _kept: Any = kept) -> None:
@@ -208,7 +217,6 @@ def _scaled_gemm_holds() -> bool:
     BF16 step of the exact product, nearly all equal to it rounded). Another vLLM build
     could write the input's dtype into it, as it does for a float32 output of a BF16 GEMM."""
     import torch
-    from vllm import _custom_ops as ops
 
     generator = torch.Generator().manual_seed(0)
     values = torch.arange(256, dtype=torch.uint8).view(torch.float8_e4m3fn).float()
@@ -216,11 +224,9 @@ def _scaled_gemm_holds() -> bool:
     pick = lambda *shape: values[torch.randint(len(values), shape, generator=generator)]  # noqa: E731
     x, w = pick(24, 96), pick(40, 96)
     scale = torch.rand(1, 40, generator=generator) + 0.01
-    folded = (w * scale.reshape(-1, 1)).contiguous()
     out = torch.empty(24, 40, dtype=torch.bfloat16)
     try:
-        handler = ops.create_onednn_mm(folded.t(), 1)  # held: freeing it frees the primitive
-        torch.ops._C.onednn_mm(out, x, None, handler.handler_tensor)
+        _folded_gemm(w.t(), scale, 1)(out, x)
     except RuntimeError:
         return False
     exact = (x.double() @ w.double().t()) * scale.double()
