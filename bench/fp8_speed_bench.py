@@ -143,7 +143,12 @@ for r in range(rounds):
         tokens = [list(o.outputs[0].token_ids) for o in outputs]
         runs[name]["tokens"] = sum(map(len, tokens))
         runs[name]["tokens_sha256"] = hashlib.sha256(json.dumps(tokens).encode()).hexdigest()
-json.dump(runs, open(out, "w"))
+from eaglequant.engine import cpu_fp8_gemm, cpu_fp8_native
+static_path = (
+    "vLLM's oneDNN GEMM (" + cpu_fp8_gemm.gemm_mode() + ")" if cpu_fp8_gemm.gemm_mode() not in
+    ("auto", "native") else "eaglequant's compiled kernel" if cpu_fp8_native.kernel() else
+    "vLLM's oneDNN GEMM, scales folded (" + str(cpu_fp8_native.unavailable()) + ")")
+json.dump({"runs": runs, "fp8_static_path": static_path}, open(out, "w"))
 """
 
 
@@ -167,7 +172,8 @@ def measure_one_engine(
             lines = log.read_text(errors="replace").splitlines()
             errors = [line for line in lines if "Error" in line or "refused" in line]
             return {"failed": stopped or (errors or lines or ["no output"])[-1][:300]}
-        runs = json.loads(out.read_text())
+        found = json.loads(out.read_text())
+    runs = found["runs"]
     first, *others = list(drafts)
     for run in runs.values():
         run["seconds"] = min(run["rounds_s"])
@@ -187,7 +193,7 @@ def measure_one_engine(
             "round_pairs": [round(p, 3) for p in pairs],
             "same_tokens": runs[name]["tokens_sha256"] == runs[first]["tokens_sha256"],
         }
-    return {"runs": runs, "ratios": ratios}
+    return {"runs": runs, "ratios": ratios, "fp8_static_path": found["fp8_static_path"]}
 
 
 def _median_interval(pairs: list[float], resamples: int = 4000) -> tuple[float, float]:
@@ -313,7 +319,7 @@ def main() -> None:
         "rounds": args.rounds,
         "cycles": args.cycles,
         "one_engine": args.one_engine,
-        "fp8_gemm_dtype": os.environ.get("EAGLEQUANT_CPU_FP8_GEMM") or "float32",
+        "fp8_gemm_mode": os.environ.get("EAGLEQUANT_CPU_FP8_GEMM") or "auto",
         "cpu": cpu_info(),
         "versions": versions(),
         "kinds": kinds,

@@ -12,11 +12,12 @@ from typing import Any
 
 from eaglequant.recipe import FP8_E4M3_MAX
 
-GEMM_ENV = "EAGLEQUANT_CPU_FP8_GEMM"  # float32 (default) or bfloat16: what FP8 GEMMs multiply in
+GEMM_ENV = "EAGLEQUANT_CPU_FP8_GEMM"  # auto (default), native, float32 or bfloat16
+MODES = ("auto", "native", "float32", "bfloat16")
 
 
 def plain_fp8_gemm() -> None:
-    """Run vLLM's torch FP8 linears on CPU as vLLM's own CPU GEMM over the FP8 values.
+    """Run vLLM's torch FP8 linears on CPU as one CPU GEMM over the FP8 values.
 
     FP8 linears that no native CPU FP8 kernel takes (on an AVX2 EPYC or a Zen 4 all of
     them; with eaglequant's engines on AMX too, see ``engine.config``) reach
@@ -24,17 +25,24 @@ def plain_fp8_gemm() -> None:
     whose ``torch._scaled_mm`` takes tens of milliseconds a call on a CPU (and is refused
     by oneDNN limited to AVX2). Every E4M3 value, and every product of two, is exact in
     float32 and in BF16, so a GEMM over them with float32 accumulation and the scales
-    applied after is the FP8 GEMM. The GEMM is the one vLLM picks for an unquantized CPU
-    linear of that dtype (``dispatch_cpu_unquantized_gemm``: AMX packed, oneDNN or torch).
-    In float32 (the default) it is the FP8 arithmetic to the summation order. In BF16
-    (:data:`GEMM_ENV` ``bfloat16``: faster where the CPU has native BF16) the result is
-    rounded to BF16 once before the scales, which moved the real pair's FP8 acceptance by
-    0.6% (``docs/benchmarks.md``): for speed, not for a verdict. A static
-    per-tensor input is quantized as vLLM quantizes it (times the scale's reciprocal,
-    clamped, cast) in the same call; for a BF16 input without bias the GEMM then takes the
-    scales folded into its float32 weight and writes the BF16 output itself
-    (:func:`_scaled_gemm`). The layer keeps its FP8 weight (what check 3 reads); the
-    GEMM's copy is made on the first call that needs it and kept beside it. Idempotent.
+    applied after is the FP8 GEMM, to the summation order.
+
+    - A BF16 input with one static scale and no bias (every static FP8 draft linear) is, on
+      a CPU with AVX512-BF16, one call of eaglequant's compiled kernel
+      (:mod:`eaglequant.engine.cpu_fp8_native`): quantized as vLLM quantizes it, multiplied
+      in BF16 pairs into float32 sums, scaled and rounded to BF16 once, from a BF16-sized
+      weight. Elsewhere (AVX2; no compiler) it is looked up in a per-layer table of vLLM's
+      quantization and multiplied by vLLM's oneDNN GEMM with the scales folded into its
+      float32 weight, writing BF16 itself (:func:`_scaled_gemm`).
+    - Other inputs run vLLM's quantization and the GEMM vLLM picks for an unquantized CPU
+      linear (``dispatch_cpu_unquantized_gemm``) in float32, the scales after.
+
+    :data:`GEMM_ENV` chooses: ``auto`` (the default: the kernel where it loads),
+    ``native`` (the kernel, or an error saying why not), ``float32`` (vLLM's GEMMs), or
+    ``bfloat16`` (vLLM's GEMMs in BF16: the sums rounded to BF16 once before the scales,
+    which moved the real pair's FP8 acceptance by 0.6%, ``docs/benchmarks.md``; for
+    speed, not for a verdict). The layer keeps its FP8 weight (what check 3 reads); each
+    path's copy is made when first needed and kept beside it. Idempotent.
     """
     from vllm.model_executor.kernels.linear.scaled_mm import pytorch
 
@@ -57,14 +65,34 @@ def plain_fp8_gemm() -> None:
         kernel.apply_scaled_mm = plain_scaled_mm  # type: ignore[method-assign]
 
 
+def gemm_mode() -> str:
+    """What :data:`GEMM_ENV` asks for: one of :data:`MODES` (``auto`` when unset)."""
+    chosen = os.environ.get(GEMM_ENV) or "auto"
+    if chosen not in MODES:
+        raise ValueError(f"{GEMM_ENV}={chosen!r}: use one of {', '.join(MODES)}")
+    return chosen
+
+
 def gemm_dtype() -> Any:
-    """The dtype the FP8 values are multiplied in: :data:`GEMM_ENV`, else float32."""
+    """The dtype vLLM's GEMMs multiply the FP8 values in: BF16 where :data:`GEMM_ENV` says
+    ``bfloat16``, else float32."""
     import torch
 
-    chosen = os.environ.get(GEMM_ENV) or "float32"
-    if chosen not in ("float32", "bfloat16"):
-        raise ValueError(f"{GEMM_ENV}={chosen!r}: use float32 or bfloat16")
-    return getattr(torch, chosen)
+    return torch.bfloat16 if gemm_mode() == "bfloat16" else torch.float32
+
+
+def _native_linear(weight: Any, scale: Any, inverse: Any) -> Any:
+    """The compiled kernel's linear for this layer, or None where :data:`GEMM_ENV` or the
+    CPU leaves vLLM's GEMMs (``native`` asked for and unavailable: an error naming why)."""
+    from eaglequant.engine import cpu_fp8_native
+
+    mode = gemm_mode()
+    if mode not in ("auto", "native"):
+        return None
+    loaded = cpu_fp8_native.kernel()
+    if loaded is None and mode == "native":
+        raise ValueError(f"{GEMM_ENV}=native: {cpu_fp8_native.unavailable()}")
+    return None if loaded is None else loaded.linear(weight, scale, inverse)
 
 
 def _static_input_linear(kernel: Any, layer: Any, x: Any, bias: Any) -> Any:
@@ -76,7 +104,14 @@ def _static_input_linear(kernel: Any, layer: Any, x: Any, bias: Any) -> Any:
     state = _static_state(kernel, layer)
     if state is None or not isinstance(x, torch.Tensor) or x.dtype.itemsize < 2:
         return None  # no static scale, or inputs vLLM quantized already
-    values = state.quantize(x.reshape(-1, x.shape[-1]))
+    rows = x.reshape(-1, x.shape[-1])
+    if state.native is not None and bias is None and x.dtype == torch.bfloat16:
+        # One call: quantized, multiplied, scaled and rounded to BF16 in the kernel.
+        result = torch.empty((*x.shape[:-1], state.outputs), dtype=x.dtype)
+        rows = rows if rows.stride(-1) == 1 else rows.contiguous()
+        state.native.into(result.view(-1, state.outputs), rows)
+        return result
+    values = state.quantize(rows)
     if state.scaled_into is not None and bias is None and x.dtype == torch.bfloat16:
         # One GEMM from the looked-up values to the BF16 output, the scales folded in.
         result = torch.empty((*x.shape[:-1], state.outputs), dtype=x.dtype)
@@ -100,7 +135,8 @@ class _StaticInput:
     """What the static-input path keeps per layer: the GEMM, the input scale's reciprocal
     (vLLM quantizes by multiplying with it) and the output scale, each a float32 tensor with
     a dimension (so that a BF16 operand is promoted), per 16-bit input dtype a table, and
-    where it can be made the GEMM with the scales folded in (:func:`_scaled_gemm`)."""
+    where it can be made the compiled kernel's linear (``native``) or else the GEMM with the
+    scales folded in (:func:`_scaled_gemm`)."""
 
     def __init__(self, kernel: Any, weight: Any, inverse: Any, scale: Any) -> None:
         import torch
@@ -108,7 +144,9 @@ class _StaticInput:
         self.inverse, self.scale, self._kernel, self._weight = inverse, scale, kernel, weight
         self.outputs = weight.shape[1]
         dtype = gemm_dtype()
-        self.scaled_into = _scaled_gemm(weight, scale) if dtype == torch.float32 else None
+        self.native = _native_linear(weight, scale, inverse)
+        folded = self.native is None and dtype == torch.float32
+        self.scaled_into = _scaled_gemm(weight, scale) if folded else None
         # The 256 E4M3 values in the GEMM's dtype: a lookup by code is about twice as fast
         # as a cast from FP8 on a CPU.
         self.values = torch.arange(256, dtype=torch.uint8).view(torch.float8_e4m3fn).to(dtype)

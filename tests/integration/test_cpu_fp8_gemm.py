@@ -161,3 +161,90 @@ def test_the_cpu_fp8_gemm_is_the_fp8_arithmetic() -> None:
     assert report["input_unchanged_bf16"] is True
     assert report["table_equal"] == [True, True]  # every 16-bit input, NaNs included
     assert report["idempotent"] is True
+
+
+NATIVE = textwrap.dedent(
+    """
+    import json, os, torch
+    from vllm.config import VllmConfig, set_current_vllm_config
+    from vllm.platforms import current_platform
+    current_platform.import_kernels()
+    from vllm.model_executor.layers.quantization.input_quant_fp8 import QuantFP8
+    from vllm.model_executor.layers.quantization.utils.quant_utils import GroupShape
+    from eaglequant.engine import cpu_fp8_gemm as gemm, cpu_fp8_native as native
+
+    with set_current_vllm_config(VllmConfig()):  # a CustomOp reads it when built
+        quant = QuantFP8(static=True, group_shape=GroupShape.PER_TENSOR)
+    generator = torch.Generator().manual_seed(0)
+    weight = (torch.randn(1536, 256, generator=generator) * 50).to(torch.float8_e4m3fn)
+    x = (torch.randn(2, 32, 256, generator=generator) * 3).bfloat16()  # 3-D, as vLLM passes
+    x_scale = torch.tensor([0.013])
+    scales = {"tensor": torch.tensor([0.02]),
+              "channel": torch.rand(1536, 1, generator=generator) / 40 + 1e-3}
+
+    def run(scale_name):
+        layer = torch.nn.Module()
+        layer.weight, layer.weight_scale = weight.t(), scales[scale_name]
+        layer.input_scale = x_scale
+        kernel = type("Kernel", (), {})()
+        kernel._get_layer_params = lambda m: (m.weight, m.weight_scale, m.input_scale, None)
+        out = gemm._static_input_linear(kernel, layer, x, None)
+        return out, gemm._static_state(kernel, layer)
+
+    values = quant.forward_native(x.reshape(-1, 256), x_scale)[0].double()
+    report = {"has_bf16": torch.cpu._is_avx512_bf16_supported()}
+    before = x.clone()
+    outputs = {}
+    for mode in ("auto", "float32"):
+        os.environ[gemm.GEMM_ENV] = mode
+        for name, w_scale in scales.items():
+            out, state = run(name)
+            outputs[mode, name] = out
+            both = x_scale.double() * w_scale.double().reshape(1, -1)
+            exact = (values @ weight.double().t()) * both
+            report[f"{mode}_{name}"] = {
+                "native": state.native is not None,
+                "folded": state.scaled_into is not None,
+                "shape": list(out.shape),
+                "differ": float((out.reshape(-1, 1536) != exact.bfloat16()).float().mean()),
+            }
+    report["input_unchanged"] = torch.equal(x, before)
+    report["native_vs_folded_differ"] = max(
+        float((outputs["auto", n] != outputs["float32", n]).float().mean()) for n in scales)
+    # as on a CPU without AVX512-BF16: auto keeps vLLM's GEMM, native says why not
+    native._loaded.cache_clear()
+    torch.cpu._is_avx512_bf16_supported = lambda: False
+    os.environ[gemm.GEMM_ENV] = "auto"
+    _, state = run("tensor")
+    report["without_bf16"] = {
+        "native": state.native is not None, "folded": state.scaled_into is not None
+    }
+    os.environ[gemm.GEMM_ENV] = "native"
+    try:
+        run("tensor")
+        report["native_refused"] = None
+    except ValueError as error:
+        report["native_refused"] = str(error)
+    print(json.dumps(report))
+    """
+)
+
+
+def test_the_compiled_kernel_runs_the_static_path_where_the_cpu_has_bf16() -> None:
+    """``auto`` takes eaglequant's compiled kernel on an AVX512-BF16 CPU (vLLM's oneDNN GEMM
+    with the scales folded in elsewhere), and both give the FP8 arithmetic: against vLLM's own
+    quantization multiplied in float64, only float32 summation separates them."""
+    env = {k: v for k, v in os.environ.items() if k != "EAGLEQUANT_CPU_FP8_GEMM"}
+    report = json.loads(run_child([PYTHON, "-c", NATIVE], env=env).strip().splitlines()[-1])
+    for scale in ("tensor", "channel"):
+        auto, float32 = report[f"auto_{scale}"], report[f"float32_{scale}"]
+        assert auto["native"] is report["has_bf16"] and auto["folded"] is not report["has_bf16"]
+        assert float32 == {**float32, "native": False, "folded": True}
+        assert auto["shape"] == float32["shape"] == [2, 32, 1536]
+        assert auto["differ"] <= 1e-3 and float32["differ"] <= 1e-3  # measured: 0 to 3e-4
+    assert report["native_vs_folded_differ"] <= 1e-3
+    assert report["input_unchanged"] is True
+    assert report["without_bf16"] == {"native": False, "folded": True}
+    assert report["native_refused"] == (
+        "EAGLEQUANT_CPU_FP8_GEMM=native: this CPU has no AVX512-BF16 (VDPBF16PS)"
+    )
