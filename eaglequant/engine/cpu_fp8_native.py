@@ -26,6 +26,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from eaglequant.engine.cpu_fp8_plugin import LOGGER
 from eaglequant.io.packaged import cache_root
 from eaglequant.recipe import FP8_E4M3_MAX
 
@@ -35,7 +36,6 @@ FLAGS = (
     "-fopenmp", "-shared", "-fPIC",
 )  # fmt: skip
 BUILD_TIMEOUT_S = 300.0
-LOGGER = "vllm.eaglequant_cpu_plugin"  # the CPU plugin's logger (vLLM's handlers print it)
 
 
 class Unavailable(RuntimeError):
@@ -121,12 +121,19 @@ def unavailable() -> str | None:
 @functools.cache
 def _loaded() -> tuple[NativeKernel | None, str | None]:
     try:
-        loaded = NativeKernel(ctypes.CDLL(str(build())))
+        loaded = NativeKernel(_open(build()))
         check(loaded)
     except Unavailable as why:
         logging.getLogger(LOGGER).info("eaglequant's CPU FP8 kernel is not used: %s", why)
         return None, str(why)
     return loaded, None
+
+
+def _open(library: Path) -> ctypes.CDLL:
+    try:
+        return ctypes.CDLL(str(library))
+    except OSError as error:  # e.g. a cache folder mounted noexec
+        raise Unavailable(f"{library.name} does not load: {error}") from None
 
 
 def build(source: bytes | None = None) -> Path:

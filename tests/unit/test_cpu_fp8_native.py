@@ -27,9 +27,7 @@ def _own_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def _load(source: bytes = SHIPPED) -> native.NativeKernel:
-    import ctypes
-
-    return native.NativeKernel(ctypes.CDLL(str(native.build(source))))
+    return native.NativeKernel(native._open(native.build(source)))
 
 
 @needs_bf16
@@ -100,3 +98,10 @@ def test_a_source_that_does_not_compile_is_named(monkeypatch: pytest.MonkeyPatch
     monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: True)
     with pytest.raises(native.Unavailable, match=f"could not build {native.SOURCE}: .*error"):
         native.build(SHIPPED + b"\nthis is not C;\n")
+
+
+def test_a_library_that_does_not_load_is_unavailable_not_an_error(tmp_path: Path) -> None:
+    broken = tmp_path / "broken.so"
+    broken.write_bytes(b"not an ELF file")
+    with pytest.raises(native.Unavailable, match="broken.so does not load"):
+        native._open(broken)
