@@ -26,7 +26,6 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from eaglequant.engine.cpu_fp8_plugin import LOGGER
 from eaglequant.io.packaged import cache_root
 from eaglequant.recipe import FP8_E4M3_MAX
 
@@ -36,6 +35,9 @@ FLAGS = (
     "-fopenmp", "-shared", "-fPIC",
 )  # fmt: skip
 BUILD_TIMEOUT_S = 300.0
+# The CPU plugin's logger, under vLLM's (its handlers print the line); its home is here, the
+# lowest of the plugin's modules, so that the plugin imports it without a cycle.
+LOGGER = "vllm.eaglequant_cpu_plugin"
 
 
 class Unavailable(RuntimeError):

@@ -50,6 +50,7 @@ import warnings
 from typing import Any
 
 from eaglequant.engine.cpu_fp8_gemm import plain_fp8_gemm
+from eaglequant.engine.cpu_fp8_native import LOGGER as LOGGER  # the plugin's log lines
 from eaglequant.recipe import FP8_E4M3_MAX
 
 ACTIVE_ENV = "EAGLEQUANT_CPU_FP8_PLUGIN_ACTIVE"
@@ -57,7 +58,6 @@ APPLIED_ENV = "EAGLEQUANT_CPU_PLUGIN_PATCHES"  # the names of the patches applie
 FAILED_ENV = "EAGLEQUANT_CPU_PLUGIN_FAILED"  # the names of the patches that failed
 SKIP_ENV = "EAGLEQUANT_CPU_PLUGIN_SKIP"  # patches not to apply, comma-separated (benchmarks)
 APPLIED, NOT_NEEDED, FAILED = "applied", "not needed", "failed"
-LOGGER = "vllm.eaglequant_cpu_plugin"  # under vLLM's logger: its handlers print the line
 STUB_OPS = (
     "static_scaled_fp8_quant",
     "dynamic_scaled_fp8_quant",
