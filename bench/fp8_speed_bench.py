@@ -144,10 +144,13 @@ for r in range(rounds):
         runs[name]["tokens"] = sum(map(len, tokens))
         runs[name]["tokens_sha256"] = hashlib.sha256(json.dumps(tokens).encode()).hexdigest()
 from eaglequant.engine import cpu_fp8_gemm, cpu_fp8_native
-static_path = (
-    "vLLM's oneDNN GEMM (" + cpu_fp8_gemm.gemm_mode() + ")" if cpu_fp8_gemm.gemm_mode() not in
-    ("auto", "native") else "eaglequant's compiled kernel" if cpu_fp8_native.kernel() else
-    "vLLM's oneDNN GEMM, scales folded (" + str(cpu_fp8_native.unavailable()) + ")")
+mode = cpu_fp8_gemm.gemm_mode()
+if mode not in ("auto", "native"):
+    static_path = f"vLLM's oneDNN GEMM ({mode})"
+elif cpu_fp8_native.kernel() is not None:
+    static_path = "eaglequant's compiled kernel"
+else:
+    static_path = f"vLLM's oneDNN GEMM, scales folded ({cpu_fp8_native.unavailable()})"
 json.dump({"runs": runs, "fp8_static_path": static_path}, open(out, "w"))
 """
 
