@@ -10,7 +10,7 @@ import functools
 import os
 from typing import Any
 
-from eaglequant.recipe import FP8_E4M3_MAX
+from eaglequant.engine import cpu_fp8_native
 
 GEMM_ENV = "EAGLEQUANT_CPU_FP8_GEMM"  # auto (default), native, float32 or bfloat16
 MODES = ("auto", "native", "float32", "bfloat16")
@@ -84,8 +84,6 @@ def gemm_dtype() -> Any:
 def _native_linear(weight: Any, scale: Any, inverse: Any) -> Any:
     """The compiled kernel's linear for this layer, or None where :data:`GEMM_ENV` or the
     CPU leaves vLLM's GEMMs (``native`` asked for and unavailable: an error naming why)."""
-    from eaglequant.engine import cpu_fp8_native
-
     mode = gemm_mode()
     if mode not in ("auto", "native"):
         return None
@@ -182,10 +180,7 @@ class _StaticInput:
         """vLLM's static quantization, elementwise (float32 inputs, and the tables)."""
         import torch
 
-        # One-element tensors with a dimension promote: each product is taken in float32.
-        quantized = torch.mul(rows, self.inverse)  # a new tensor: never the input, in place
-        quantized.clamp_(-FP8_E4M3_MAX, FP8_E4M3_MAX)
-        codes = quantized.to(torch.float8_e4m3fn).view(torch.uint8).long()
+        codes = cpu_fp8_native.quantize_static(rows, self.inverse).view(torch.uint8).long()
         return torch.take(self.values, codes)
 
 

@@ -176,6 +176,19 @@ def _run(command: list[str]) -> subprocess.CompletedProcess[str]:
         raise Unavailable(f"{Path(command[0]).name}: {error}") from None
 
 
+def quantize_static(rows: Any, inverse: Any) -> Any:
+    """vLLM's static FP8 input quantization, elementwise, as torch computes it: ``rows``
+    times ``inverse`` (the scale's reciprocal, a float32 tensor with a dimension, so each
+    product is taken in float32), clamped to the E4M3 range, cast with round-to-nearest-even;
+    a new tensor, never the input in place. The kernel is checked against it, and the
+    oneDNN path's tables are made from it."""
+    import torch
+
+    quantized = torch.mul(rows, inverse)
+    quantized.clamp_(-FP8_E4M3_MAX, FP8_E4M3_MAX)
+    return quantized.to(torch.float8_e4m3fn)
+
+
 def check(loaded: NativeKernel) -> None:
     """Refuse (:class:`Unavailable`) a kernel that does not compute what torch does here:
     the input quantization on every BF16 input at four scales (any NaN for a NaN), and a
@@ -189,8 +202,7 @@ def check(loaded: NativeKernel) -> None:
     every = every.reshape(256, 256)
     for inverse in (1.0, 1 / 0.013, 1 / 3.7, 1 / 117.0):
         factor = torch.tensor([inverse], dtype=torch.float32)
-        expected = torch.mul(every, factor).clamp_(-FP8_E4M3_MAX, FP8_E4M3_MAX)
-        expected = expected.to(torch.float8_e4m3fn).to(torch.bfloat16)
+        expected = quantize_static(every, factor).to(torch.bfloat16)
         got = loaded.quantize(every, float(factor))
         same = (got.view(torch.int16) == expected.view(torch.int16)) | (
             got.isnan() & expected.isnan()
