@@ -9,4 +9,4 @@ export pipeline lives in ``eaglequant.quantize`` (folder ``quantize/``) and the
 vLLM validation in ``eaglequant.validate`` (folder ``validate/``).
 """
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
