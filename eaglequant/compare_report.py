@@ -11,6 +11,7 @@ from typing import Any
 
 from eaglequant.errors import InputError
 from eaglequant.manifest import check_schema, field_values, read_json_object
+from eaglequant.recipe import DEFAULT_RECIPE
 from eaglequant.validation_report import (
     CategoryRow,
     RatioInterval,
@@ -21,6 +22,7 @@ from eaglequant.validation_report import (
 COMPARE_JSON, COMPARE_MD = "compare.json", "compare.md"  # in ``eaglequant compare --out``
 COMPARE_SCHEMA_VERSION = 3  # compare.json
 RERUN_COMPARE = "re-run eaglequant compare"
+SIZE_MARGIN = 0.05  # a passing candidate this much smaller than the default is recommended
 
 
 @dataclass(frozen=True)
@@ -77,6 +79,7 @@ class CompareReport:
     engine_mode: str  # single (drafts swapped in one engine) or per-draft
     target_loads: int
     engine_fallback: str | None  # why some drafts had engines of their own
+    recommendation_reason: str | None = None  # why ``recommended`` (absent from older files)
 
     def to_json(self) -> dict[str, Any]:
         data = {"tool": "eaglequant", **asdict(self)}
@@ -111,17 +114,125 @@ def _candidate_row(data: Mapping[str, Any]) -> CandidateRow:
     return CandidateRow(**values)
 
 
-def recommend(rows: Sequence[CandidateRow]) -> CandidateRow | None:
-    """The smallest candidate on disk that passes on every prompt set; on equal size, the
-    better mean acceptance (on the first set). Its row on the first set."""
+@dataclass(frozen=True)
+class Recommendation:
+    """The candidate compare recommends (its row on the first prompt set) and why."""
+
+    row: CandidateRow
+    reason: str
+
+
+def recommend(
+    rows: Sequence[CandidateRow], default: str = DEFAULT_RECIPE, margin: float = SIZE_MARGIN
+) -> Recommendation | None:
+    """The recipe the card asks for (``default``) when it passes on every prompt set, unless
+    another candidate passing on every set is smaller by ``margin`` of its bytes or decidedly
+    better in acceptance (:func:`decidedly_better`). Without a passing default, the smallest
+    passing candidate (:func:`_smallest`)."""
     failed = {row.recipe for row in rows if not row.passed}
-    first: dict[str, CandidateRow] = {}
+    by_recipe: dict[str, list[CandidateRow]] = {}
     for row in rows:
-        first.setdefault(row.recipe, row)
-    passing = [row for name, row in first.items() if name not in failed]
+        by_recipe.setdefault(row.recipe, []).append(row)
+    passing = {name: sets for name, sets in by_recipe.items() if name not in failed}
     if not passing:
         return None
-    return min(passing, key=lambda r: (r.bytes_on_disk, -(r.mean_acceptance or 0.0)))
+    if default not in passing:
+        chosen = _smallest([sets[0] for sets in passing.values()], margin, by_recipe)
+        why = "did not pass" if default in by_recipe else "was not compared"
+        return Recommendation(
+            chosen,
+            f"the default {default} {why}: the smallest candidate passing"
+            + _on_every(rows)
+            + f" (within {margin:.0%} of its bytes, the better acceptance vs BF16)",
+        )
+    reference = passing[default][0]
+    others = [sets[0] for name, sets in passing.items() if name != default]
+    smaller = [r for r in others if r.bytes_on_disk <= (1 - margin) * reference.bytes_on_disk]
+    if smaller:
+        chosen = _smallest(smaller, margin, by_recipe)
+        return Recommendation(
+            chosen,
+            f"{_fewer(chosen, reference)} than the default {default}, passing{_on_every(rows)}",
+        )
+    better = [r for r in others if decidedly_better(by_recipe[r.recipe], by_recipe[default])]
+    if better:
+        chosen = max(better, key=lambda r: _low(r))
+        return Recommendation(
+            chosen,
+            f"its acceptance vs BF16 is decidedly above the default {default}'s: "
+            + _intervals(by_recipe[chosen.recipe], by_recipe[default]),
+        )
+    nearest = min(others, key=lambda r: r.bytes_on_disk, default=None)
+    size = (
+        f"; the smallest other passing candidate, {nearest.recipe}, is {_fewer(nearest, reference)}"
+        if nearest is not None and nearest.bytes_on_disk < reference.bytes_on_disk
+        else ""
+    )
+    return Recommendation(
+        reference,
+        f"the card's recipe, passing{_on_every(rows)}; no other passing candidate is "
+        f"{margin:.0%} smaller or decidedly better in acceptance{size}",
+    )
+
+
+def decidedly_better(candidate: Sequence[CandidateRow], reference: Sequence[CandidateRow]) -> bool:
+    """Whether ``candidate``'s acceptance interval vs BF16 lies wholly above ``reference``'s on
+    some prompt set and wholly below it on none (both measured against the same BF16 run; a
+    set without intervals decides nothing)."""
+    theirs = {r.prompt_set: r.acceptance_interval for r in reference}
+    above = below = False
+    for row in candidate:
+        mine, other = row.acceptance_interval, theirs.get(row.prompt_set)
+        if mine is None or other is None:
+            continue
+        above |= mine.low > other.high
+        below |= mine.high < other.low
+    return above and not below
+
+
+def _smallest(
+    rows: Sequence[CandidateRow], margin: float, by_recipe: Mapping[str, list[CandidateRow]]
+) -> CandidateRow:
+    """The smallest of ``rows``; among those within ``margin`` of its bytes, the best mean
+    acceptance ratio vs BF16 over the prompt sets (then the smaller, then the first given)."""
+    least = min(r.bytes_on_disk for r in rows)
+    near = [r for r in rows if (1 - margin) * r.bytes_on_disk <= least]
+
+    def ratio(row: CandidateRow) -> float:
+        sets = by_recipe[row.recipe]
+        return sum(r.acceptance_ratio or 0.0 for r in sets) / len(sets)
+
+    return max(near, key=lambda r: (ratio(r), -r.bytes_on_disk))
+
+
+def _fewer(row: CandidateRow, reference: CandidateRow) -> str:
+    """``1918136 bytes (7.6%) smaller``."""
+    saved = reference.bytes_on_disk - row.bytes_on_disk
+    share = saved / reference.bytes_on_disk
+    return f"{saved} bytes ({f'{share:.1%}' if share >= 0.001 else 'under 0.1%'}) smaller"
+
+
+def _low(row: CandidateRow) -> float:
+    return row.acceptance_interval.low if row.acceptance_interval else 0.0
+
+
+def _intervals(candidate: Sequence[CandidateRow], reference: Sequence[CandidateRow]) -> str:
+    """Each prompt set's two intervals, ``mt-bench 1.020 [1.010, 1.030] vs 0.999 [...]``."""
+    theirs = {r.prompt_set: r.acceptance_interval for r in reference}
+    return "; ".join(
+        f"{_set_name(row.prompt_set)} {mine.describe()} vs {other.describe()}"
+        for row in candidate
+        if (mine := row.acceptance_interval) and (other := theirs.get(row.prompt_set))
+    )
+
+
+def _set_name(source: str) -> str:
+    """A prompt set file by its name alone: the reason goes into cards, which name no path."""
+    return source.rstrip("/").rsplit("/", 1)[-1]
+
+
+def _on_every(rows: Sequence[CandidateRow]) -> str:
+    return " on every prompt set" if len({r.prompt_set for r in rows}) > 1 else ""
 
 
 def read_compare_report(path: Path) -> CompareReport:

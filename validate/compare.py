@@ -1,6 +1,7 @@
 """``eaglequant compare``: which format to ship — every candidate recipe exported from one
-calibration capture and validated in vLLM against the BF16 draft, the smallest passing one
-recommended.
+calibration capture and validated in vLLM against the BF16 draft; the card's recipe
+recommended when it passes, unless a passing candidate is 5% smaller or decidedly better in
+acceptance (``compare_report.recommend``), with the reason.
 
 check (recipes, inputs, output; nothing heavy) -> capture the target's hidden states once
 (or take a capture folder) -> export each candidate from that capture in this process (the
@@ -411,7 +412,8 @@ def _report(
         baseline_bytes=read_checkpoint(request.baseline).total_bytes,
         prompt_sets=sets,
         rows=rows,
-        recommended=choice.recipe if choice else None,
+        recommended=choice.row.recipe if choice else None,
+        recommendation_reason=choice.reason if choice else None,
         timings_s=timings,
         engine_mode=runs.mode,
         target_loads=runs.target_loads,

@@ -89,8 +89,9 @@ def compare(
 ) -> None:
     """Export BASELINE with every recipe from one capture, validate each in vLLM, recommend one.
 
-    Exit 0 when a candidate passes (the smallest passing one is recommended), 1 when none
-    does, 2 for bad input.
+    Exit 0 when a candidate passes (the default fp8-static is recommended when it passes,
+    unless another is 5% smaller or decidedly better in acceptance; the reason is printed),
+    1 when none does, 2 for bad input.
     """
     from eaglequant.compare_report import COMPARE_MD
     from eaglequant.prompts.source import load_prompts

@@ -32,11 +32,9 @@ def compare_markdown(report: CompareReport, heading: str = "##") -> str:
     if report.engine_fallback:
         engines += f" (some drafts in engines of their own: {report.engine_fallback})"
     lines += ["", engines + "."]
-    chosen = report.recommended
-    every = " on every prompt set" if len(report.prompt_sets) > 1 else ""
+    chosen, reason = report.recommended, report.recommendation_reason
     closing = (
-        f"**Recommended: `{chosen}`** (the smallest candidate passing{every}; on equal size, "
-        "the better mean acceptance)."
+        f"**Recommended: `{chosen}`**" + (f" ({reason})." if reason else ".")
         if chosen
         else "**No candidate passed.**"
     )

@@ -77,8 +77,10 @@ def test_compare_toy_pair(tmp_path: Path) -> None:
     # into one engine, check 1 teacher-forced in it: the target loaded once.
     assert report.engine_mode == "single" and report.engine_fallback is None, report
     assert report.target_loads == 1
-    chosen = recommend(rows)
+    choice = recommend(rows)
+    chosen = choice.row if choice else None
     assert report.recommended == (chosen.recipe if chosen else None)
+    assert report.recommendation_reason == (choice.reason if choice else None)
     assert result.exit_code == (0 if chosen else 1), result.output
     assert "| `mxfp4` |" in result.output and "`mxfp4` on `" in result.output
     mxfp4 = next(r for r in rows if r.recipe == "mxfp4")
@@ -88,5 +90,6 @@ def test_compare_toy_pair(tmp_path: Path) -> None:
         folder = out / CANDIDATES_DIR / chosen.recipe
         card = ["card", str(folder), "--base-model", "toy/target", "--compare", str(out)]
         assert CliRunner().invoke(main, card, catch_exceptions=False).exit_code == 0
-        assert f"**Recommended: `{chosen.recipe}`**" in (folder / "README.md").read_text()
+        closing = f"**Recommended: `{chosen.recipe}`** ({report.recommendation_reason})."
+        assert closing in (folder / "README.md").read_text()
     print(result.output, json.dumps(report.timings_s))

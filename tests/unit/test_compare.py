@@ -14,6 +14,7 @@ from eaglequant.compare_report import (
     CandidateRow,
     CompareReport,
     PromptSetSummary,
+    Recommendation,
     read_compare_report,
     recommend,
 )
@@ -21,7 +22,7 @@ from eaglequant.errors import InputError
 from eaglequant.render.compare_tables import compare_markdown
 from eaglequant.spec_counts import AcceptanceRecord
 from eaglequant.validate.run_slices import slice_run
-from eaglequant.validation_report import CategoryRow, Check, CheckId
+from eaglequant.validation_report import CategoryRow, Check, CheckId, RatioInterval
 
 MATH = CategoryRow(  # one category, not judged
     prompts=4,
@@ -68,14 +69,69 @@ NO_SOURCE = (
 )
 
 
-def test_the_smallest_passing_candidate_is_recommended() -> None:
-    assert recommend([PTPC, MXFP4, ROW, MXFP8]) == ROW  # mxfp4 is smaller but fails
+def _chosen(rows: list[CandidateRow]) -> Recommendation:
+    chosen = recommend(rows)
+    assert chosen is not None, rows
+    return chosen
 
 
-def test_on_equal_size_the_better_acceptance_wins() -> None:
-    same = replace(MXFP8, bytes_on_disk=ROW.bytes_on_disk)
-    assert recommend([ROW, same]) == same
-    assert recommend([same, ROW]) == same
+def test_the_default_is_recommended_over_a_candidate_28_bytes_smaller() -> None:
+    dynamic = replace(ROW, recipe="fp8-dynamic", bytes_on_disk=ROW.bytes_on_disk - 28)
+    chosen = recommend([dynamic, PTPC, MXFP4, ROW, MXFP8])  # mxfp4 is 20% smaller but fails
+    assert chosen is not None and chosen.row == ROW
+    assert chosen.reason == (
+        "the card's recipe, passing; no other passing candidate is 5% smaller or decidedly "
+        "better in acceptance; the smallest other passing candidate, fp8-dynamic, is "
+        "28 bytes (under 0.1%) smaller"
+    )
+
+
+def test_a_candidate_8_percent_smaller_wins_with_its_reason() -> None:
+    small = replace(MXFP4, passed=True, failed_checks=[], bytes_on_disk=3_680_000)
+    smaller = replace(small, recipe="mxfp4-fp8", bytes_on_disk=3_679_972, acceptance_ratio=0.89)
+    chosen = recommend([ROW, PTPC, smaller, small])
+    assert chosen is not None and chosen.row == small  # 28 bytes do not decide between them
+    assert chosen.reason == ("320000 bytes (8.0%) smaller than the default fp8-static, passing")
+    assert _chosen([ROW, replace(small, bytes_on_disk=3_810_000)]).row == ROW  # 4.75%
+
+
+def test_a_candidate_decidedly_better_in_acceptance_wins() -> None:
+    code = "humaneval"
+    default = [
+        replace(ROW, acceptance_interval=RatioInterval(0.990, 0.985, 0.995)),
+        replace(ROW, prompt_set=code, acceptance_interval=RatioInterval(0.99, 0.98, 1.0)),
+    ]
+    better = [
+        replace(MXFP8, acceptance_interval=RatioInterval(1.010, 1.000, 1.020)),
+        replace(MXFP8, prompt_set=code, acceptance_interval=RatioInterval(0.995, 0.985, 1.005)),
+    ]
+    chosen = recommend([*default, *better])
+    assert chosen is not None and chosen.row == better[0]
+    assert chosen.reason == (
+        "its acceptance vs BF16 is decidedly above the default fp8-static's: "
+        "p.jsonl 1.010 [1.000, 1.020] vs 0.990 [0.985, 0.995]; "
+        "humaneval 0.995 [0.985, 1.005] vs 0.990 [0.980, 1.000]"
+    )
+    overlapping = replace(better[0], acceptance_interval=RatioInterval(1.01, 0.995, 1.02))
+    assert _chosen([*default, overlapping, better[1]]).row == default[0]
+    worse_elsewhere = replace(better[1], acceptance_interval=RatioInterval(0.97, 0.96, 0.975))
+    assert _chosen([*default, better[0], worse_elsewhere]).row == default[0]
+    assert _chosen([ROW, replace(MXFP8, acceptance_ratio=1.02)]).row == ROW  # no intervals
+
+
+def test_without_a_passing_default_the_smallest_passing_candidate_wins() -> None:
+    failed = replace(ROW, passed=False, failed_checks=["1 lossless"])
+    dynamic = replace(ROW, recipe="fp8-dynamic", bytes_on_disk=4_000_600, acceptance_ratio=0.99)
+    chosen = recommend([failed, PTPC, MXFP4, MXFP8, dynamic])
+    assert chosen is not None and chosen.row == MXFP8  # all within 5%: the best ratio, smaller
+    assert chosen.reason == (
+        "the default fp8-static did not pass: the smallest candidate passing (within 5% of its "
+        "bytes, the better acceptance vs BF16)"
+    )
+    assert _chosen([PTPC]).reason.startswith("the default fp8-static was not compared: ")
+    assert _chosen([failed, dynamic, replace(PTPC, bytes_on_disk=3_000_000)]).row.recipe == (
+        "ptpc-fp8"
+    )
 
 
 def test_none_passing_recommends_nothing() -> None:
@@ -86,7 +142,7 @@ def test_none_passing_recommends_nothing() -> None:
 def test_a_candidate_must_pass_on_every_prompt_set() -> None:
     code = "humaneval"
     rows = [ROW, PTPC, replace(ROW, prompt_set=code, passed=False), replace(PTPC, prompt_set=code)]
-    assert recommend(rows) == PTPC  # fp8-static is smaller but fails on the second set
+    assert _chosen(rows).row == PTPC  # fp8-static fails on the second set
     assert recommend([*rows, replace(PTPC, prompt_set="mt-bench", passed=False)]) is None
 
 
@@ -164,7 +220,11 @@ def test_markdown_has_one_row_per_candidate_and_the_choice() -> None:
     assert "| INCONCLUSIVE (2 acceptance) |" in text_undecided
     assert "| 4000000 | 0.820 | 31.0% | yes | 3.190 | 0.800 / 0.600 / 0.400 |" in text
     assert text.count("\n| `") == 2
-    assert "**Recommended: `fp8-static`** (the smallest candidate passing;" in text
+    assert "**Recommended: `fp8-static`**." in text  # a file that states no reason
+    reasoned = replace(report, recommendation_reason="the card's recipe, passing")
+    assert "**Recommended: `fp8-static`** (the card's recipe, passing)." in (
+        compare_markdown(reasoned)
+    )
     assert "**No candidate passed.**" in compare_markdown(replace(report, recommended=None))
 
 
@@ -191,14 +251,17 @@ def test_markdown_has_a_table_per_prompt_set_and_each_candidates_categories() ->
         replace(r, prompt_set=second.source, categories=categories, failure="2 failed")
         for r in (ROW, MXFP4)
     ]
-    text = compare_markdown(_report([ROW, MXFP4, *on_second], [SET, second]))
+    rows = [ROW, MXFP4, *on_second]
+    chosen = _chosen([*rows, replace(PTPC, passed=False)])
+    report = replace(_report(rows, [SET, second]), recommendation_reason=chosen.reason)
+    text = compare_markdown(report)
     assert "/data/sets" not in text  # a file by its name: the table goes into cards
     assert "- `mxfp4` on `mt-bench.jsonl`: 2 failed" in text
     assert text.count("| recipe | format |") == 2 and text.count("\n| `") == 4
     assert text.index("Prompts `p.jsonl`") < text.index("Prompts `mt-bench.jsonl` (80 prompts")
     assert "`mxfp4` on `mt-bench.jsonl` by category:" in text
     assert "| math | 4 | 300 / 310 | 3.000 | 2.400 | 0.800 | 0.700:0.900 |" in text
-    assert "passing on every prompt set;" in text
+    assert "**Recommended: `fp8-static`** (the card's recipe, passing on every prompt set;" in text
 
 
 @pytest.mark.parametrize(
@@ -299,8 +362,6 @@ def test_an_engine_request_reads_back_and_refuses_an_unknown_key() -> None:
 
 def test_a_row_carries_the_intervals_checks_2_and_5_judged(tmp_path: Path) -> None:
     import json
-
-    from eaglequant.validation_report import RatioInterval
 
     judged = replace(
         ROW,
