@@ -29,6 +29,7 @@ CORE = [
     "eaglequant.progress",
     "eaglequant.spec_counts",
     "eaglequant.forms",
+    "eaglequant.quantization",
     "eaglequant.inspection",
     "eaglequant.manifest",
     "eaglequant.validation_report",
