@@ -71,7 +71,8 @@ if TYPE_CHECKING:
     type=click.IntRange(min=1),
     default=3,
     show_default=True,
-    help="Measurements per point; a k wins only beyond their spread.",
+    help="Rounds per point, inside each server after its warm-up (--baseline: across "
+    "restarted servers); a k wins only beyond their spread.",
 )
 @click.option(
     "--schedule",
@@ -82,8 +83,9 @@ if TYPE_CHECKING:
 @click.option(
     "--predict",
     is_flag=True,
-    help="Serve no speculation and the largest k, predict every other point, then serve only "
-    "the predicted best k and its neighbours at each concurrency.",
+    help="Serve no speculation and the largest k, predict every other point, then serve one "
+    "confirmation of the predicted recommendation (3 server starts; with --baseline: no "
+    "speculation and both drafts at the largest k, then both at the predicted k, 5).",
 )
 @click.option("--serve-arg", "serve_args", multiple=True, help="Passed to vllm serve (repeatable).")
 @engine_options

@@ -1,30 +1,77 @@
-"""``tune --predict``'s table: every point predicted, beside what was measured there (for
-``results.md`` and the model card, through ``render.reports.tune_markdown``)."""
+"""``tune --predict``'s tables: every point predicted with its interval, beside what was
+measured there (for ``results.md`` and the model card, through ``render.reports``)."""
 
 from __future__ import annotations
 
-from eaglequant.tune.summary import PredictionRecord
+from collections.abc import Sequence
+
+from eaglequant.tune.summary import ComparisonPrediction, PredictedPoint, PredictionRecord
+
+
+def _name(k: int) -> str:
+    return f"k={k}" if k else "no speculation"
+
+
+def _error(value: float | None) -> str:
+    return "-" if value is None else f"{value:.1%}"
+
+
+def points_table(points: Sequence[PredictedPoint]) -> list[str]:
+    """k | concurrency | predicted [interval] | measured [interval] | error | note."""
+    lines = [
+        "| k | concurrency | predicted tok/s [interval] | measured tok/s [rounds] | error | |",
+        "|---|---|---|---|---|---|",
+    ]
+    for p in points:
+        measured = (
+            "only predicted"
+            if p["measured"] is None
+            else f"{p['measured']:.1f} [{p['measured_low']:.1f}-{p['measured_high']:.1f}]"
+        )
+        notes = ["fitted"] * p["fitted"] + ["extrapolated"] * p["extrapolated"]
+        notes += [f"too noisy ({p['spread']:.0%} wide)"] * p["noisy"]
+        error = "" if p["fitted"] else _error(p["error"])
+        lines.append(
+            f"| {p['k']} | {p['concurrency']} | {p['point']:.1f} [{p['low']:.1f}-{p['high']:.1f}]"
+            f" | {measured} | {error} | {', '.join(notes)} |"
+        )
+    return lines
 
 
 def prediction_markdown(prediction: PredictionRecord) -> str:
     """``tune --predict``: every point predicted, beside what was measured there."""
-    fitted = ", ".join(f"k={k}" if k else "no speculation" for k in prediction["fitted_on"])
-    error = prediction["median_abs_error"]
+    fitted = ", ".join(_name(k) for k in prediction["fitted_on"])
+    winners = ", ".join(f"{_name(k)} at {c}" for c, k in prediction["winners"].items())
+    confirmed = prediction["confirmed"] or "nothing more (already measured)"
     lines = [
         f"### Predicted from {fitted} (`tune --predict`)",
         "",
         f"{prediction['server_starts']} server starts against the full sweep's "
-        f"{prediction['full_sweep_server_starts']}; median error where a prediction was then "
-        f"measured: {'-' if error is None else f'{error:.1%}'}.",
-        "",
-        "| k | concurrency | predicted tok/s [interval] | measured tok/s | |",
-        "|---|---|---|---|---|",
+        f"{prediction['full_sweep_server_starts']}. Predicted winners by concurrency: {winners}"
+        f"; confirmation served: {confirmed}. Median error where a prediction was then "
+        f"measured: {_error(prediction['median_abs_error'])}.",
     ]
-    for p in prediction["points"]:
-        measured = "only predicted" if p["measured"] is None else f"{p['measured']:.1f}"
-        note = "fitted" if p["fitted"] else ("extrapolated" if p["extrapolated"] else "")
-        lines.append(
-            f"| {p['k']} | {p['concurrency']} | {p['point']:.1f} [{p['low']:.1f}-{p['high']:.1f}]"
-            f" | {measured} | {note} |"
-        )
+    if prediction["noisy_measured"]:
+        ks = ", ".join(_name(k) for k in prediction["noisy_measured"])
+        lines += ["", f"Too noisy to predict, so measured instead: {ks}."]
+    return "\n".join([*lines, "", *points_table(prediction["points"])]) + "\n"
+
+
+def comparison_prediction_markdown(prediction: ComparisonPrediction) -> str:
+    """``tune --predict --baseline``: both drafts' points predicted, beside the measured."""
+    measured = ", ".join(_name(k) for k in prediction["measured_ks"])
+    lines = [
+        f"### The release table predicted at every k {prediction['ks']} (`tune --predict`)",
+        "",
+        f"Fitted on no speculation and each draft at k={max(prediction['ks'])}; measured at "
+        f"{measured}. The draft's predicted best single k: "
+        f"{_name(prediction['recommended_k'])}. {prediction['server_starts']} server starts "
+        f"against the full table's {prediction['full_table_server_starts']}. Median error "
+        f"where a prediction was then measured: {_error(prediction['median_abs_error'])}.",
+    ]
+    if prediction["noisy_measured"]:
+        ks = ", ".join(_name(k) for k in prediction["noisy_measured"])
+        lines += ["", f"Too noisy to predict, so measured instead: {ks}."]
+    for role in prediction["roles"]:
+        lines += ["", f"**{role['role']}**", "", *points_table(role["points"])]
     return "\n".join(lines) + "\n"

@@ -200,17 +200,24 @@ def controlled_text(summary: ComparisonSummary) -> str:
     """What made the comparison controlled, in one paragraph."""
     versions = summary["environment"].get("versions", {})
     orders = "; ".join(f"round {r['round']}: " + " -> ".join(r["order"]) for r in summary["rounds"])
-    servers = (
-        "each configuration's server started once and kept alive for all rounds"
-        if summary["servers"] == "keep"
-        else "every configuration's server restarted in every round (one server at a time)"
+    servers = {
+        "keep": "each configuration's server started once and kept alive for all rounds",
+        "once": "each configuration's server started once, one at a time, its rounds inside it",
+    }.get(
+        summary["servers"],
+        "every configuration's server restarted in every round (one server at a time)",
+    )
+    rounds = (
+        f"{summary['repeats']} rounds inside each server"
+        if summary["servers"] == "once"
+        else f"{summary['repeats']} interleaved rounds with the serving order rotated ({orders})"
     )
     starts = [s["start_s"] for s in summary["server_starts"]]
     return (
         f"Controlled: one vLLM build ({versions.get('vllm')}) for all three configurations, "
         "the same serve arguments (only `--speculative-config` differs), the same prompts, "
-        f"the same warm-up (then /metrics read), {summary['repeats']} interleaved rounds with "
-        f"the serving order rotated ({orders}); {servers}; {len(starts)} server start(s), "
+        f"the same warm-up (then /metrics read), {rounds}; {servers}; "
+        f"{len(starts)} server start(s), "
         f"{sum(starts):.0f} s in all. Each cell is the mean of {summary['repeats']} repeat(s) "
         "[slowest-fastest]; one configuration beats another only when its slowest repeat is "
         "faster than the other's fastest, otherwise they tie. Acceptance is the server's own "

@@ -13,6 +13,12 @@ where memory allows all of them at once).
 Acceptance comes from the server's own ``/metrics`` counters, read after the
 warm-up and around each measurement, and must equal what the bench's result
 file recorded; a difference fails the run.
+
+With ``predict`` the table is predicted (``predict``): no speculation and each
+draft at the largest k are served once, their rounds inside the server; every
+other k is predicted for both drafts, and both are served once more at the k
+predicted best for the draft (and at any k whose prediction was too noisy to
+decide on): 5 server starts at most for any grid.
 """
 
 from __future__ import annotations
@@ -21,18 +27,17 @@ import contextlib
 import sys
 import tempfile
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from statistics import fmean, median
 
 from eaglequant.engine.config import probe_vllm
 from eaglequant.engine.server import Server
 from eaglequant.environment import EnvironmentRecord, environment
-from eaglequant.errors import CheckFailed
 from eaglequant.progress import Progress
 from eaglequant.spec_counts import SpecDecodeCounts
 from eaglequant.speculative import SpeculativeDict, speculative_config
-from eaglequant.tune.bench import BenchClient, BenchResult, bench_command, warm_up
+from eaglequant.tune.bench import BenchClient, BenchResult, counted_run, warm_up
 from eaglequant.tune.compare import (
     best_by_concurrency,
     choose,
@@ -41,10 +46,18 @@ from eaglequant.tune.compare import (
     rounds,
     verdict_text,
 )
-from eaglequant.tune.metrics import bench_problem, parse_counters
+from eaglequant.tune.predict import Point as PredictPoint
+from eaglequant.tune.predict import (
+    acceptance_by_position,
+    median_error,
+    plan,
+    predict,
+    predicted_point,
+)
 from eaglequant.tune.report import write_comparison
 from eaglequant.tune.request import (
     KEEP,
+    ONCE,
     TuneRequest,
     check_request,
     devices,
@@ -61,12 +74,16 @@ from eaglequant.tune.summary import (
     NO_SPECULATION,
     SCHEMA_VERSION,
     Acceptance,
+    ComparisonPrediction,
     ComparisonSummary,
     Point,
+    RolePrediction,
     Round,
     ServerStart,
     Verdict,
 )
+
+DRAFTS = (BASELINE, DRAFT)
 
 
 @dataclass(frozen=True)
@@ -147,19 +164,9 @@ class Run:
 
     def measure(self, server: Server, candidate: Candidate, concurrency: int, round_: int) -> None:
         """One bench run; the /metrics delta around it must agree with the bench's file."""
-        before = parse_counters(server.metrics())
         result = self.scratch / f"{candidate.slug}-c{concurrency}-r{round_}.json"
-        cmd = bench_command(self.request, server.port, concurrency, result)
-        raw = self.bench.run(
-            cmd, result, self.request.out / "bench.log", self.request.bench_timeout_s
-        )
-        after = parse_counters(server.metrics())
-        delta = after - before if after is not None and before is not None else None
-        if problem := bench_problem(delta, raw):
-            raise CheckFailed(
-                f"{candidate.label} at concurrency {concurrency}, round {round_}: acceptance "
-                f"from the server's /metrics and from vllm bench serve differ ({problem})"
-            )
+        what = f"{candidate.label} at concurrency {concurrency}, round {round_}"
+        raw, delta = counted_run(self.bench, server, self.request, concurrency, result, what)
         self.samples.setdefault((candidate.label, concurrency), []).append(Sample(raw, delta))
         self.progress(
             f"round {round_} {candidate.label} concurrency {concurrency}: "
@@ -176,19 +183,90 @@ def compare(request: TuneRequest, progress: Progress = lambda _m: None) -> Compa
     configs = candidates(request)
     plan = rounds(configs, request.repeats)
     request.out.mkdir(parents=True, exist_ok=True)
+    forecast = None
     with (
         tempfile.TemporaryDirectory(prefix="eaglequant-tune-") as scratch,
         BenchClient(Path(scratch) / "bench-client.log") as bench,
     ):
         run = Run(request, max_len, env, Path(scratch), bench, progress)
-        if request.servers == KEEP:
+        if request.predict:
+            configs, forecast = _measure_predicted(run)
+            plan = [configs] * request.repeats
+            run.request = request = replace(request, ks=tuple(forecast["measured_ks"]))
+        elif request.servers == KEEP:
             _measure_kept(run, configs, plan)
         else:
             _measure_restarted(run, plan)
     block = environment(environ=env, gpus=not probe_vllm(sys.executable).on_cpu)
     summary = summarize(run, configs, plan, (count, unit), block)
+    if forecast is not None:
+        summary["servers"] = ONCE
+        summary["prediction"] = forecast
     write_comparison(request.out, summary)
     return summary
+
+
+def _measure_once(run: Run, candidate: Candidate) -> None:
+    """One server for the candidate, its rounds over every concurrency inside it."""
+    with run.served(candidate, None) as server:
+        for r in range(run.request.repeats):
+            for concurrency in run.request.concurrencies:
+                run.measure(server, candidate, concurrency, r)
+
+
+def _measure_predicted(run: Run) -> tuple[list[Candidate], ComparisonPrediction]:
+    """No speculation and both drafts at the largest k; every k predicted for both; both
+    drafts served again at the draft's predicted best k and at any k too noisy to decide."""
+    request = run.request
+    by_k = {(c.role, c.k): c for c in candidates(request)}
+    largest = max(request.ks)
+    served = [by_k[NO_SPECULATION, 0], by_k[BASELINE, largest], by_k[DRAFT, largest]]
+    for candidate in served:
+        _measure_once(run, candidate)
+    predictions = {role: predict(_fit_points(run, role, largest), request.ks) for role in DRAFTS}
+    chosen = plan(predictions[DRAFT], request.ks, schedules=False)
+    recommended = chosen.single or largest
+    noisy = sorted({k for k, _ in chosen.noisy} - {0, largest, recommended})
+    for k in noisy:
+        run.progress(f"draft k={k}: its prediction is too wide to decide on; measuring it")
+    for k in sorted({recommended, *noisy} - {largest}):
+        for role in DRAFTS:
+            served.append(by_k[role, k])
+            _measure_once(run, by_k[role, k])
+    measured_ks = sorted({c.k for c in served if c.k})
+    roles: list[RolePrediction] = []
+    for role in DRAFTS:
+        rows = []
+        for p in predictions[role]:
+            label = NO_SPECULATION if p.k == 0 else f"{role} k={p.k}"
+            runs = _runs(run.samples, label, p.concurrency) if p.k in (0, *measured_ks) else None
+            rows.append(predicted_point(p, runs, p.k in (0, largest)))
+        roles.append({"role": role, "points": rows})
+    record: ComparisonPrediction = {
+        "fitted_on": [0, largest],
+        "ks": sorted(request.ks),
+        "roles": roles,
+        "recommended_k": chosen.single,
+        "measured_ks": measured_ks,
+        "noisy_measured": noisy,
+        "median_abs_error": median_error(p for r in roles for p in r["points"]),
+        "server_starts": len(run.starts),
+        "full_table_server_starts": 1 + 2 * len(request.ks),
+    }
+    return served, record
+
+
+def _fit_points(run: Run, role: str, k: int) -> list[PredictPoint]:
+    """No speculation's and one draft's measured points at k, acceptance from /metrics."""
+    points = []
+    for concurrency in run.request.concurrencies:
+        none = _runs(run.samples, NO_SPECULATION, concurrency)
+        points.append(PredictPoint(0, concurrency, tuple(none)))
+        taken = run.samples[f"{role} k={k}", concurrency]
+        counts = SpecDecodeCounts.total(s.counters for s in taken if s.counters is not None)
+        runs = tuple(float(s.raw["output_throughput"]) for s in taken)
+        points.append(PredictPoint(k, concurrency, runs, acceptance_by_position(counts)))
+    return points
 
 
 def _measure_restarted(run: Run, plan: list[list[Candidate]]) -> None:

@@ -22,9 +22,11 @@ from types import TracebackType
 from typing import TYPE_CHECKING, TypedDict, cast
 
 from eaglequant.engine.process import LOG_TAIL_CHARS, kill_group
-from eaglequant.engine.server import HOST
+from eaglequant.engine.server import HOST, Server
 from eaglequant.engine.vllm_internals import BENCH_MODULE, BENCH_PARSER
 from eaglequant.errors import CheckFailed
+from eaglequant.spec_counts import SpecDecodeCounts
+from eaglequant.tune.metrics import bench_problem, parse_counters
 from eaglequant.tune.request import TuneRequest, dataset_name
 
 if TYPE_CHECKING:  # Python 3.11's; annotations stay strings at run time (3.10 too)
@@ -88,8 +90,6 @@ def bench_command(
     port: int,
     concurrency: int,
     result_file: Path,
-    *,
-    warmups: int = 0,
 ) -> list[str]:
     """The ``vllm bench serve`` command line for one measurement at ``concurrency``."""
     cmd = [sys.executable, "-c", BENCH_SCRIPT, "--backend", "vllm", "--model", str(request.target)]
@@ -97,7 +97,7 @@ def bench_command(
     cmd += ["--num-prompts", str(num_prompts(request, concurrency))]
     cmd += ["--save-result", "--result-dir", str(result_file.parent)]
     cmd += ["--result-filename", result_file.name, "--temperature", "0", "--seed", str(SEED)]
-    cmd += ["--disable-tqdm", "--num-warmups", str(warmups)]
+    cmd += ["--disable-tqdm", "--num-warmups", "0"]  # the server is warmed up once (warm_up)
     return cmd + dataset_flags(request)
 
 
@@ -242,3 +242,27 @@ def warm_up(request: TuneRequest, url: str, concurrency: int, timeout: float) ->
 
     with ThreadPoolExecutor(max_workers=concurrency) as pool:
         list(pool.map(complete, range(concurrency)))
+
+
+def counted_run(
+    bench: BenchClient,
+    server: Server,
+    request: TuneRequest,
+    concurrency: int,
+    result_file: Path,
+    what: str,
+) -> tuple[BenchResult, SpecDecodeCounts | None]:
+    """One ``vllm bench serve`` run at ``concurrency`` on ``server`` and the server's /metrics
+    delta around it, which must agree with the bench's own file (``what`` names the
+    measurement in the error when they differ)."""
+    before = parse_counters(server.metrics())
+    cmd = bench_command(request, server.port, concurrency, result_file)
+    raw = bench.run(cmd, result_file, request.out / "bench.log", request.bench_timeout_s)
+    after = parse_counters(server.metrics())
+    delta = after - before if after is not None and before is not None else None
+    if problem := bench_problem(delta, raw):
+        raise CheckFailed(
+            f"{what}: acceptance from the server's /metrics and from vllm bench serve differ "
+            f"({problem})"
+        )
+    return raw, delta

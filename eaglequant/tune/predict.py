@@ -1,44 +1,66 @@
-"""Predicting tune's k x concurrency surface from no speculation and one speculative k.
+"""Predicting tune's k x concurrency surface from two servers: no speculation and the largest k.
 
 Two measured inputs, each named by where it comes from:
 
-* **Acceptance by position** at the largest k (vLLM's counters:
-  ``vllm:spec_decode_num_accepted_tokens_per_pos`` over ``vllm:spec_decode_num_drafts``).
-  ``a_j``, the share of verify steps that accepted the j-th draft token, already is the
-  product of the conditional rates up to j: a draft proposes its tokens one after another,
-  so its first k' tokens do not depend on how many more it will propose. For any k' <= k the
-  expected tokens per verify step are ``1 + a_1 + ... + a_k'``.
-* **Time per step.** Without speculation a step at concurrency c serves c tokens, so the
-  measured throughput gives the target's step time ``T(c) = c / throughput``. A straight
-  line ``T(n) = alpha + beta * n`` in the number of tokens the target scores is fitted to
-  those points. With speculation at k a step scores ``c * (k + 1)`` tokens and runs k draft
-  steps: ``c * L(k) / throughput = T(c * (k + 1)) + k * D(c)`` gives the draft step time
-  ``D(c)`` at each concurrency from the one speculative run.
+* **Acceptance by position** at the largest k, from the server's own counters
+  (``vllm:spec_decode_num_accepted_tokens_per_pos`` over ``vllm:spec_decode_num_drafts``,
+  deltas around the measurements). vLLM counts position j of a draft as accepted only when
+  every position before it was (``SpecDecodingStats.observe_draft`` adds one to positions
+  ``0 .. accepted - 1``), so ``a_j = accepted_per_pos[j] / drafts`` already is the probability
+  that positions 1..j were all accepted. A draft proposes its tokens one after another, so its
+  first k' tokens do not depend on how many more it will propose: for any k' <= k the
+  expected tokens per verify step are ``L(k') = 1 + a_1 + ... + a_k'``.
+* **Time per step.** Without speculation a step at concurrency c scores c tokens, so the
+  measured throughput gives the target's step time ``T(c) = c / throughput``: the target's
+  step time against tokens per step, at the concurrency grid's token counts. Between them
+  ``T`` is interpolated linearly; past the largest it follows the last segment's slope
+  (``extrapolated``). With speculation at k a step scores ``c * (k + 1)`` tokens and runs k
+  draft steps: ``c * L(k) / throughput = T(c * (k + 1)) + k * D(c)`` gives the draft's step
+  time ``D(c)`` at each concurrency from the one speculative server.
 
-Then for every (k, c): ``throughput = c * L(k) / (T(c * (k + 1)) + k * D(c))``. The
-interval comes from the repeats' spread: the same fit on every run's slowest and fastest
-measurements. Where it breaks: prefill-heavy loads (the model counts decode steps only),
-and target steps past the token counts the no-speculation runs covered (``extrapolated``:
-a linear step time is then an assumption, not a measurement). ``docs/release-table.md``
-gives the equations with their inputs.
+Then for every (k, c): ``throughput = c * L(k) / (T(c * (k + 1)) + k * D(c))``. It reproduces
+both measured servers exactly, so an error in ``T`` past the measured token counts is shared
+between the largest k (absorbed into ``D``) and the ks between. The interval is the same fit
+on every point's slowest and on its fastest round. A prediction whose interval is wider than
+:data:`MEANINGLESS_SPREAD` of its value says nothing a choice can rest on: it is ``noisy``,
+and tune measures it instead. Where the model breaks: prefill-heavy loads (only decode steps
+are modelled), and a k above the measured one (no ``a_j`` beyond it).
+``docs/release-table.md`` gives the equations with their inputs.
 """
 
 from __future__ import annotations
 
+import bisect
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from statistics import fmean
 
+from eaglequant.spec_counts import SpecDecodeCounts
+from eaglequant.tune.choice import Runs, Schedule, best_single, schedule_from_winners, winner
+from eaglequant.tune.summary import PredictedPoint
+
+# A prediction whose interval (high - low) exceeds this share of its value is too noisy to
+# decide on: tune measures that point instead.
+MEANINGLESS_SPREAD = 0.20
+
 
 @dataclass(frozen=True)
 class Point:
-    """One measured (k, concurrency): output throughput of each repeat (tokens/s) and, for a
+    """One measured (k, concurrency): output throughput of each round (tokens/s) and, for a
     speculative k, acceptance by position (a_1 .. a_k)."""
 
     k: int
     concurrency: int
     runs: tuple[float, ...]
     per_position: tuple[float, ...] = ()
+
+
+def acceptance_by_position(counts: SpecDecodeCounts) -> tuple[float, ...]:
+    """``a_j``: the share of drafts whose positions 1..j were all accepted (vLLM's counters:
+    accepted at position j / drafts; a position counts only after every earlier one did)."""
+    if not counts.drafts:
+        raise ValueError("the speculative server counted no drafts: no acceptance to predict from")
+    return tuple(counts.per_position_rates)
 
 
 @dataclass(frozen=True)
@@ -50,23 +72,14 @@ class Prediction:
     high: float
     extrapolated: bool  # the target's step past the token counts measured without speculation
 
+    @property
+    def spread(self) -> float:
+        """The interval's width over the predicted value."""
+        return (self.high - self.low) / self.point if self.point else float("inf")
 
-@dataclass(frozen=True)
-class StepModel:
-    """``T(n) = alpha + beta * n`` seconds for a target step over n tokens, ``D(c)`` seconds
-    per draft step at concurrency c, acceptance by position at ``k_max``."""
-
-    alpha: float
-    beta: float
-    draft_step: Mapping[int, float]
-    per_position: tuple[float, ...]
-    k_max: int
-    covered_tokens: int  # the most tokens a measured target step scored
-
-    def throughput(self, k: int, concurrency: int) -> float:
-        tokens = concurrency * (k + 1)
-        step = self.alpha + self.beta * tokens + k * self.draft_step[concurrency]
-        return concurrency * expected_length(self.per_position, k) / step
+    @property
+    def noisy(self) -> bool:
+        return self.spread > MEANINGLESS_SPREAD
 
 
 def expected_length(per_position: Sequence[float], k: int) -> float:
@@ -76,21 +89,51 @@ def expected_length(per_position: Sequence[float], k: int) -> float:
     return 1.0 + sum(per_position[:k])
 
 
-def fit_target_step(no_speculation: Iterable[tuple[int, float]]) -> tuple[float, float]:
-    """Least-squares ``alpha, beta`` of ``T(n) = alpha + beta * n`` from (concurrency,
-    throughput) pairs of no-speculation runs (one step scores one token per request)."""
-    pairs = [(float(c), c / throughput) for c, throughput in no_speculation]
-    if len({n for n, _ in pairs}) < 2:
-        raise ValueError("the target's step time needs no-speculation runs at 2+ concurrencies")
-    mean_n, mean_t = fmean(n for n, _ in pairs), fmean(t for _, t in pairs)
-    spread = sum((n - mean_n) ** 2 for n, _ in pairs)
-    beta = sum((n - mean_n) * (t - mean_t) for n, t in pairs) / spread
-    return mean_t - beta * mean_n, beta
+@dataclass(frozen=True)
+class TargetStep:
+    """The target's step time (s) against the tokens it scores, from no-speculation points:
+    linear between the measured token counts, the last segment's slope past them."""
+
+    tokens: tuple[float, ...]
+    seconds: tuple[float, ...]
+
+    @classmethod
+    def measured(cls, no_speculation: Iterable[tuple[int, float]]) -> TargetStep:
+        """From (concurrency, throughput) pairs of no-speculation runs (one token a request)."""
+        pairs = sorted((float(c), c / throughput) for c, throughput in no_speculation)
+        if len({n for n, _ in pairs}) != len(pairs) or len(pairs) < 2:
+            raise ValueError("the target's step time needs no-speculation runs at 2+ concurrencies")
+        return cls(tuple(n for n, _ in pairs), tuple(t for _, t in pairs))
+
+    def __call__(self, tokens: float) -> float:
+        n, t = self.tokens, self.seconds
+        right = min(max(bisect.bisect_left(n, tokens), 1), len(n) - 1)
+        slope = (t[right] - t[right - 1]) / (n[right] - n[right - 1])
+        return t[right - 1] + slope * (tokens - n[right - 1])
+
+    @property
+    def covered(self) -> float:
+        return self.tokens[-1]
+
+
+@dataclass(frozen=True)
+class StepModel:
+    """``T(n)``: the target's step over n tokens, ``D(c)``: seconds per draft step at
+    concurrency c, and acceptance by position at ``k_max`` at each concurrency."""
+
+    target: TargetStep
+    draft_step: Mapping[int, float]
+    per_position: Mapping[int, tuple[float, ...]]
+    k_max: int
+
+    def throughput(self, k: int, concurrency: int) -> float:
+        step = self.target(concurrency * (k + 1)) + k * self.draft_step[concurrency]
+        return concurrency * expected_length(self.per_position[concurrency], k) / step
 
 
 def fit(points: Sequence[Point], pick: str = "mean") -> StepModel:
     """The step model from no-speculation points and the points of one speculative k; each
-    point's throughput is its runs' ``mean``, ``min`` or ``max``."""
+    point's throughput is its rounds' ``mean``, ``min`` or ``max``."""
     picks: dict[str, Callable[[Sequence[float]], float]] = {"mean": fmean, "min": min, "max": max}
     choose = picks[pick]
     base = [p for p in points if p.k == 0]
@@ -99,54 +142,112 @@ def fit(points: Sequence[Point], pick: str = "mean") -> StepModel:
     if len(ks) != 1:
         raise ValueError(f"one speculative k is fitted, got {sorted(ks)}")
     k_max = ks.pop()
-    alpha, beta = fit_target_step((p.concurrency, choose(p.runs)) for p in base)
-    per_position = speculative[0].per_position
-    if len(per_position) != k_max:
-        raise ValueError(f"k={k_max}: acceptance by position has {len(per_position)} entries")
-    length = expected_length(per_position, k_max)
-    draft_step = {}
+    target = TargetStep.measured((p.concurrency, choose(p.runs)) for p in base)
+    draft_step, per_position = {}, {}
     for p in speculative:
-        step = p.concurrency * length / choose(p.runs)
-        target = alpha + beta * p.concurrency * (k_max + 1)
-        draft_step[p.concurrency] = max(0.0, (step - target) / k_max)
-    return StepModel(alpha, beta, draft_step, per_position, k_max, max(p.concurrency for p in base))
+        if len(p.per_position) != k_max:
+            raise ValueError(f"k={k_max}: acceptance by position has {len(p.per_position)} entries")
+        step = p.concurrency * expected_length(p.per_position, k_max) / choose(p.runs)
+        draft_step[p.concurrency] = max(0.0, (step - target(p.concurrency * (k_max + 1))) / k_max)
+        per_position[p.concurrency] = p.per_position
+    return StepModel(target, draft_step, per_position, k_max)
 
 
 def predict(points: Sequence[Point], ks: Iterable[int]) -> list[Prediction]:
     """Every (k, concurrency) for ``ks`` (0 included) at the measured speculative points'
-    concurrencies, with the interval of the slowest- and fastest-run fits."""
+    concurrencies, with the interval of the slowest- and fastest-round fits."""
     models = {pick: fit(points, pick) for pick in ("mean", "min", "max")}
-    concurrencies = sorted(models["mean"].draft_step)
+    mean = models["mean"]
     found = []
     for k in sorted({0, *ks}):
-        for c in concurrencies:
+        for c in sorted(mean.draft_step):
             values = [m.throughput(k, c) for m in models.values()]
             found.append(
                 Prediction(
                     k=k,
                     concurrency=c,
-                    point=models["mean"].throughput(k, c),
+                    point=mean.throughput(k, c),
                     low=min(values),
                     high=max(values),
-                    extrapolated=c * (k + 1) > models["mean"].covered_tokens,
+                    extrapolated=c * (k + 1) > mean.target.covered,
                 )
             )
     return found
 
 
-def confirmation_plan(
-    predictions: Sequence[Prediction], measured: set[tuple[int, int]]
-) -> set[tuple[int, int]]:
-    """What the recommendation rests on, not measured yet: at each concurrency the predicted
-    best k and its neighbours in the grid (no speculation predicted best: the smallest k)."""
-    plan: set[tuple[int, int]] = set()
-    for c in sorted({p.concurrency for p in predictions}):
-        row = sorted((p for p in predictions if p.concurrency == c), key=lambda p: p.k)
-        ks = [p.k for p in row]
-        best = ks.index(max(row, key=lambda p: p.point).k)
-        for index in (best - 1, best, best + 1):
-            if 0 <= index < len(ks):
-                plan.add((ks[index], c))
-        if ks[best] == 0 and len(ks) > 1:
-            plan.add((ks[1], c))
-    return {point for point in plan if point not in measured}
+def as_runs(prediction: Prediction) -> Runs:
+    """A prediction as the rounds ``choice`` decides on: its interval's ends and its value."""
+    return (prediction.low, prediction.point, prediction.high)
+
+
+def predicted_sweep(predictions: Sequence[Prediction]) -> dict[int, dict[int, Runs]]:
+    """concurrency -> k -> the prediction as runs, the shape ``choice`` reads."""
+    sweep: dict[int, dict[int, Runs]] = {}
+    for p in predictions:
+        sweep.setdefault(p.concurrency, {})[p.k] = as_runs(p)
+    return sweep
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What the predictions recommend and what is served to confirm it.
+
+    ``winners``: concurrency -> the predicted k (0: no speculation), decided by the intervals,
+    else the smaller k (``choice.winner``). ``schedule``: the per-batch-size schedule to serve
+    where the winners differ (None: one k). ``single``: the one k recommended (the best single
+    predicted k where the winners differ). ``noisy``: (k, concurrency) points the decision
+    rests on (the winner and the ks its interval ties with) whose prediction is too noisy.
+    """
+
+    winners: dict[int, int]
+    single: int
+    schedule: Schedule | None
+    noisy: list[tuple[int, int]]
+
+
+def plan(predictions: Sequence[Prediction], ks: Sequence[int], schedules: bool = True) -> Plan:
+    """The recommendation from the predictions and the points to measure for it
+    (``schedules``: False where vLLM turns per-batch-size schedules off)."""
+    sweep = predicted_sweep(predictions)
+    winners = {c: winner(runs) for c, runs in sweep.items()}
+    single = best_single(sweep, (0, *ks))
+    ranges = schedule_from_winners(winners)
+    schedule = ranges if schedules and len(ranges) > 1 else None
+    by_point = {(p.k, p.concurrency): p for p in predictions}
+    noisy = []
+    for c, runs in sorted(sweep.items()):
+        best = runs[winners[c]]
+        for k in sorted(runs):
+            tied = not (min(runs[k]) > max(best) or min(best) > max(runs[k]))
+            if tied and by_point[k, c].noisy:
+                noisy.append((k, c))
+    return Plan(winners=winners, single=single, schedule=schedule, noisy=noisy)
+
+
+def predicted_point(
+    prediction: Prediction, measured: Sequence[float] | None, fitted: bool
+) -> PredictedPoint:
+    """One prediction as results.json keeps it, beside its measured rounds (None: only
+    predicted) and its error against their mean."""
+    found = fmean(measured) if measured else None
+    return {
+        "k": prediction.k,
+        "concurrency": prediction.concurrency,
+        "point": prediction.point,
+        "low": prediction.low,
+        "high": prediction.high,
+        "spread": prediction.spread,
+        "noisy": prediction.noisy,
+        "extrapolated": prediction.extrapolated,
+        "measured": found,
+        "measured_low": min(measured) if measured else None,
+        "measured_high": max(measured) if measured else None,
+        "error": None if found is None else prediction.point / found - 1,
+        "fitted": fitted,
+    }
+
+
+def median_error(points: Iterable[PredictedPoint]) -> float | None:
+    """The median absolute error over the points measured but not fitted (None: none)."""
+    errors = sorted(abs(e) for p in points if (e := p["error"]) is not None and not p["fitted"])
+    return errors[len(errors) // 2] if errors else None

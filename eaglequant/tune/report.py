@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from eaglequant.io.output import write_text_atomic
+from eaglequant.render.prediction import comparison_prediction_markdown
 from eaglequant.render.reports import (
     comparison_markdown,
     comparison_point,
@@ -40,7 +41,10 @@ def write_comparison(out: Path, summary: ComparisonSummary) -> None:
         f"max-model-len {summary['max_model_len']}, {summary['devices']} "
         f"{summary['device_unit']}(s).\n\n"
     )
-    write_text_atomic(out / "results.md", heading + comparison_markdown(summary))
+    text = heading + comparison_markdown(summary)
+    if "prediction" in summary:
+        text += "\n\n" + comparison_prediction_markdown(summary["prediction"])
+    write_text_atomic(out / "results.md", text)
     plot_comparison(out, summary)
 
 

@@ -39,6 +39,8 @@ from eaglequant.tune.summary import Workload
 # started and stopped inside every round, or all started once and kept alive.
 RESTART = "restart"
 KEEP = "keep"
+# tune --predict --baseline: each configuration served once, its rounds inside that server.
+ONCE = "once"
 # vllm bench serve's datasets tune drives: random tokens of ISL/OSL, a .jsonl of prompts
 # (custom), a ShareGPT .json (conversations; OSL tokens generated for each).
 DATASETS = ("random", "custom", "sharegpt")
@@ -123,8 +125,10 @@ def check_request(request: TuneRequest) -> int:
             raise InputError(
                 "a baseline comparison measures single ks; drop the schedule or the baseline"
             )
-    if request.predict and request.baseline is not None:
-        raise InputError("--predict predicts a k sweep; drop --predict or --baseline")
+    if request.predict and request.servers == KEEP:
+        raise InputError(
+            "--predict serves each configuration once, one at a time; drop --keep-servers"
+        )
     if request.predict and len(set(request.concurrencies)) < 2:
         raise InputError(
             "--predict fits the target's step time over concurrencies: give 2 or more, "

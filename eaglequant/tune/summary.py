@@ -159,28 +159,69 @@ class SweepRecommendation(TypedDict):
 
 
 class PredictedPoint(TypedDict):
-    """``tune --predict``: one (k, concurrency) predicted [low, high], with what was measured
-    there (None: only predicted); ``fitted``: its k was measured to fit the model."""
+    """``tune --predict``: one (k, concurrency) predicted [low, high] (``spread``: the width
+    over the value; ``noisy``: too wide to decide on), with what was measured there (None:
+    only predicted) and the prediction's error against it; ``fitted``: its k was measured to
+    fit the model."""
 
     k: int
     concurrency: int
     point: float
     low: float
     high: float
+    spread: float
+    noisy: bool
     extrapolated: bool
     measured: float | None
+    measured_low: float | None
+    measured_high: float | None
+    error: float | None
     fitted: bool
 
 
 class PredictionRecord(TypedDict):
-    """``tune --predict``'s block: the ks fitted on, every point, the median error where a
-    prediction was then measured, and the server starts spent against the full sweep's."""
+    """``tune --predict``'s block: the ks fitted on, every point, the predicted winner at each
+    concurrency, the best single k and the schedule predicted, what one confirmation server
+    served (None: the recommendation was already measured), the ks measured because their
+    prediction was too noisy, the median error where a prediction was then measured, and the
+    server starts spent against the full sweep's."""
 
     fitted_on: list[int]
     points: list[PredictedPoint]
+    winners: dict[str, int]
+    single: int
+    schedule: list[list[int]] | None
+    confirmed: str | None
+    noisy_measured: list[int]
     median_abs_error: float | None
     server_starts: int
     full_sweep_server_starts: int
+
+
+class RolePrediction(TypedDict):
+    """``tune --predict --baseline``: one draft's predicted points (``role``: baseline or
+    draft)."""
+
+    role: str
+    points: list[PredictedPoint]
+
+
+class ComparisonPrediction(TypedDict):
+    """``tune --predict --baseline``'s block: every k of the release table predicted for both
+    drafts from no speculation and each draft at the largest k, the draft's k it recommends,
+    the ks measured (the largest, the recommended, any too noisy to decide on), the median
+    error where a prediction was then measured, and the server starts against the full
+    table's (each configuration served once)."""
+
+    fitted_on: list[int]
+    ks: list[int]
+    roles: list[RolePrediction]
+    recommended_k: int
+    measured_ks: list[int]
+    noisy_measured: list[int]
+    median_abs_error: float | None
+    server_starts: int
+    full_table_server_starts: int
 
 
 class SweepSummary(Workload):
@@ -213,6 +254,7 @@ class ComparisonSummary(Workload):
     recommendation: Recommendation
     serve_lines: list[ServeLine]
     environment: EnvironmentRecord
+    prediction: NotRequired[ComparisonPrediction]  # tune --predict --baseline
 
 
 def check_summary(summary: Mapping[str, Any], where: str = "tune results.json") -> str:

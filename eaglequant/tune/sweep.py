@@ -2,20 +2,26 @@
 
 The article's procedure, automated: for no speculation and each k, start
 ``vllm serve`` (``engine.server``) with the user's serve arguments passed
-through, drive it with vLLM's own ``vllm bench serve`` at each concurrency
-``repeats`` times (``--save-result``), then stop it — always, on failure and
-Ctrl-C too. From the per-concurrency winners
+through, warm it up, drive it with vLLM's own ``vllm bench serve`` in ``repeats``
+rounds over the concurrencies inside that one server (``--save-result``, the
+server's /metrics counters around each run), then stop it — always, on failure
+and Ctrl-C too. From the per-concurrency winners
 (``choice``) it builds one per-batch-size schedule, serves and measures
 that too where it differs from a single k, and recommends what was measured to
 be faster: the schedule, one k, or no speculation. Results: JSON, Markdown, PNG
 plots and the exact serve line.
+
+``--predict`` serves no speculation and the largest k only, predicts every other
+point (``predict``), and serves one confirmation: the predicted recommendation
+(one k, or the schedule), plus any point the recommendation rests on whose
+prediction was too noisy to decide on.
 """
 
 from __future__ import annotations
 
 import sys
 import tempfile
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
@@ -25,9 +31,9 @@ from eaglequant.engine.config import probe_vllm
 from eaglequant.engine.server import Server, serving
 from eaglequant.environment import EnvironmentRecord, environment
 from eaglequant.progress import Progress, quiet
-from eaglequant.render.reports import mean_positions
+from eaglequant.spec_counts import SpecDecodeCounts
 from eaglequant.speculative import SpeculativeDict, schedule_config, speculative_config
-from eaglequant.tune.bench import BenchClient, BenchResult, bench_command
+from eaglequant.tune.bench import BenchClient, BenchResult, counted_run, warm_up
 from eaglequant.tune.choice import (
     Runs,
     Schedule,
@@ -36,7 +42,16 @@ from eaglequant.tune.choice import (
     schedule_misses,
     winner,
 )
-from eaglequant.tune.predict import Point, Prediction, confirmation_plan, predict
+from eaglequant.tune.predict import (
+    Plan,
+    Point,
+    Prediction,
+    acceptance_by_position,
+    median_error,
+    plan,
+    predict,
+    predicted_point,
+)
 from eaglequant.tune.report import write_reports
 from eaglequant.tune.request import (
     TuneRequest,
@@ -50,7 +65,6 @@ from eaglequant.tune.request import (
 from eaglequant.tune.summary import (
     SCHEMA_VERSION,
     SWEEP,
-    PredictedPoint,
     PredictionRecord,
     SweepRecommendation,
     SweepRow,
@@ -60,10 +74,11 @@ from eaglequant.tune.summary import (
 
 @dataclass
 class TuneResult:
-    """One (server, concurrency) point averaged over its repeats; k 0 is no speculation.
+    """One (server, concurrency) point over its rounds; k 0 is no speculation.
 
-    ``runs`` holds each repeat's output tokens/s. For the schedule's server k is
-    its largest k and ``schedule`` is true.
+    ``runs`` holds each round's output tokens/s; ``counts`` the server's spec-decode counters
+    pooled over the rounds (None: no speculation). For the schedule's server k is its largest
+    k and ``schedule`` is true.
     """
 
     k: int
@@ -73,23 +88,30 @@ class TuneResult:
     acceptance_length: float | None
     per_position: list[float] = field(default_factory=list)
     schedule: bool = False
+    counts: SpecDecodeCounts | None = None
 
     @property
     def output_throughput(self) -> float:
         return fmean(self.runs)
 
 
-def to_result(k: int, concurrency: int, raws: list[BenchResult], schedule: bool) -> TuneResult:
-    """One point from its repeats' ``--save-result`` files (latency and acceptance averaged)."""
-    positions = [r.get("spec_decode_per_position_acceptance_rates") for r in raws]
+Sample = tuple[BenchResult, SpecDecodeCounts | None]
+
+
+def to_result(k: int, concurrency: int, samples: list[Sample], schedule: bool) -> TuneResult:
+    """One point from its rounds' ``--save-result`` files and /metrics deltas (latency
+    averaged, acceptance pooled over the rounds' counters)."""
+    deltas = [counts for _, counts in samples if counts is not None and counts.drafts]
+    pooled = SpecDecodeCounts.total(deltas) if deltas else None
     return TuneResult(
         k=k,
         concurrency=concurrency,
-        runs=[float(r["output_throughput"]) for r in raws],
-        mean_tpot_ms=_mean([r.get("mean_tpot_ms") for r in raws]),
-        acceptance_length=_mean([r.get("spec_decode_acceptance_length") for r in raws]),
-        per_position=mean_positions([p for p in positions if p]) if any(positions) else [],
+        runs=[float(raw["output_throughput"]) for raw, _ in samples],
+        mean_tpot_ms=_mean([raw.get("mean_tpot_ms") for raw, _ in samples]),
+        acceptance_length=pooled.mean_acceptance_length if pooled else None,
+        per_position=pooled.per_position_rates if pooled else [],
         schedule=schedule,
+        counts=pooled,
     )
 
 
@@ -116,10 +138,9 @@ def measure(
     scratch: Path,
     progress: Progress,
     bench: BenchClient,
-    concurrencies: Sequence[int] | None = None,
 ) -> list[TuneResult]:
-    """Serve one configuration and bench it ``repeats`` times at every concurrency (or at
-    ``concurrencies``)."""
+    """Serve one configuration, warm it up, and bench it in ``repeats`` rounds over every
+    concurrency, all inside this one server."""
     server = Server(
         model=str(request.target),
         flags=engine_flags(request, config.spec, max_len),
@@ -127,21 +148,17 @@ def measure(
         env=env,
     )
     progress(f"vllm serve {config.label} on port {server.port} ...")
-    results = []
+    samples: dict[int, list[Sample]] = {c: [] for c in request.concurrencies}
     with serving(server, request.server_timeout_s):
-        for concurrency in concurrencies or request.concurrencies:
-            raws = []
-            for repeat in range(request.repeats):
-                result = scratch / f"{config.label}-c{concurrency}-r{repeat}.json"
-                warmups = concurrency if repeat == 0 else 0
-                cmd = bench_command(request, server.port, concurrency, result, warmups=warmups)
-                raws.append(
-                    bench.run(cmd, result, request.out / "bench.log", request.bench_timeout_s)
-                )
-            results.append(to_result(config.k, concurrency, raws, config.schedule))
-            runs = ", ".join(f"{t:.1f}" for t in results[-1].runs)
-            progress(f"{config.label} concurrency {concurrency}: {runs} tok/s")
-    return results
+        warm_up(request, server.url, max(request.concurrencies), request.bench_timeout_s)
+        for round_ in range(request.repeats):
+            for concurrency in request.concurrencies:
+                result = scratch / f"{config.label}-c{concurrency}-r{round_}.json"
+                what = f"{config.label} at concurrency {concurrency}, round {round_}"
+                sample = counted_run(bench, server, request, concurrency, result, what)
+                samples[concurrency].append(sample)
+                progress(f"{what}: {sample[0]['output_throughput']:.1f} tok/s")
+    return [to_result(config.k, c, found, config.schedule) for c, found in samples.items()]
 
 
 def tune(request: TuneRequest, progress: Progress = quiet) -> SweepSummary:
@@ -158,82 +175,127 @@ def tune(request: TuneRequest, progress: Progress = quiet) -> SweepSummary:
         for k in request.ks
     ]
     results: list[TuneResult] = []
+    forecast: Forecast | None = None
     with (
         tempfile.TemporaryDirectory(prefix="eaglequant-tune-") as scratch,
         BenchClient(Path(scratch) / "bench-client.log") as bench,
     ):
         run = partial(
-            measure, request, env=env, max_len=max_len, scratch=Path(scratch), progress=progress
+            measure,
+            request,
+            env=env,
+            max_len=max_len,
+            scratch=Path(scratch),
+            progress=progress,
+            bench=bench,
         )
         if request.predict:
-            results, prediction = predicted_sweep(request, configs, partial(run, bench=bench))
+            results, forecast = predicted_sweep(request, configs, run, progress)
         else:
             for config in configs:
-                results += run(config, bench=bench)
-        ranges, skipped = planned_schedule(request, sweep_runs(results))
-        if skipped is None:
-            spec = schedule_config(draft, ranges, request.draft_kv_cache_dtype)
-            config = Configuration(
-                label="schedule", k=spec["num_speculative_tokens"], spec=spec, schedule=True
-            )
-            results += run(config, bench=bench)
-        else:
-            progress(f"no schedule run: {skipped}")
+                results += run(config)
+            ranges, skipped = planned_schedule(request, sweep_runs(results))
+            if skipped is None:
+                results += run(schedule_configuration(request, ranges))
+            else:
+                progress(f"no schedule run: {skipped}")
     on_cpu = probe_vllm(sys.executable).on_cpu
-    summary = summarize(request, results, max_len, environment(environ=env, gpus=not on_cpu))
-    if request.predict:
-        summary["prediction"] = prediction_block(prediction, results, request)
+    served = forecast.plan.schedule if forecast else None
+    summary = summarize(
+        request, results, max_len, environment(environ=env, gpus=not on_cpu), served
+    )
+    if forecast is not None:
+        summary["prediction"] = prediction_block(forecast, results, request)
     write_reports(request.out, summary)
     return summary
 
 
+def schedule_configuration(request: TuneRequest, ranges: Schedule) -> Configuration:
+    spec = schedule_config(str(request.draft), ranges, request.draft_kv_cache_dtype)
+    return Configuration(
+        label="schedule", k=spec["num_speculative_tokens"], spec=spec, schedule=True
+    )
+
+
+@dataclass(frozen=True)
+class Forecast:
+    """``tune --predict``'s record: the predictions, what they recommend, what was served to
+    confirm it, and why (``noisy``: points measured because their prediction was too noisy)."""
+
+    predictions: list[Prediction]
+    plan: Plan
+    confirmed: str | None
+    noisy_measured: list[int]
+
+
 def predicted_sweep(
-    request: TuneRequest, configs: list[Configuration], run: Callable[..., list[TuneResult]]
-) -> tuple[list[TuneResult], list[Prediction]]:
+    request: TuneRequest,
+    configs: list[Configuration],
+    run: Callable[[Configuration], list[TuneResult]],
+    progress: Progress = quiet,
+) -> tuple[list[TuneResult], Forecast]:
     """No speculation and the largest k at every concurrency; every other (k, concurrency)
-    predicted from them; then served only where the recommendation rests on it."""
+    predicted from them; then one confirmation server of the predicted recommendation (the
+    schedule, or one k not served yet), and a server for each k the recommendation rests on
+    where its prediction was too noisy to decide on."""
     largest = max(request.ks)
-    results = [r for c in configs if c.k in (0, largest) for r in run(c)]
-    points = [Point(r.k, r.concurrency, tuple(r.runs), tuple(r.per_position)) for r in results]
-    prediction = predict(points, request.ks)
-    plan = confirmation_plan(prediction, {(r.k, r.concurrency) for r in results})
-    for config in configs:
-        at = sorted(c for k, c in plan if k == config.k)
-        if at:
-            results += run(config, concurrencies=at)
-    return results, prediction
+    by_k = {c.k: c for c in configs}
+    results = run(by_k[0]) + run(by_k[largest])
+    points = [Point(r.k, r.concurrency, tuple(r.runs), _positions(r)) for r in results]
+    predictions = predict(points, request.ks)
+    chosen = plan(predictions, request.ks, schedules=not data_parallel(request))
+    served = {0, largest}
+    confirmed = None
+    if chosen.schedule is not None:
+        confirmed = "schedule"
+        results += run(schedule_configuration(request, chosen.schedule))
+    elif chosen.single not in served:
+        confirmed = f"k={chosen.single}"
+        results += run(by_k[chosen.single])
+        served.add(chosen.single)
+    noisy = sorted({k for k, _ in chosen.noisy} - served)
+    for k in noisy:
+        spread = max(p.spread for p in predictions if p.k == k)
+        progress(
+            f"k={k}: its prediction spans {spread:.0%} of its value, too wide to decide on; "
+            "measuring it instead"
+        )
+        results += run(by_k[k])
+    return results, Forecast(predictions, chosen, confirmed, noisy)
+
+
+def _positions(result: TuneResult) -> tuple[float, ...]:
+    return acceptance_by_position(result.counts) if result.counts is not None else ()
+
+
+def data_parallel(request: TuneRequest) -> bool:
+    """vLLM turns per-batch-size schedules off under data parallelism."""
+    return int(request.engine.engine_args.get("data_parallel_size") or 1) > 1
 
 
 def prediction_block(
-    prediction: list[Prediction], results: list[TuneResult], request: TuneRequest
+    forecast: Forecast, results: list[TuneResult], request: TuneRequest
 ) -> PredictionRecord:
-    """results.json's ``prediction``: each (k, concurrency) predicted, with what was measured
-    there (None: only predicted), and the server starts spent against the full sweep's."""
-    measured = {(r.k, r.concurrency): r.output_throughput for r in results if not r.schedule}
+    """results.json's ``prediction``: each (k, concurrency) predicted with its interval, with
+    what was measured there (None: only predicted), the predicted recommendation, what was
+    served to confirm it, and the server starts spent against the full sweep's."""
+    measured = {(r.k, r.concurrency): r.runs for r in results if not r.schedule}
     fitted = {0, max(request.ks)}
-    rows: list[PredictedPoint] = [
-        {
-            "k": p.k,
-            "concurrency": p.concurrency,
-            "point": p.point,
-            "low": p.low,
-            "high": p.high,
-            "extrapolated": p.extrapolated,
-            "measured": measured.get((p.k, p.concurrency)),
-            "fitted": p.k in fitted,
-        }
-        for p in prediction
+    rows = [
+        predicted_point(p, measured.get((p.k, p.concurrency)), p.k in fitted)
+        for p in forecast.predictions
     ]
-    errors = sorted(
-        abs(r["point"] / found - 1)
-        for r in rows
-        if (found := r["measured"]) is not None and not r["fitted"]
-    )
+    chosen = forecast.plan
     return {
         "fitted_on": sorted(fitted),
         "points": rows,
-        "median_abs_error": errors[len(errors) // 2] if errors else None,
-        "server_starts": len({r.k for r in results if not r.schedule}),
+        "winners": {str(c): k for c, k in chosen.winners.items()},
+        "single": chosen.single,
+        "schedule": None if chosen.schedule is None else [list(r) for r in chosen.schedule],
+        "confirmed": forecast.confirmed,
+        "noisy_measured": forecast.noisy_measured,
+        "median_abs_error": median_error(rows),
+        "server_starts": len({(r.k, r.schedule) for r in results}),
         "full_sweep_server_starts": 1 + len(request.ks),
     }
 
@@ -248,16 +310,19 @@ def sweep_runs(results: list[TuneResult]) -> dict[int, dict[int, Runs]]:
 
 
 def planned_schedule(
-    request: TuneRequest, sweep: dict[int, dict[int, Runs]]
+    request: TuneRequest, sweep: dict[int, dict[int, Runs]], served: Schedule | None = None
 ) -> tuple[Schedule, str | None]:
-    """The schedule to measure (given, else the winners'); why it is not served (None: it is)."""
+    """The schedule to measure (``served``: the one ``--predict`` served; given; else the
+    winners'); why it is not served (None: it is)."""
+    if served is not None:
+        return served, None
     if request.schedule is not None:
         ranges = list(request.schedule)
     else:
         ranges = schedule_from_winners({c: winner(runs) for c, runs in sweep.items()})
         if len(ranges) == 1:
             return ranges, f"{uniform(ranges[0][2])}, so the schedule is that single choice"
-    if int(request.engine.engine_args.get("data_parallel_size") or 1) > 1:
+    if data_parallel(request):
         return ranges, "vLLM turns per-batch-size schedules off under data parallelism"
     return ranges, None
 
@@ -267,10 +332,12 @@ def summarize(
     results: list[TuneResult],
     max_len: int,
     env: EnvironmentRecord | None = None,
+    served: Schedule | None = None,
 ) -> SweepSummary:
-    """results.json's content (``env``: the run's ``environment()`` block)."""
+    """results.json's content (``env``: the run's ``environment()`` block; ``served``: the
+    schedule ``--predict`` served to confirm its recommendation)."""
     sweep = sweep_runs(results)
-    ranges, skipped = planned_schedule(request, sweep)
+    ranges, skipped = planned_schedule(request, sweep, served)
     scheduled = [r for r in results if r.schedule]
     choice = recommend(request, sweep, ranges, skipped, scheduled)
     draft = str(request.draft)

@@ -5,6 +5,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
+from eaglequant.spec_counts import SpecDecodeCounts
 from eaglequant.tune.choice import (
     beats,
     best_single,
@@ -159,25 +162,27 @@ def test_no_schedule_is_served_where_one_choice_won_everywhere() -> None:
     assert "--speculative-config" not in summary["serve_command"]
 
 
-def test_a_point_averages_its_repeats_with_or_without_speculation_fields() -> None:
-    plain = to_result(0, 1, [{"output_throughput": 10.0}, {"output_throughput": 14.0}], False)
+def test_a_point_averages_its_rounds_and_pools_their_counters() -> None:
+    plain = to_result(
+        0, 1, [({"output_throughput": 10.0}, None), ({"output_throughput": 14.0}, None)], False
+    )
     assert (plain.runs, plain.output_throughput, plain.acceptance_length) == (
         [10.0, 14.0],
         12.0,
         None,
     )
-    spec = {
-        "spec_decode_acceptance_length": 2.0,
-        "spec_decode_per_position_acceptance_rates": [0.6, 0.4],
-    }
-    raws = [{"output_throughput": 9.0, "mean_tpot_ms": 3.0, **spec}, {"output_throughput": 11.0}]
-    point = to_result(2, 8, raws, True)
+    samples = [
+        ({"output_throughput": 9.0, "mean_tpot_ms": 3.0}, SpecDecodeCounts(10, 20, 12, (7, 5))),
+        ({"output_throughput": 11.0}, SpecDecodeCounts(30, 60, 20, (17, 3))),
+    ]
+    point = to_result(2, 8, samples, True)
+    # 40 drafts, 32 accepted: 1 + 32/40; by position 24/40 and 8/40
     assert (point.mean_tpot_ms, point.acceptance_length, point.per_position) == (
         3.0,
-        2.0,
-        [0.6, 0.4],
+        pytest.approx(1.8),
+        pytest.approx([0.6, 0.2]),
     )
-    assert point.schedule
+    assert point.counts == SpecDecodeCounts(40, 80, 32, (24, 8)) and point.schedule
 
 
 def test_a_given_schedule_is_reported_even_where_one_choice_won_everywhere() -> None:

@@ -79,8 +79,8 @@ def test_the_dataset_goes_to_vllm_bench_serve_as_its_own_options(tmp_path: Path)
 
 
 def test_predict_needs_a_sweep_over_two_concurrencies() -> None:
-    assert _error([*BASE, "--predict", "--baseline", str(TOY / "draft")]) == (
-        "error: --predict predicts a k sweep; drop --predict or --baseline"
+    assert _error([*BASE, "--predict", "--baseline", str(TOY / "draft"), "--keep-servers"]) == (
+        "error: --predict serves each configuration once, one at a time; drop --keep-servers"
     )
     assert _error([*BASE, "--predict", "--concurrency", "4"]) == (
         "error: --predict fits the target's step time over concurrencies: give 2 or more, "

@@ -1,4 +1,4 @@
-"""tune's prediction model on hand-computed cases and recorded sweeps (bench/results-tune)."""
+"""tune's prediction model on hand-computed cases, recorded counters and a recorded sweep."""
 
 from __future__ import annotations
 
@@ -8,14 +8,19 @@ from statistics import fmean, median
 
 import pytest
 
+from eaglequant.spec_counts import SpecDecodeCounts
 from eaglequant.tune.predict import (
+    MEANINGLESS_SPREAD,
     Point,
-    confirmation_plan,
+    Prediction,
+    TargetStep,
+    acceptance_by_position,
     expected_length,
     fit,
-    fit_target_step,
+    plan,
     predict,
 )
+from tests.unit import recorded_counts
 
 REPO = Path(__file__).resolve().parents[2]
 DEEP = REPO / "bench" / "results-tune" / "deep-target" / "results.json"
@@ -29,42 +34,55 @@ def _recorded(path: Path) -> list[Point]:
 
 
 def test_expected_length_sums_acceptance_by_position() -> None:
-    rates = [0.8, 0.5, 0.25]  # a_j: verify steps that accepted draft token j (cumulative)
+    rates = [0.8, 0.5, 0.25]  # a_j: verify steps that accepted draft tokens 1..j
     assert [expected_length(rates, k) for k in range(4)] == pytest.approx([1, 1.8, 2.3, 2.55])
     with pytest.raises(ValueError, match="positions 1..3"):
         expected_length(rates, 4)
 
 
-def test_a_smaller_k_from_the_largest_matches_vllms_counters() -> None:
-    """The deeper toy target's recorded sweep: k=3's counters give k=2's acceptance length
-    as vLLM measured it in k=2's own server (2.488) within 0.01."""
-    points = _recorded(DEEP)
-    three = next(p for p in points if p.k == 3)
-    rows = json.loads(DEEP.read_text())["results"]
-    two = next(r["acceptance_length"] for r in rows if r["k"] == 2)
-    assert expected_length(three.per_position, 2) == pytest.approx(two, abs=0.01)
+@pytest.mark.parametrize("name", ["BF16", "FP8", "COARSE", "RANDOM"])
+def test_acceptance_at_a_smaller_k_from_recorded_counters(name: str) -> None:
+    """Real vLLM runs at k=3: the counters give vLLM's own mean acceptance length at k=3, and
+    at k=1 and k=2 what the same verify steps accept when cut to k (each request's histogram:
+    a step that accepted j tokens accepts min(j, k))."""
+    metrics = getattr(recorded_counts, f"{name}_METRICS")
+    counts = SpecDecodeCounts.from_vllm(metrics)
+    rates = acceptance_by_position(counts)
+    assert expected_length(rates, 3) == pytest.approx(counts.mean_acceptance_length)
+    requests = getattr(recorded_counts, name)
+    steps = sum(sum(histogram) for histogram, _ in requests)
+    pooled = SpecDecodeCounts.total(SpecDecodeCounts.from_histogram(h, t) for h, t in requests)
+    for k in (1, 2):
+        accepted = sum(
+            min(j, k) * count for histogram, _ in requests for j, count in enumerate(histogram)
+        )
+        cut = expected_length(acceptance_by_position(pooled), k)
+        assert cut == pytest.approx(1 + accepted / steps)
+    with pytest.raises(ValueError, match="no drafts"):
+        acceptance_by_position(SpecDecodeCounts())
 
 
-def test_the_target_step_fit_recovers_a_line() -> None:
-    """T(n) = 0.02 + 0.003 n seconds: throughput c / T(c) at three concurrencies."""
-    pairs = [(c, c / (0.02 + 0.003 * c)) for c in (1, 4, 8)]
-    assert fit_target_step(pairs) == pytest.approx((0.02, 0.003))
+def test_the_target_step_is_linear_between_measured_token_counts() -> None:
+    """Steps of 20, 26 and 50 ms at 1, 4 and 16 tokens: reproduced, interpolated, and past
+    16 tokens continued with the last segment's slope (2 ms a token)."""
+    step = TargetStep.measured([(c, c / t) for c, t in ((1, 0.020), (4, 0.026), (16, 0.050))])
+    assert [step(n) for n in (1, 4, 16)] == pytest.approx([0.020, 0.026, 0.050])
+    assert step(10) == pytest.approx(0.038) and step(36) == pytest.approx(0.090)
+    assert step.covered == 16
     with pytest.raises(ValueError, match="2\\+ concurrencies"):
-        fit_target_step(pairs[:1])
+        TargetStep.measured([(1, 50.0)])
 
 
-def test_the_fit_reproduces_its_own_speculative_points() -> None:
+def test_the_fit_reproduces_both_measured_servers() -> None:
     points = [p for p in _recorded(DEEP) if p.k in (0, 3)]
     model = fit(points)
     for p in points:
-        if p.k == 3:
-            assert model.throughput(3, p.concurrency) == pytest.approx(fmean(p.runs))
+        assert model.throughput(p.k, p.concurrency) == pytest.approx(fmean(p.runs))
 
 
 def test_recorded_deep_sweep_k2_predicted_within_ten_percent() -> None:
     """Fitted on no speculation and k=3 only, k=2 at concurrency 1, 4 and 8 against its own
-    measured servers: median error at most 10% (measured: 1.1%, 7.6%, 7.0%), and each
-    interval from the repeats' spread brackets the point."""
+    measured servers: median error at most 10%, each interval bracketing its point."""
     points = _recorded(DEEP)
     predicted = {
         (p.k, p.concurrency): p for p in predict([p for p in points if p.k in (0, 3)], [2])
@@ -83,54 +101,99 @@ def test_only_one_speculative_k_is_fitted() -> None:
         fit(_recorded(DEEP))
 
 
-def test_the_confirmation_plan_is_the_predicted_best_and_its_neighbours() -> None:
-    def row(c: int, values: dict[int, float]) -> list:
-        from eaglequant.tune.predict import Prediction
-
-        return [Prediction(k, c, v, v, v, False) for k, v in values.items()]
-
-    predictions = row(1, {0: 10, 2: 30, 4: 35, 6: 20}) + row(16, {0: 50, 2: 40, 4: 30, 6: 20})
-    measured = {(0, 1), (6, 1), (0, 16), (6, 16)}
-    # c=1: best 4, neighbours 2 and 6 (6 measured); c=16: no speculation best, and k=2
-    assert confirmation_plan(predictions, measured) == {(2, 1), (4, 1), (2, 16)}
+def _row(c: int, values: dict[int, tuple[float, float, float]]) -> list[Prediction]:
+    return [Prediction(k, c, v, low, high, False) for k, (low, v, high) in values.items()]
 
 
-def test_tune_predict_serves_the_fit_then_only_the_plan(tmp_path: Path) -> None:
-    """The sweep's orchestration on the recorded deeper-toy sweep standing in for servers:
-    no speculation and k=3 at every concurrency, then only the planned (k, concurrency)
-    points; results.json and results.md carry predicted beside measured."""
-    from eaglequant.render.reports import tune_markdown
+def test_the_plan_decides_on_intervals_else_the_smaller_k() -> None:
+    """c=1: k=4 predicted fastest, but its interval overlaps k=2's: k=2. c=16: k=2 beats
+    no speculation and k=4 beyond the intervals. One k everywhere: no schedule."""
+    predictions = _row(1, {0: (9, 10, 11), 2: (28, 30, 32), 4: (31, 33, 35)})
+    predictions += _row(16, {0: (49, 50, 51), 2: (58, 60, 62), 4: (40, 41, 42)})
+    chosen = plan(predictions, (2, 4))
+    assert chosen.winners == {1: 2, 16: 2} and chosen.single == 2
+    assert chosen.schedule is None and chosen.noisy == []
+
+
+def test_the_plan_schedules_different_winners_and_flags_noisy_points() -> None:
+    """c=1: k=4 predicted fastest, but k=2's interval is so wide it ties: k=2, the smaller,
+    wins there, on a prediction wider than MEANINGLESS_SPREAD, so it is to be measured.
+    c=16: no speculation. The schedule [[1,1,2],[2,16,0]] unless schedules are off."""
+    wide = 40 * MEANINGLESS_SPREAD
+    predictions = _row(1, {0: (9, 10, 11), 2: (40 - wide, 40, 40 + wide), 4: (45, 46, 47)})
+    predictions += _row(16, {0: (59, 60, 61), 2: (40, 41, 42), 4: (30, 31, 32)})
+    chosen = plan(predictions, (2, 4))
+    assert chosen.winners == {1: 2, 16: 0}
+    assert chosen.schedule == [(1, 1, 2), (2, 16, 0)]
+    assert chosen.noisy == [(2, 1)]
+    assert plan(predictions, (2, 4), schedules=False).schedule is None
+
+
+def _counts(rates: list[float]) -> SpecDecodeCounts:
+    drafts = 10_000
+    accepted = [round(r * drafts) for r in rates]
+    return SpecDecodeCounts(drafts, drafts * len(rates), sum(accepted), tuple(accepted))
+
+
+def _served(tmp_path: Path, ks: tuple[int, ...], spread: float = 1.0) -> tuple[list, dict]:
+    """``predicted_sweep`` on the recorded deeper-toy sweep standing in for servers (each
+    round scaled around its mean by ``spread``); returns what was served and the block."""
     from eaglequant.tune.request import TuneRequest
-    from eaglequant.tune.sweep import Configuration, TuneResult, predicted_sweep, prediction_block
+    from eaglequant.tune.sweep import (
+        Configuration,
+        TuneResult,
+        predicted_sweep,
+        prediction_block,
+    )
 
     rows = json.loads(DEEP.read_text())["results"]
-    served: list[tuple[int, tuple[int, ...]]] = []
+    served: list[Configuration] = []
 
-    def run(config: Configuration, concurrencies: list[int] | None = None) -> list[TuneResult]:
-        at = tuple(concurrencies or (1, 4, 8))
-        served.append((config.k, at))
-        return [
-            TuneResult(r["k"], r["concurrency"], r["runs"], None, None, r["per_position"])
-            for r in rows
-            if r["k"] == config.k and r["concurrency"] in at
-        ]
+    def run(config: Configuration) -> list[TuneResult]:
+        served.append(config)
+        k = 3 if config.schedule else config.k
+        found = []
+        for r in rows:
+            if r["k"] == k:
+                mean = fmean(r["runs"])
+                runs = [mean + (x - mean) * spread for x in r["runs"]]
+                counts = _counts(r["per_position"]) if k else None
+                found.append(
+                    TuneResult(k, r["concurrency"], runs, None, None, [], config.schedule, counts)
+                )
+        return found
 
-    request = TuneRequest(
-        target=tmp_path, draft=tmp_path, ks=(2, 3), concurrencies=(1, 4, 8), predict=True
-    )
-    configs = [Configuration(label=f"k{k}", k=k, spec=None) for k in (0, 2, 3)]
-    results, prediction = predicted_sweep(request, configs, run)
-    planned = confirmation_plan(prediction, {(k, c) for k in (0, 3) for c in (1, 4, 8)})
-    assert served[:2] == [(0, (1, 4, 8)), (3, (1, 4, 8))]
-    assert served[2:] == [(2, tuple(sorted(c for _, c in planned)))] and planned
-    block = prediction_block(prediction, results, request)
-    assert block["server_starts"] == 3 and block["full_sweep_server_starts"] == 3
-    assert block["median_abs_error"] is not None and block["median_abs_error"] <= 0.10
-    k2 = [p for p in block["points"] if p["k"] == 2]
-    assert {p["concurrency"] for p in k2 if p["measured"] is not None} == {c for _, c in planned}
-    # results.md and the model card both render the table (render.reports.tune_markdown)
+    request = TuneRequest(target=tmp_path, draft=tmp_path, ks=ks, concurrencies=(1, 4, 8))
+    configs = [Configuration(label=f"k{k}", k=k, spec=None) for k in (0, *ks)]
+    results, forecast = predicted_sweep(request, configs, run)
+    return served, prediction_block(forecast, results, request)
+
+
+def test_tune_predict_serves_two_servers_then_one_confirmation(tmp_path: Path) -> None:
+    """No speculation and k=3 at every concurrency; then at most one more server, the
+    predicted recommendation; results.md renders predicted beside measured."""
+    from eaglequant.render.reports import tune_markdown
+
+    served, block = _served(tmp_path, (1, 2, 3))
+    assert [c.k for c in served[:2]] == [0, 3] and len(served) <= 3
+    assert block["server_starts"] == len(served) and block["full_sweep_server_starts"] == 4
+    assert block["noisy_measured"] == []
+    if block["confirmed"] is None:
+        assert set(block["winners"].values()) <= {0, 3} and block["schedule"] is None
+    assert all(p["low"] <= p["point"] <= p["high"] for p in block["points"])
     recorded = json.loads(DEEP.read_text())  # written before results.json had a schema version
     summary = recorded | {"schema_version": 2, "kind": "sweep", "prediction": block}
     text = tune_markdown(summary)
-    assert "(`tune --predict`)" in text and "3 server starts against the full sweep's 3" in text
+    assert "(`tune --predict`)" in text and f"{len(served)} server starts against" in text
     assert "| 3 | 1 |" in text and "fitted" in text
+
+
+def test_a_noisy_run_measures_what_it_cannot_predict(tmp_path: Path) -> None:
+    """The same rounds spread 8x around their means: the predictions the choice rests on
+    are too wide, and those ks are served instead of being reported as guesses."""
+    served, block = _served(tmp_path, (2, 3), spread=8.0)
+    assert block["noisy_measured"], block
+    assert {c.k for c in served} >= set(block["noisy_measured"])
+    for p in block["points"]:
+        if p["k"] in block["noisy_measured"]:
+            assert p["measured"] is not None
