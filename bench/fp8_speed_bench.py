@@ -24,7 +24,7 @@ The BF16 and float32 GEMMs must give the same tokens (the target's); their accep
 compared (float32 is the FP8 arithmetic, BF16 rounds the GEMM's result once more).
 
     python bench/fp8_speed_bench.py [--prompts 16] [--max-tokens 64] [--rounds 3] \
-        [--out bench/results-fp8-speed.json]
+        [--out bench/results-fp8-speed-toy.json]
     # another pair (the prompts stay the toy's plain-text ones: speed, not quality):
     python bench/fp8_speed_bench.py --target out/demo/pair/target \
         --bf16 out/demo/pair/draft --fp8 out/demo/draft-fp8 --label smollm2 \
@@ -286,7 +286,7 @@ def main() -> None:
     parser.add_argument(
         "--bar", type=float, default=0.9, help="--one-engine: the FP8/BF16 ratio judged against"
     )
-    parser.add_argument("--out", type=Path, default=HERE / "results-fp8-speed.json")
+    parser.add_argument("--out", type=Path, default=HERE / "results-fp8-speed-toy.json")
     args = parser.parse_args()
     from eaglequant.environment import cpu_info, versions
 

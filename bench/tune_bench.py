@@ -27,24 +27,31 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-TOY = HERE.parent / "examples" / "toy"
+REPO = HERE.parent
+TOY = REPO / "examples" / "toy"
 CACHE = HERE / ".cache"
 ADDED_LAYERS = 56
 
 
+def rel(path: Path) -> str:
+    """``path`` relative to the checkout, where tune runs: results name no machine path."""
+    return os.path.relpath(path, REPO)
+
+
 def sweep(target: Path, out: Path, prompts: Path, args: argparse.Namespace, *extra: str) -> dict:
     eaglequant = Path(sys.executable).parent / "eaglequant"
-    cmd = [str(eaglequant), "tune", "--target", str(target), "--draft", str(TOY / "draft")]
+    cmd = [str(eaglequant), "tune", "--target", rel(target), "--draft", rel(TOY / "draft")]
     cmd += ["--k", args.k, "--concurrency", args.concurrency, "--repeats", str(args.repeats)]
-    cmd += ["--isl", "64", "--osl", str(args.osl), "--prompts", str(prompts)]
+    cmd += ["--isl", "64", "--osl", str(args.osl), "--prompts", rel(prompts)]
     cmd += ["--num-prompts", str(args.num_prompts), "--serve-arg", "--enforce-eager"]
-    cmd += ["--engine-arg", "dtype=float32", "--engine-arg", "max_num_seqs=8", "--out", str(out)]
-    subprocess.run([*cmd, *extra], check=True)
+    cmd += ["--engine-arg", "dtype=float32", "--engine-arg", "max_num_seqs=8"]
+    subprocess.run([*cmd, "--out", str(out.resolve()), *extra], check=True, cwd=REPO)
     return json.loads((out / "results.json").read_text())
 
 
@@ -62,12 +69,13 @@ def fp8_draft() -> Path:
 
 def comparison(target: Path, out: Path, prompts: Path, args: argparse.Namespace) -> None:
     eaglequant = Path(sys.executable).parent / "eaglequant"
-    cmd = [str(eaglequant), "tune", "--target", str(target), "--draft", str(fp8_draft())]
-    cmd += ["--baseline", str(TOY / "draft"), "--k", args.k, "--concurrency", args.concurrency]
+    cmd = [str(eaglequant), "tune", "--target", rel(target), "--draft", rel(fp8_draft())]
+    cmd += ["--baseline", rel(TOY / "draft"), "--k", args.k, "--concurrency", args.concurrency]
     cmd += ["--repeats", str(args.repeats), "--isl", "64", "--osl", str(args.osl)]
-    cmd += ["--prompts", str(prompts), "--num-prompts", str(args.num_prompts)]
-    cmd += ["--serve-arg", "--enforce-eager", "--engine-arg", "max_num_seqs=8", "--out", str(out)]
-    subprocess.run(cmd + ["--keep-servers"] * args.keep_servers, check=True)
+    cmd += ["--prompts", rel(prompts), "--num-prompts", str(args.num_prompts)]
+    cmd += ["--serve-arg", "--enforce-eager", "--engine-arg", "max_num_seqs=8"]
+    cmd += ["--out", str(out.resolve())]
+    subprocess.run(cmd + ["--keep-servers"] * args.keep_servers, check=True, cwd=REPO)
 
 
 def predicted_against_full(deep: Path, prompts: Path, args: argparse.Namespace) -> dict:
