@@ -316,3 +316,59 @@ def test_an_older_or_foreign_results_file_is_one_line(
 def test_candidate_labels_and_file_names() -> None:
     assert Candidate("draft", 3, {"num_speculative_tokens": 3}).slug == "draft-k3"
     assert Candidate("no speculation", 0, None).slug == "no-speculation"
+
+
+def _truth(k: int, concurrency: int, rates: tuple[float, ...], draft_s: float) -> float:
+    """A synthetic server: target step 20 ms + 1 ms a token, ``draft_s`` a draft step."""
+    step = 0.020 + 0.001 * concurrency * (k + 1) + k * draft_s
+    return concurrency * (1 + sum(rates[:k])) / step
+
+
+def test_predict_with_a_baseline_serves_five_servers_at_most(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """No speculation and both drafts at k=8, then both at the draft's predicted best k:
+    every other k of the grid is predicted for both, equal to the synthetic servers'."""
+    from eaglequant.tune import baseline
+
+    rates = {"baseline": (0.8, 0.6, 0.45, 0.3, 0.2, 0.12, 0.06, 0.03)}
+    rates["draft"] = tuple(r * 0.98 for r in rates["baseline"])
+    request = TuneRequest(
+        target=Path("/models/target"),
+        draft=Path("/models/draft-fp8"),
+        baseline=Path("/models/draft-bf16"),
+        ks=(1, 2, 3, 4, 6, 8),
+        concurrencies=(1, 4, 16),
+        predict=True,
+        out=tmp_path,
+    )
+    served: list[str] = []
+
+    def measure_once(run: Run, candidate: Candidate) -> None:
+        served.append(candidate.label)
+        run.starts.append({"label": candidate.label, "round": None, "start_s": 60.0})
+        position = rates.get(candidate.role, ())
+        for level in request.concurrencies:
+            truth = _truth(candidate.k, level, position, 0.004)
+            drafts = 1000 * level
+            accepted = tuple(round(drafts * r) for r in position[: candidate.k])
+            counts = Counts(drafts, drafts * candidate.k, sum(accepted), accepted)
+            run.samples[candidate.label, level] = [
+                _sample(truth * f, counts if candidate.k else None) for f in (0.99, 1.0, 1.01)
+            ]
+
+    monkeypatch.setattr(baseline, "_measure_once", measure_once)
+    run = Run(request, 200, {}, tmp_path, BenchClient(tmp_path / "bench.log"))  # not started
+    _, record = baseline._measure_predicted(run)
+    assert served[:3] == ["no speculation", "baseline k=8", "draft k=8"]
+    assert len(served) <= 5 and record["server_starts"] == len(served)
+    assert record["full_table_server_starts"] == 13 and record["fitted_on"] == [0, 8]
+    k = record["recommended_k"]
+    assert 0 < k < 8 and served[3:] == [f"baseline k={k}", f"draft k={k}"]
+    assert record["measured_ks"] == [k, 8] and record["noisy_measured"] == []
+    for role in record["roles"]:
+        for p in role["points"]:
+            truth = _truth(p["k"], p["concurrency"], rates[role["role"]], 0.004)
+            assert p["point"] == pytest.approx(truth, rel=1e-4)
+            assert p["low"] <= p["point"] <= p["high"]
+    assert record["median_abs_error"] == pytest.approx(0, abs=1e-4)
