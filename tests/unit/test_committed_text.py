@@ -78,7 +78,7 @@ def test_no_committed_file_names_a_machine_path_or_a_session() -> None:
 
 
 def test_the_scan_names_the_file_and_line_of_each_kind() -> None:
-    slash = "/"
+    slash, session = "/", "session"  # split, so this file holds no planted line itself
     planted = [
         f"prompts {slash}work/main/bench/.cache/tune-prompts.jsonl",
         f'"target": "{slash}home/alice/models/target"',
@@ -86,14 +86,14 @@ def test_the_scan_names_the_file_and_line_of_each_kind() -> None:
         f"written to {slash}tmp/tmpab12cd/out.json",
         f"cache {slash}var/folders/xy/T/cache",
         f"measured at {slash}srv/checkout/bench",
-        "Before the lookup (Session 18, same bench)",
-        "as in sessions 2, 5 and 6",
-        "the first six working sessions",
+        f"Before the lookup ({session.title()} 18, same bench)",
+        f"as in {session}s 2, 5 and 6",
+        f"the first six working {session}s",
     ]
     found = problems("docs/x.md", "\n".join(planted), checkout=f"{slash}srv/checkout")
     assert [line.split(": ", 1)[0] for line in found] == [f"docs/x.md:{n}" for n in range(1, 10)]
     assert found[0].startswith(f"docs/x.md:1: machine path {slash}work/main/bench/.cache/tune")
-    assert found[6].startswith("docs/x.md:7: 'Session 1'")
+    assert found[6].startswith(f"docs/x.md:7: '{session.title()} 1'")
 
 
 def test_documented_system_paths_and_relative_ones_pass() -> None:
