@@ -1,14 +1,14 @@
 """The export's output folder, from plan to read-back (light: no torch, no Quark at import).
 
 The layout is planned before Quark runs: Quark's tensors are predicted by name,
-dtype and shape, so every pass-through tensor is copied into its final place
-(and checked for NaN/Inf), read back, hashed up to the first pending tensor of
-its file and fsynced in a background thread while torch and Quark are still
-being imported. Quark's real tensors are then dropped into their slots (the
-folder is re-planned if they differ from the prediction), the config and the
-source's other files are written, the read-back is completed, and the manifest
-goes in last. :class:`Artifact` holds the one writer throughout; its
-``timings`` say where the writing's time went.
+dtype and shape, so every pass-through tensor is copied by byte range into its
+final place (and checked for NaN/Inf as its bytes stream), read back, hashed
+up to the first pending tensor of its file and fsynced in a background thread
+while torch and Quark are still being imported. Quark's real tensors are then
+dropped into their slots (the folder is re-planned if they differ from the
+prediction), the config and the source's other files are written, the
+read-back is completed, and the manifest goes in last. :class:`Artifact` holds
+the one writer throughout; its ``timings`` say where the writing's time went.
 """
 
 from __future__ import annotations
@@ -84,7 +84,7 @@ class Artifact:
     def __init__(self, folder: Path, source: Checkpoint, layout: Layout, max_shard_size: int):
         self.folder, self.source, self.max_shard_size = folder, source, max_shard_size
         self.writer = LayoutWriter(
-            folder, layout, check_source=_check_finite, after_known=self._settle_known
+            folder, layout, check_chunk=_check_finite, after_known=self._settle_known
         )
         self.readback = ReadBack(folder, layout)
         self.timings: dict[str, float] = {}
@@ -196,7 +196,7 @@ def _signature(blobs: list[TensorBlob]) -> dict[str, tuple[str, tuple[int, ...]]
     return {blob.name: (blob.dtype, blob.shape) for blob in blobs}
 
 
-def _check_finite(info: TensorInfo) -> None:
-    from eaglequant.model.finite import check_finite  # torch, imported in the writer thread
+def _check_finite(info: TensorInfo, chunk: memoryview) -> None:
+    from eaglequant.model.finite import check_finite_chunk  # numpy, never torch
 
-    check_finite(info)
+    check_finite_chunk(info, chunk)

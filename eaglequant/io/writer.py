@@ -22,6 +22,8 @@ from eaglequant.io.safetensors_header import TensorInfo
 
 FILE_MODE = 0o644
 COPY_CHUNK = 256 * 1024 * 1024
+CHECK_CHUNK = 16 * 1024 * 1024  # a checked copy's step: still in the page cache when read
+CheckChunk = Callable[[TensorInfo, memoryview], None]
 
 
 def write_checkpoint_weights(
@@ -41,7 +43,7 @@ def write_safetensors(path: Path, blobs: Iterable[TensorBlob]) -> None:
 
 def write_known_file(path: Path, shard: ShardFile) -> None:
     """Write a planned file's header and known tensors; pending ranges are left zero."""
-    _write_known(path.parent, shard, threading.Event())
+    _write_known(path.parent, shard, threading.Event(), None)
     os.chmod(path, FILE_MODE)
 
 
@@ -54,8 +56,9 @@ class LayoutWriter:
     planned offsets, the index, sets modes and fsyncs. Errors of the background
     thread are raised from ``finish`` (or at once by ``raise_if_failed``);
     ``cancel()`` stops it (between chunks).
-    ``check_source(info)`` runs on each pass-through tensor right after its copy,
-    while its bytes are still in the page cache (the export checks for NaN/Inf);
+    ``check_chunk(info, chunk)`` sees every pass-through tensor's bytes as they
+    stream, chunk by chunk in order, each chunk right after its copy while it is
+    still in the page cache (the export checks for NaN/Inf; it raises to stop);
     ``after_known()`` runs in the background thread once every known byte is
     written (the export makes them durable and reads them back there).
     """
@@ -64,11 +67,11 @@ class LayoutWriter:
         self,
         folder: Path,
         layout: Layout,
-        check_source: Callable[[TensorInfo], None] | None = None,
+        check_chunk: CheckChunk | None = None,
         after_known: Callable[[], None] | None = None,
     ) -> None:
         self.folder, self.layout = folder, layout
-        self.check_source, self.after_known = check_source, after_known
+        self.check_chunk, self.after_known = check_chunk, after_known
         self._cancel = threading.Event()
         self._thread: threading.Thread | None = None
         self._error: BaseException | None = None
@@ -86,12 +89,7 @@ class LayoutWriter:
 
     def write_known(self) -> None:
         for shard in self.layout.files:
-            _write_known(self.folder, shard, self._cancel)
-            if self.check_source is None:
-                continue
-            for placed in shard.placements:
-                if placed.blob.source is not None and not self._cancel.is_set():
-                    self.check_source(placed.blob.source)
+            _write_known(self.folder, shard, self._cancel, self.check_chunk)
 
     def _run(self) -> None:
         started = time.perf_counter()
@@ -162,7 +160,9 @@ def lower_thread_priority(nice: int) -> None:
         os.setpriority(os.PRIO_PROCESS, tid, os.getpriority(os.PRIO_PROCESS, tid) + nice)
 
 
-def _write_known(folder: Path, shard: ShardFile, cancel: threading.Event) -> None:
+def _write_known(
+    folder: Path, shard: ShardFile, cancel: threading.Event, check: CheckChunk | None
+) -> None:
     with (folder / shard.name).open("wb") as out:
         out.truncate(shard.size)
         pwrite_all(out.fileno(), shard.header, 0)
@@ -177,7 +177,7 @@ def _write_known(folder: Path, shard: ShardFile, cancel: threading.Event) -> Non
                     )
                 pwrite_all(out.fileno(), placed.blob.data, placed.start)
             elif placed.blob.source is not None:
-                _copy_range(placed.blob.source, out.fileno(), placed.start, cancel)
+                copy_range(placed.blob.source, out.fileno(), placed.start, cancel, check)
 
 
 def pwrite_all(fd: int, data: bytes, offset: int) -> None:
@@ -187,23 +187,74 @@ def pwrite_all(fd: int, data: bytes, offset: int) -> None:
         view, offset = view[written:], offset + written
 
 
-def _copy_range(info: TensorInfo, out_fd: int, out_offset: int, cancel: threading.Event) -> None:
-    """Copy ``info``'s bytes to ``out_offset`` in the kernel (plain reads if it can't)."""
-    with info.file.open("rb") as src:
+def copy_range(
+    info: TensorInfo,
+    out_fd: int,
+    out_offset: int,
+    cancel: threading.Event,
+    check: CheckChunk | None = None,
+) -> None:
+    """Copy ``info``'s bytes to ``out_offset`` of ``out_fd`` by byte range, nothing parsed.
+
+    ``os.copy_file_range`` copies in the kernel; where the file systems refuse it
+    (an OSError: another file system, an old kernel) each chunk goes through one
+    reused buffer instead. With ``check`` every chunk is read into that buffer
+    too, right after its copy, while the page cache still holds it, and checked
+    before the next one is copied: without copy_file_range the chunk read for
+    the copy is the one checked, before it is written.
+    """
+    step = CHECK_CHUNK if check is not None else COPY_CHUNK
+    buffer = bytearray(min(step, info.nbytes) if check is not None else 0)  # grown on need
+    in_kernel = True
+    with info.file.open("rb", buffering=0) as src:
         done = 0
         while done < info.nbytes and not cancel.is_set():
-            count = min(COPY_CHUNK, info.nbytes - done)
-            try:
-                sent = os.copy_file_range(
-                    src.fileno(), out_fd, count, info.start + done, out_offset + done
-                )
-            except OSError:  # another file system, an old kernel: copy through memory
-                chunk = os.pread(src.fileno(), count, info.start + done)
-                sent = len(chunk)
+            count = min(step, info.nbytes - done)
+            if in_kernel:
+                in_kernel = _copy_in_kernel(src.fileno(), out_fd, count, info, done, out_offset)
+                if in_kernel and check is not None:
+                    check(info, _pread_exact(src.fileno(), buffer, count, info, done))
+            if not in_kernel:
+                if len(buffer) < count:
+                    buffer = bytearray(count)
+                chunk = _pread_exact(src.fileno(), buffer, count, info, done)
+                if check is not None:
+                    check(info, chunk)
                 pwrite_all(out_fd, chunk, out_offset + done)
-            if sent == 0:
-                raise InputError(f"{info.file}: ended early while copying '{info.name}'")
-            done += sent
+            done += count
+
+
+def _copy_in_kernel(
+    src: int, out_fd: int, count: int, info: TensorInfo, done: int, out_offset: int
+) -> bool:
+    """``count`` bytes of ``info`` from ``done`` on by ``os.copy_file_range``; False (nothing
+    copied) where the file systems refuse it."""
+    sent = 0
+    while sent < count:
+        try:
+            step = os.copy_file_range(
+                src, out_fd, count - sent, info.start + done + sent, out_offset + done + sent
+            )
+        except OSError:
+            if sent:
+                raise
+            return False
+        if step == 0:
+            raise InputError(f"{info.file}: ended early while copying '{info.name}'")
+        sent += step
+    return True
+
+
+def _pread_exact(fd: int, buffer: bytearray, size: int, info: TensorInfo, done: int) -> memoryview:
+    """``size`` bytes of ``info`` from ``done`` on, read into ``buffer``."""
+    view = memoryview(buffer)[:size]
+    got = 0
+    while got < size:
+        read = os.preadv(fd, [view[got:]], info.start + done + got)
+        if read == 0:
+            raise InputError(f"{info.file}: ended early while copying '{info.name}'")
+        got += read
+    return view
 
 
 def _fsync(path: Path) -> None:
