@@ -384,23 +384,14 @@ def _shape_problem(ckpt: Checkpoint, name: str, shape: tuple[int, ...]) -> list[
 def _unexpected_tensor_problems(
     ckpt: Checkpoint, known: set[str], dims: DraftDims
 ) -> list[Problem]:
-    quant_parts = {f"{linear}{suffix}" for linear in dims.linears for suffix in SCALE_SUFFIXES}
+    # fc and lm_head may be quantized too (ModelOpt quantizes fc): whether vLLM builds them
+    # as stored is the quantization config's question (inspection), not the form's.
+    linears = (*dims.linears, *KEEP_UNQUANTIZED)
+    quant_parts = {f"{linear}{suffix}" for linear in linears for suffix in SCALE_SUFFIXES}
     quant_parts |= {name for linear in dims.linears if (name := kv_scale_name(linear))}
     problems = []
     for name in sorted(ckpt.tensors):
         if name in known or name in quant_parts:
-            continue
-        layer = name.rsplit(".", 1)[0]
-        if layer in KEEP_UNQUANTIZED and name.endswith(SCALE_SUFFIXES):
-            problems.append(
-                Problem(
-                    f"{ckpt.tensors[name].file}: tensor '{ckpt.tensors[name].name}'",
-                    f"'{layer}' is stored quantized; vLLM builds it with the draft's "
-                    "quantization config and runs it in FP8, where the recipe keeps it BF16",
-                    "re-export from the BF16 draft (eaglequant export keeps fc and lm_head BF16)",
-                    loadable=True,
-                )
-            )
             continue
         problems.append(
             Problem(

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from eaglequant.draft import (
-    KEEP_UNQUANTIZED,
+    SCALE_SUFFIXES,
     STORED_SCALE_SUFFIXES,
     DraftDims,
     Problem,
@@ -27,13 +27,15 @@ from eaglequant.exclusions import (
     DEFAULT_TARGET_LAYERS,
     LayerFate,
     draft_linear_names,
-    matches,
     predict_fates,
 )
 from eaglequant.io.checkpoint import Checkpoint, read_checkpoint
 from eaglequant.io.model_config import QuantizationConfig
 from eaglequant.io.safetensors_header import FLOAT_DTYPES
+from eaglequant.quantization import METHODS, QuantMethod, method_of
+from eaglequant.quantization.base import block_refusal
 from eaglequant.recipe import E8M0_NAN
+from eaglequant.vocab_maps import vocab_map_problems
 
 
 @dataclass(frozen=True)
@@ -66,12 +68,16 @@ def size_summary(ckpt: Checkpoint) -> SizeSummary:
 
 @dataclass(frozen=True)
 class QuantSummary:
-    """The checkpoint's ``quantization_config`` in brief (as stored; None where absent)."""
+    """The checkpoint's ``quantization_config`` in brief, as vLLM reads it: the method, the
+    key it reads exclusions from and their entries (``kv_cache_group``: Quark's only)."""
 
     quant_method: str | None
     version: str | None
-    exclude: list[str] | None
-    kv_cache_group: list[str] | None
+    method: str | None  # the producer, for a method eaglequant predicts; None: unknown
+    summary: str
+    exclusion_key: str | None
+    exclusions: list[str]
+    kv_cache_group: list[str] | None = None
 
 
 @dataclass
@@ -137,11 +143,21 @@ def _as_stored(ckpt: Checkpoint, fate: LayerFate) -> LayerFate:
 def _quant_summary(qcfg: QuantizationConfig | None) -> QuantSummary | None:
     if not isinstance(qcfg, dict):
         return None
+    method = method_of(qcfg)
+    if method is None:
+        return QuantSummary(
+            qcfg.get("quant_method"), qcfg.get("version"), None, "not predicted", None, []
+        )
     return QuantSummary(
         quant_method=qcfg.get("quant_method"),
         version=qcfg.get("version"),
-        exclude=qcfg.get("exclude"),
-        kv_cache_group=(qcfg.get("export") or {}).get("kv_cache_group"),
+        method=method.label,
+        summary=method.describe(qcfg),
+        exclusion_key=".".join(method.exclusion_path(qcfg)),
+        exclusions=method.exclusions(qcfg),
+        kv_cache_group=(qcfg.get("export") or {}).get("kv_cache_group")
+        if method.name == "quark"
+        else None,
     )
 
 
@@ -164,63 +180,103 @@ def quantization_problems(
     """Mismatches between the quantization_config, vLLM's reading of it, and the tensors."""
     config_path = str(ckpt.folder / "config.json")
     qcfg = ckpt.flat_config.get("quantization_config")
+    problems = vocab_map_problems(ckpt)
     if not isinstance(qcfg, dict):
         quantized = quantized_tensors(ckpt)
         if quantized:
-            return [
+            problems.append(
                 Problem(
                     config_path,
                     f"no quantization_config but tensor '{quantized[0]}' is quantized",
                     "re-export with eaglequant export",
                 )
-            ]
-        return []
-    problems = _exclude_problems(ckpt, qcfg, config_path, target_layers)
-    problems += _kv_cache_group_problem(qcfg, config_path)
-    for fate in fates:
-        problems += _fate_problems(ckpt, fate, scales)
-    return problems
-
-
-def _exclude_problems(
-    ckpt: Checkpoint, qcfg: QuantizationConfig, config_path: str, target_layers: int
-) -> list[Problem]:
-    names = list(draft_linear_names(ckpt.flat_config, target_layers))
-    problems = []
-    for entry in qcfg.get("exclude") or []:
-        if entry.startswith("re:") or any(matches(n, entry) for n in names):
-            continue
-        consequence = ""
-        if entry in ("fc", "model.fc") or entry.endswith("fc"):
-            consequence = "; vLLM would quantize model.fc"
+            )
+        return problems
+    method = method_of(qcfg)
+    if method is None:
         problems.append(
             Problem(
                 config_path,
-                f"exclude entry '{entry}' matches no vLLM module{consequence}",
+                f"quantization_config.quant_method {qcfg.get('quant_method')!r} is not one "
+                "eaglequant predicts vLLM's layers for "
+                f"({', '.join(m.name for m in METHODS)})",
+                "nothing here can say how vLLM builds this draft; quantize it with one of those",
+            )
+        )
+        return problems
+    refusals = method.config_problems(qcfg)
+    problems += [Problem(config_path, message, fix) for message, fix in refusals]
+    problems += _exclusion_problems(ckpt, method, qcfg, fates, target_layers)
+    refused = {message.removeprefix("vLLM refuses it: ") for message, _ in refusals}
+    for fate in fates:
+        if fate.scheme == "error" and fate.reason.removeprefix("vLLM refuses it: ") in refused:
+            continue
+        problems += _fate_problems(ckpt, method, qcfg, fate, scales)
+    return problems
+
+
+def _exclusion_problems(
+    ckpt: Checkpoint,
+    method: QuantMethod,
+    qcfg: QuantizationConfig,
+    fates: list[LayerFate],
+    target_layers: int,
+) -> list[Problem]:
+    """Entries of the list vLLM reads that match no vLLM module while their author's meaning
+    would: those whose meant layer is stored BF16 and built quantized (the seed's pitfall)."""
+    names = list(draft_linear_names(ckpt.flat_config, target_layers))
+    key = ".".join(method.exclusion_path(qcfg))
+    cast = {f.vllm_name for f in fates if f.quantized and not _stored_quantized(ckpt, f)}
+    problems = []
+    for entry in method.exclusions(qcfg):
+        if method.matches_any(entry, names):
+            continue
+        meant = method.rewrite([entry], names)[0]
+        missed = [n for n in names if n in cast and _matches(method, n, meant)]
+        if not missed:
+            continue
+        problems.append(
+            Problem(
+                str(ckpt.folder / "config.json"),
+                f"{key} entry '{entry}' matches no vLLM module; vLLM would quantize "
+                f"{', '.join(missed)}",
                 f"run `eaglequant fix-config {ckpt.folder}`",
             )
         )
     return problems
 
 
-def _kv_cache_group_problem(qcfg: QuantizationConfig, config_path: str) -> list[Problem]:
-    export = qcfg.get("export")
-    if not isinstance(export, dict) or not isinstance(export.get("kv_cache_group"), list):
-        return [
-            Problem(
-                config_path,
-                "quantization_config.export.kv_cache_group must be a list (vLLM calls len() on it)",
-                'set "export": {"kv_cache_group": [], ...}',
-            )
-        ]
-    return []
+def _matches(method: QuantMethod, name: str, entry: str) -> bool:
+    try:
+        return method.excluded(name, [entry])
+    except ValueError:
+        return True
+
+
+def _stored_quantized(ckpt: Checkpoint, fate: LayerFate) -> bool:
+    """Whether any of the layer's checkpoint weights is stored quantized (FP8, packed MX)."""
+    return any(
+        (w := ckpt.tensors.get(f"{source}.weight")) is not None and w.dtype not in FLOAT_DTYPES
+        for source in fate.checkpoint_names
+    )
 
 
 def _fate_problems(
-    ckpt: Checkpoint, fate: LayerFate, scales: dict[str, list[float]]
+    ckpt: Checkpoint,
+    method: QuantMethod,
+    qcfg: QuantizationConfig,
+    fate: LayerFate,
+    scales: dict[str, list[float]],
 ) -> list[Problem]:
+    key = ".".join(method.exclusion_path(qcfg))
     if fate.scheme == "error":
-        return [Problem(fate.vllm_name, fate.reason, "exclude all shards of a fused layer or none")]
+        return [
+            Problem(
+                fate.vllm_name, fate.reason, f"list all shards of a fused layer in {key} or none"
+            )
+        ]
+    if fate.scheme == "unknown":
+        return []
     problems = []
     for source in fate.checkpoint_names:
         weight = ckpt.tensors.get(f"{source}.weight")
@@ -234,7 +290,7 @@ def _fate_problems(
                     f"vLLM would build it as {fate.scheme} but '{source}.weight' is "
                     f"{weight.dtype} (vLLM loads it into a quantized layer with placeholder "
                     "scales)",
-                    f"exclude it with a regex: run `eaglequant fix-config {ckpt.folder}`",
+                    f"exclude it in {key}: run `eaglequant fix-config {ckpt.folder}`",
                 )
             )
         elif not fate.quantized and is_quantized:
@@ -242,20 +298,54 @@ def _fate_problems(
                 Problem(
                     fate.vllm_name,
                     f"'{source}.weight' is {weight.dtype} but vLLM would build the layer "
-                    "unquantized",
-                    "remove it from exclude or re-export",
+                    f"unquantized ({fate.reason})",
+                    f"remove it from {key} (`eaglequant fix-config {ckpt.folder}`) or re-export",
                 )
             )
         elif fate.quantized:
             problems += _scale_problems(source, fate, ckpt, scales)
+        else:
+            problems += _stray_scale_problems(ckpt, fate, source)
+    if fate.quantized and fate.block is not None:
+        problems += _block_problems(ckpt, fate, fate.block)
     return problems
+
+
+def _stray_scale_problems(ckpt: Checkpoint, fate: LayerFate, source: str) -> list[Problem]:
+    """Scales of a BF16-stored layer that vLLM builds unquantized: nothing to load them into."""
+    return [
+        Problem(
+            f"{ckpt.tensors[name].file}: tensor '{ckpt.tensors[name].name}'",
+            f"scales '{source}', stored BF16, which vLLM builds unquantized ({fate.reason}): "
+            "its layer has no parameter for it",
+            "re-export from the BF16 draft",
+        )
+        for suffix in SCALE_SUFFIXES
+        if (name := f"{source}{suffix}") in ckpt.tensors
+    ]
+
+
+def _block_problems(ckpt: Checkpoint, fate: LayerFate, block: tuple[int, int]) -> list[Problem]:
+    """vLLM's refusal of a block size that does not divide the layer's partitions (TP=1)."""
+    weights = [ckpt.tensors.get(f"{source}.weight") for source in fate.checkpoint_names]
+    sizes = [w.shape[0] for w in weights if w is not None and w.shape]
+    refusal = block_refusal(block, sizes) if len(sizes) == len(weights) else None
+    if refusal is None:
+        return []
+    return [
+        Problem(
+            fate.vllm_name,
+            f'vLLM would refuse it: "{refusal}"',
+            "quantize with a block size that divides every shard, or per-channel weights",
+        )
+    ]
 
 
 def _scale_problems(
     source: str, fate: LayerFate, ckpt: Checkpoint, scales: dict[str, list[float]]
 ) -> list[Problem]:
     needed = [f"{source}.weight_scale"]
-    if fate.scheme.endswith("static") and source not in KEEP_UNQUANTIZED:
+    if fate.static_input:
         needed.append(f"{source}.input_scale")
     problems = []
     for name in needed:

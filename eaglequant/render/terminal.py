@@ -54,10 +54,12 @@ def print_inspect(report: InspectReport) -> None:
     console.print(f"{report.tensor_count} tensors ({sizes}) in {len(report.shards)} file(s)")
     quant = report.quantization
     if quant:
-        console.print(
-            f"quantization: {quant.quant_method} {quant.version or ''} "
-            f"exclude={quant.exclude} kv_cache_group={quant.kv_cache_group}"
-        )
+        line = f"quantization: {quant.summary} {quant.version or ''}".rstrip()
+        if quant.exclusion_key:
+            line += f" ({quant.method}); vLLM reads {quant.exclusion_key}={quant.exclusions}"
+        if quant.kv_cache_group is not None:
+            line += f" kv_cache_group={quant.kv_cache_group}"
+        console.print(line)
     else:
         console.print("quantization: none")
     if report.size is not None:
@@ -66,16 +68,17 @@ def print_inspect(report: InspectReport) -> None:
             f"size: {size.bytes_on_disk} bytes of tensors; {size.quantized_parameters} of "
             f"{size.parameters} parameters quantized ({size.quantized_fraction:.1%})"
         )
-    table = Table(title="How vLLM will build each draft linear")
-    for column in ("vLLM module", "checkpoint", "quantized", "scheme", "why"):
+    table = Table(title="How vLLM will build each draft linear (on a GPU)")
+    for column in ("vLLM module", "checkpoint", "linear method", "scheme", "weights", "why"):
         table.add_column(column)
     for fate in report.fates:
         table.add_row(
             fate.vllm_name,
             ", ".join(fate.checkpoint_names),
-            "yes" if fate.quantized else "no",
-            fate.scheme + (f" ({fate.vllm_scheme})" if fate.vllm_scheme else ""),
-            fate.reason,
+            fate.built_as,
+            fate.scheme,
+            fate.weight_dtype,
+            fate.reason + (f"; CPU: {fate.cpu}" if fate.cpu else ""),
         )
     console.print(table)
     if report.problems:

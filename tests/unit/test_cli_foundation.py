@@ -13,9 +13,11 @@ from click.testing import CliRunner
 
 from eaglequant.cli import main
 from tests.conftest import TOY, edit_config, tree_digest
+from tests.foreign import MIDLAYER, quantize_layers
 
 
 def _fp8_config(folder: Path, exclude: list[str]) -> None:
+    quantize_layers(folder, MIDLAYER, static_input=True)
     spec = {"dtype": "fp8_e4m3", "qscheme": "per_tensor", "is_dynamic": False}
     edit_config(
         folder,

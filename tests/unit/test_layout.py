@@ -30,6 +30,7 @@ CORE = [
     "eaglequant.spec_counts",
     "eaglequant.forms",
     "eaglequant.quantization",
+    "eaglequant.vocab_maps",
     "eaglequant.inspection",
     "eaglequant.manifest",
     "eaglequant.validation_report",
