@@ -13,7 +13,7 @@ its names in vLLM, the form's own refusals) is the form's, :mod:`eaglequant.form
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Literal
+from typing import Literal, cast
 
 from eaglequant.errors import InputError
 from eaglequant.forms import form_named, form_of, recognised_form
@@ -28,8 +28,9 @@ from eaglequant.forms.llama import LLAMA
 from eaglequant.forms.mla import MlaDims
 from eaglequant.io import speculators
 from eaglequant.io.checkpoint import Checkpoint
-from eaglequant.io.model_config import DraftConfig, VariantFlag
+from eaglequant.io.model_config import DraftConfig, QuantizationConfig, VariantFlag
 from eaglequant.io.safetensors_header import FLOAT_DTYPES
+from eaglequant.quantization import method_of
 
 LAYER_NORMS = ("input_layernorm", "post_attention_layernorm")
 # Built by vLLM in every layer, used by the first only: required there, optional after.
@@ -403,6 +404,29 @@ def _unexpected_tensor_problems(
     return problems
 
 
+def refuse_quantized(ckpt: Checkpoint, role: str) -> None:
+    """Raise InputError, naming the quantization method the draft declares, when ``ckpt`` is
+    quantized; ``role`` says where a BF16 draft belongs (export's input, compare's baseline,
+    validate's baseline)."""
+    already = quantized_tensors(ckpt)
+    qcfg = ckpt.flat_config.get("quantization_config")
+    if already or qcfg is not None:
+        raise InputError(
+            f"{ckpt.folder}: already quantized ({_quantized_how(qcfg, already)}) where a BF16 "
+            f"draft belongs ({role}); pass the BF16 draft it was made from — use `eaglequant "
+            f"inspect {ckpt.folder}` or `eaglequant fix-config` on this one instead"
+        )
+
+
+def _quantized_how(qcfg: object, tensors: list[str]) -> str:
+    """The quantization a draft declares (its producer and method), else its first tensor."""
+    if isinstance(qcfg, dict):
+        method = method_of(cast(QuantizationConfig, qcfg))
+        declared = f"quant_method {qcfg.get('quant_method')!r}"
+        return f"{method.label}, {declared}" if method else declared
+    return f"'{tensors[0]}'"
+
+
 def quantized_tensors(ckpt: Checkpoint) -> list[str]:
     """Tensors that are already quantized: FP8/integer weights or scale tensors."""
     return sorted(
@@ -413,16 +437,10 @@ def quantized_tensors(ckpt: Checkpoint) -> list[str]:
     )
 
 
-def require_bf16_draft(ckpt: Checkpoint) -> DraftDims:
+def require_bf16_draft(ckpt: Checkpoint, role: str = "export's input") -> DraftDims:
     """Raise InputError unless ``ckpt`` is a well-formed, unquantized EAGLE-3 draft."""
     problems = structure_problems(ckpt)
     if problems:
         raise InputError(str(problems[0]))
-    already = quantized_tensors(ckpt)
-    if already or "quantization_config" in ckpt.flat_config:
-        first = already[0] if already else "quantization_config"
-        raise InputError(
-            f"{ckpt.folder}: already quantized ('{first}'); export takes the BF16 draft — "
-            f"use `eaglequant inspect {ckpt.folder}` or `eaglequant fix-config` on it instead"
-        )
+    refuse_quantized(ckpt, role)
     return dims_from_config(ckpt.flat_config, str(ckpt.folder / "config.json"))

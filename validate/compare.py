@@ -147,7 +147,7 @@ def check_request(request: CompareRequest) -> None:
     names = [r.name for r in request.recipes]
     if len(set(names)) != len(names):
         raise InputError(f"recipes {names}: each recipe may be compared once")
-    require_bf16_draft(read_checkpoint(request.baseline))
+    require_bf16_draft(read_checkpoint(request.baseline), "compare's baseline")
     if not request.target.is_dir():
         raise InputError(f"{request.target}: no such target folder")
     check_output_path(request.out, [request.baseline, request.target], request.overwrite)

@@ -10,7 +10,7 @@ from pathlib import Path
 from eaglequant.binding import Binding, binding
 from eaglequant.capture.run import CaptureEngine, check_engine
 from eaglequant.capture.store import check_capture
-from eaglequant.draft import dims_from_config, structure_problems
+from eaglequant.draft import dims_from_config, refuse_quantized, structure_problems
 from eaglequant.engine.config import (
     EngineOptions,
     VllmInstall,
@@ -116,6 +116,8 @@ def check_inputs(request: ValidateRequest) -> CheckedInputs:
             raise InputError(str(problems[0]))
         dims[folder] = dims_from_config(ckpt.flat_config, str(folder / "config.json"))
         check_target_fits(request.target, dims[folder])
+        if folder == request.baseline:
+            refuse_quantized(ckpt, "validate's baseline")
         if folder == request.draft and "quantization_config" not in ckpt.flat_config:
             raise InputError(
                 f"{request.draft}: has no quantization_config; pass the FP8 draft to validate"

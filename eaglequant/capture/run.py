@@ -220,7 +220,9 @@ def aux_layer_ids(
     _config, layers = target_layers(target)
     fitted = None
     if draft is not None:
-        fitted = check_target_fits(target, require_bf16_draft(read_checkpoint(draft)))
+        fitted = check_target_fits(
+            target, require_bf16_draft(read_checkpoint(draft), "capture's draft")
+        )
     if asked:
         if fitted is not None and len(asked) != len(fitted):
             raise InputError(

@@ -236,3 +236,35 @@ def test_an_unknown_method_fails_closed(tiny_draft: Path) -> None:
         "eaglequant predicts vLLM's layers for (compressed-tensors, fp8, modelopt, quark); "
         "nothing here can say how vLLM builds this draft; quantize it with one of those"
     ]
+
+
+def _refusal(folder: Path, role: str) -> str:
+    return (
+        f"error: {folder}: already quantized (NVIDIA ModelOpt, quant_method 'modelopt') where a "
+        f"BF16 draft belongs ({role}); pass the BF16 draft it was made from — use `eaglequant "
+        f"inspect {folder}` or `eaglequant fix-config` on this one instead"
+    )
+
+
+def test_a_quantized_draft_where_a_bf16_one_belongs_is_refused_naming_its_method(
+    pair: dict[str, Path], tmp_path: Path
+) -> None:
+    fp8 = modelopt_fp8_draft(shutil.copytree(pair["draft"], tmp_path / "fp8"))
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text('{"prompt": "def f(x):"}\n')
+    runs = {
+        "export's input": ["export", str(fp8), str(tmp_path / "o"), "--calib", "none"],
+        "compare's baseline": [
+            "compare", str(fp8), "--target", str(pair["target"]), "--prompts", str(prompts),
+            "--recipes", "fp8-static", "--out", str(tmp_path / "c"),
+            "--calib-data", str(pair["data"]),
+        ],
+        "validate's baseline": [
+            "validate", "--target", str(pair["target"]), "--draft", str(fp8),
+            "--baseline", str(fp8), "--prompts", str(prompts),
+        ],
+    }  # fmt: skip
+    for role, args in runs.items():
+        code, output = invoke(args)
+        assert code == 2, (role, output)
+        assert output.strip().splitlines()[-1] == _refusal(fp8, role), output
