@@ -270,7 +270,7 @@ def test_exported_draft_loads_as_inspect_predicts(
     expected = expected_schemes(read_checkpoint(out))
     check = layers_check(layers, expected)
     assert check.passed, check.detail
-    kept = {name for name, scheme in expected.items() if scheme is None}
+    kept = {name for name, scheme in expected.schemes.items() if scheme is None}
     assert kept == ({"self_attn.kv_b_proj"} if mla else set())
     # inspect names layers as vLLM's prefixes (model.layers.4 after a 4-layer target); the
     # engine's module tree counts the draft's own list (model.layers.0, model.layers.1, …).

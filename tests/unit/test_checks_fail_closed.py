@@ -4,14 +4,16 @@ from __future__ import annotations
 
 from typing import Any
 
-from eaglequant.validate.layers import kv_cache_problems, layers_check, log_check
+from eaglequant.validate.layers import ExpectedLayers, kv_cache_problems, layers_check, log_check
 
-EXPECTED: dict[str, str | None] = {
-    "self_attn.qkv_proj": "QuarkW8A8Fp8",
-    "self_attn.o_proj": "QuarkW8A8Fp8",
-    "mlp.gate_up_proj": "QuarkW8A8Fp8",
-    "mlp.down_proj": "QuarkW8A8Fp8",
-}
+EXPECTED = ExpectedLayers(
+    {
+        "self_attn.qkv_proj": "QuarkW8A8Fp8",
+        "self_attn.o_proj": "QuarkW8A8Fp8",
+        "mlp.gate_up_proj": "QuarkW8A8Fp8",
+        "mlp.down_proj": "QuarkW8A8Fp8",
+    }
+)
 SCALE = {"dtype": "float32", "count": 1, "min": 0.01, "max": 0.01, "finite_positive": True}
 
 
@@ -29,7 +31,7 @@ def _layer(name: str, fp8: bool, scales: bool = True) -> dict[str, Any]:
 
 
 def _drafter(scales: bool = True) -> list[Any]:
-    inner = [_layer(f"model.layers.4.{w}", True, scales) for w in EXPECTED]
+    inner = [_layer(f"model.layers.4.{w}", True, scales) for w in EXPECTED.schemes]
     return [_layer("model.fc", False), *inner, _layer("lm_head", False)]
 
 
