@@ -308,6 +308,8 @@ class ValidationReport:
     load_s: float = 0.0
     generate_s: float = 0.0
     score_s: float = 0.0  # of generate_s: check 1's teacher-forced scoring
+    temperature: float = 0.0  # checks 2 and 5's runs: greedy, or sampled with these seeds
+    sampling_seeds: list[int] = field(default_factory=list)
 
     @property
     def passed(self) -> bool:

@@ -7,7 +7,8 @@ SPEC is a JSON file: ``llm`` (the ``vllm.LLM`` keyword arguments from
 adds special tokens (not for chat-templated prompts), max_tokens and the
 number of top logprobs to record (None for none). The process applies the platform's
 defaults (CPU only: eager mode, KV cache space, thread binding), starts an
-offline ``vllm.LLM`` (greedy), generates, and writes OUT (an
+offline ``vllm.LLM`` (greedy), generates (then, when asked, once per sampling seed at a
+temperature), and writes OUT (an
 :class:`~eaglequant.engine.result.EngineResult`, with its schema version) with the token ids
 (and top logprobs), the spec-decode counters from ``LLM.get_metrics()`` and,
 for a speculative run, each prompt's own (``per_request``: vLLM's
@@ -36,9 +37,11 @@ from eaglequant.engine.result import (
     Generated,
     LinearRange,
     RequestCounts,
+    SampledRun,
     SpecMetrics,
     TopLogprobs,
 )
+from eaglequant.spec_counts import VLLM_KEYS, SpecDecodeCounts
 from eaglequant.speculative import SpeculativeDict
 from eaglequant.validate.lossless import RAW_LOGITS
 
@@ -108,6 +111,20 @@ def draft_attention(worker: Any) -> list[DraftAttention]:
             }
         )
     return found
+
+
+def metrics_delta(after: SpecMetrics, before: SpecMetrics) -> SpecMetrics:
+    """The counters over one run: ``after`` less ``before`` (the spec-decode ones as
+    :class:`SpecDecodeCounts`, when the engine speculated; the prefix cache's as numbers)."""
+    delta: dict[str, Any] = {
+        key: value - before.get(key, 0)  # type: ignore[operator]
+        for key, value in after.items()
+        if key not in VLLM_KEYS
+    }
+    if any(key in after for key in VLLM_KEYS):
+        spent = SpecDecodeCounts.from_vllm(after) - SpecDecodeCounts.from_vllm(before)
+        delta |= spent.to_vllm()
+    return cast(SpecMetrics, delta)
 
 
 def spec_metrics(llm: Any) -> SpecMetrics:
@@ -221,7 +238,8 @@ def open_llm(request: EngineRequest) -> tuple[Any, dict[str, Any]]:
 
 
 def generate(llm: Any, request: EngineRequest, kwargs: dict[str, Any]) -> Generated:
-    """Greedy outputs of the request's prompts and what the engine reports (cumulative metrics)."""
+    """Greedy outputs of the request's prompts and what the engine reports (cumulative metrics,
+    before the sampled runs the request asks for)."""
     from vllm import SamplingParams
     from vllm.platforms import current_platform
 
@@ -253,12 +271,15 @@ def generate(llm: Any, request: EngineRequest, kwargs: dict[str, Any]) -> Genera
         scored["teacher_forced"] = teacher_forced(llm, outputs, request.teacher_forced)
         scored["teacher_forced_scores"] = RAW_LOGITS  # asked of the engine in open_llm
         scored["score_s"] = round(time.perf_counter() - began, 2)
+    metrics = spec_metrics(llm)
+    if speculative and request.sample_seeds:
+        scored["sampled"] = sampled_runs(llm, request, metrics)
     return {
         "schema_version": ENGINE_RESULT_SCHEMA,
         "token_ids": [list(o.outputs[0].token_ids) for o in outputs],
         "top_logprobs": [_top_logprobs(o.outputs[0].logprobs) for o in outputs],
         "texts": [o.outputs[0].text for o in outputs],
-        "metrics": spec_metrics(llm),
+        "metrics": metrics,
         "per_request": [request_counts(o.outputs[0]) for o in outputs] if speculative else None,
         "draft_layers": llm.collective_rpc("eaglequant_draft_layers")[0] if speculative else [],
         "draft_attention": (
@@ -273,12 +294,53 @@ def generate(llm: Any, request: EngineRequest, kwargs: dict[str, Any]) -> Genera
 
 
 class Scored(TypedDict, total=False):
-    """What a run adds when asked: the draft linears' ranges, check 1's teacher-forced scores."""
+    """What a run adds when asked: the draft linears' ranges, check 1's teacher-forced scores,
+    the sampled runs."""
 
     draft_ranges: dict[str, LinearRange]
     teacher_forced: list[TopLogprobs]
     teacher_forced_scores: str
     score_s: float
+    sampled: list[SampledRun]
+
+
+def sampled_runs(llm: Any, request: EngineRequest, before: SpecMetrics) -> list[SampledRun]:
+    """One run of the prompts per seed, sampled at the request's temperature (vLLM verifies the
+    drafts by rejection sampling): prompt ``i`` of seed ``s`` seeded ``s * prompts + i``, so
+    every prompt and seed draws its own stream, whatever the batch. Each run's counters are
+    its own (the engine's after it less before it)."""
+    from vllm import SamplingParams
+
+    runs: list[SampledRun] = []
+    for seed in request.sample_seeds:
+        params = [
+            SamplingParams(
+                temperature=request.sample_temperature,
+                seed=seed * len(request.prompts) + index,
+                max_tokens=request.max_tokens,
+                ignore_eos=True,
+            )
+            for index in range(len(request.prompts))
+        ]
+        began = time.perf_counter()
+        outputs = llm.generate(
+            request.prompts,
+            params,
+            use_tqdm=False,
+            tokenization_kwargs={"add_special_tokens": request.add_special_tokens},
+        )
+        after = spec_metrics(llm)
+        runs.append(
+            {
+                "temperature": request.sample_temperature,
+                "seed": seed,
+                "per_request": [request_counts(o.outputs[0]) for o in outputs],
+                "metrics": metrics_delta(after, before),
+                "generate_s": round(time.perf_counter() - began, 2),
+            }
+        )
+        before = after
+    return runs
 
 
 def teacher_forced(llm: Any, outputs: Any, ranks: int) -> list[TopLogprobs]:

@@ -66,6 +66,10 @@ class ValidateRequest:
     # Check 1 against a target-alone engine (a second target load) instead of teacher-forced
     # scores from the speculative engine itself.
     reference_engine: bool = False
+    # Checks 2 and 5 from runs sampled at this temperature, one per seed, after each draft's
+    # greedy run (which check 1 and the others keep); 0: greedy alone.
+    temperature: float = 0.0
+    sampling_seeds: tuple[int, ...] = ()
 
 
 def validation_spec(draft: Path, recipe: str | None) -> ValidationSpec:
@@ -122,6 +126,7 @@ def check_inputs(request: ValidateRequest) -> CheckedInputs:
             raise InputError(
                 f"{request.draft}: has no quantization_config; pass the FP8 draft to validate"
             )
+    check_sampling(request.temperature, request.sampling_seeds)
     if request.against is not None:
         check_comparable(request.against, request.k)
     install = probe_vllm(sys.executable)
@@ -134,6 +139,21 @@ def check_inputs(request: ValidateRequest) -> CheckedInputs:
     else:
         check_engine(request.capture)
     return CheckedInputs(files, read[request.draft], read[request.baseline])
+
+
+def check_sampling(temperature: float, seeds: tuple[int, ...]) -> None:
+    """A sampled validation names its seeds, each once; a greedy one names none."""
+    if temperature < 0:
+        raise InputError(f"temperature {temperature}: give 0 (greedy) or more")
+    if temperature == 0 and seeds:
+        raise InputError(
+            f"sampling seeds {list(seeds)} without a temperature: give a temperature above 0 "
+            "to sample, or no seed for greedy"
+        )
+    if temperature > 0 and not seeds:
+        raise InputError(f"temperature {temperature}: name at least one sampling seed")
+    if len(set(seeds)) != len(seeds) or any(seed < 0 for seed in seeds):
+        raise InputError(f"sampling seeds {list(seeds)}: give each seed once, 0 or more")
 
 
 def require_layer_inspection(install: VllmInstall, command: str) -> None:

@@ -26,7 +26,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any
 
 from eaglequant.draft import dims_from_config
 from eaglequant.engine.child import VLLM_PRELOAD
@@ -44,8 +44,8 @@ from eaglequant.engine.result import (
 from eaglequant.io.checkpoint import read_checkpoint
 from eaglequant.io.output import write_text_atomic
 from eaglequant.progress import Progress
-from eaglequant.spec_counts import VLLM_KEYS, SpecDecodeCounts
 from eaglequant.speculative import SpeculativeDict, speculative_config
+from eaglequant.validate.engine_run import metrics_delta
 from eaglequant.validate.lossless import TEACHER_FORCED_RANKS
 from eaglequant.validation_report import PER_DRAFT
 
@@ -196,6 +196,8 @@ def shared_spec(
         max_tokens=request.max_tokens,
         teacher_forced=None if request.reference_engine else TEACHER_FORCED_RANKS,
         draft_ranges=request.hidden_states is None,  # check 6 from these runs
+        sample_temperature=request.temperature,
+        sample_seeds=list(request.sampling_seeds),
     )
 
 
@@ -206,24 +208,10 @@ def _done(progress: Progress, role: str, engine: EngineRun) -> None:
     progress(f"vLLM engine: {role} {state} ({engine['wall_s']:.0f}s)")
 
 
-def metrics_delta(after: SpecMetrics, before: SpecMetrics) -> SpecMetrics:
-    """The counters over one run: ``after`` less ``before`` (the spec-decode ones as
-    :class:`SpecDecodeCounts`, when the engine speculated; the prefix cache's as numbers)."""
-    delta: dict[str, Any] = {
-        key: value - before.get(key, 0)  # type: ignore[operator]
-        for key, value in after.items()
-        if key not in VLLM_KEYS
-    }
-    if any(key in after for key in VLLM_KEYS):
-        spent = SpecDecodeCounts.from_vllm(after) - SpecDecodeCounts.from_vllm(before)
-        delta |= spent.to_vllm()
-    return cast(SpecMetrics, delta)
-
-
 def run(spec: EngineRequestJson) -> SharedRuns:
     """In the engine child: each of the request's drafts in turn, swapped into one engine."""
     from eaglequant.engine.introspection import engine_record
-    from eaglequant.validate.engine_run import generate, open_llm
+    from eaglequant.validate.engine_run import generate, open_llm, spec_metrics
 
     request = EngineRequest.from_json(spec)
     started = time.perf_counter()
@@ -250,7 +238,7 @@ def run(spec: EngineRequestJson) -> SharedRuns:
             "generate_s": round(time.perf_counter() - began, 2),
             "swapped": bool(index),
         }
-        before = cumulative
+        before = spec_metrics(llm) if generated.get("sampled") else cumulative
         runs.append(result)
         if request.partial_path:  # where the parent reads them should the engine end early
             write_text_atomic(Path(request.partial_path), json.dumps(_shared_runs(runs, None)))

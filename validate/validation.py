@@ -21,7 +21,8 @@ checks, each reported with its numbers:
    ``inspect`` predicts and finite positive scales; the engine log names no FP8
    weight it could not load (a bad exclusion);
 5. per-position acceptance: each position's FP8/BF16 acceptance-rate ratio,
-   judged as check 2 against the recipe's per-position ratio;
+   judged as check 2 against the recipe's per-position ratio (checks 2 and 5, with a
+   ``temperature``, on runs sampled after each greedy one: ``acceptance.judged_counts``);
 6. scale plausibility, outside vLLM: the BF16 draft run on the target's
    hidden states (captured with the chosen engine on the validation sequences,
    or read from a capture folder) gives each layer's input range;
@@ -60,6 +61,7 @@ from eaglequant.speculative import draft_kv_cache_dtype, kv_source, speculative_
 from eaglequant.validate.acceptance import (
     AcceptanceThresholds,
     engine_acceptance_checks,
+    judged_counts,
     prompt_counts,
 )
 from eaglequant.validate.categories import (
@@ -186,6 +188,8 @@ def validate_draft(
         load_s=_total(runs.engines, "load_s"),
         generate_s=_total(runs.engines, "generate_s"),
         score_s=_total(runs.engines, "score_s"),
+        temperature=request.temperature,
+        sampling_seeds=list(request.sampling_seeds),
     )
 
 
@@ -196,7 +200,7 @@ def _categories(
     if request.categories is None or not all(engines[role]["ok"] for role in ROLES):
         return None
     try:
-        counts = {role: prompt_counts(engines[role]["result"]) for role in ROLES}
+        counts = {role: judged_counts(engines[role]["result"]) for role in ROLES}
     except ValueError:
         return None  # checks 2 and 5 already fail with the reason
     return by_category(
@@ -213,6 +217,8 @@ def _thresholds(request: ValidateRequest) -> AcceptanceThresholds:
         min_position_ratio=request.min_position_ratio,
         resamples=request.resamples,
         seed=request.seed,
+        temperature=request.temperature,
+        sampling_seeds=request.sampling_seeds,
     )
 
 
@@ -246,6 +252,8 @@ def run_engine(
         logprobs=None if draft else TOP_LOGPROBS,
         teacher_forced=TEACHER_FORCED_RANKS if scored else None,
         draft_ranges=bool(draft) and request.hidden_states is None,  # check 6
+        sample_temperature=request.temperature if draft else 0.0,
+        sample_seeds=list(request.sampling_seeds) if draft else [],
     )
     outcome = run_engine_child(
         "eaglequant.validate.engine_run",

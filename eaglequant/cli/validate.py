@@ -23,6 +23,7 @@ from eaglequant.cli.options import (
     tie_margin_option,
 )
 from eaglequant.cli.options import capture_engine as capture_engine_for
+from eaglequant.errors import InputError
 
 if TYPE_CHECKING:
     from eaglequant.prompts.source import PromptSource
@@ -48,6 +49,23 @@ if TYPE_CHECKING:
     help="Send the prompts raw, not through the target's chat template (used when it has one).",
 )
 @click.option("--max-tokens", type=click.IntRange(min=1), default=48, show_default=True)
+@click.option(
+    "--temperature",
+    type=click.FloatRange(min=0),
+    default=0.0,
+    show_default=True,
+    help="Judge checks 2 and 5 on runs sampled at this temperature, as served (vLLM verifies "
+    "the drafts by rejection sampling), one per --seed after each draft's greedy run; check 1 "
+    "stays greedy. 0: greedy only.",
+)
+@click.option(
+    "--seed",
+    "seeds",
+    type=click.IntRange(min=0),
+    multiple=True,
+    help="Sampling seed, repeatable (default with --temperature: 0): one sampled run per draft "
+    "and seed; the intervals resample prompts, each prompt's counts summed over the seeds.",
+)
 @click.option(
     "--recipe",
     help="Recipe whose validation thresholds apply (default: the one the draft was exported "
@@ -121,6 +139,8 @@ def validate(
     prompts: PromptSource,
     no_chat_template: bool,
     max_tokens: int,
+    temperature: float,
+    seeds: tuple[int, ...],
     recipe: str | None,
     min_acceptance_ratio: float | None,
     scale_tolerance: float | None,
@@ -155,6 +175,8 @@ def validate(
     from eaglequant.validate.request import ValidateRequest, validation_spec
     from eaglequant.validate.validation import validate_draft as run
 
+    if seeds and not temperature:
+        raise InputError("--seed samples: give --temperature above 0 with it (0 is greedy)")
     for path in filter(None, (json_path, markdown_path, junit_path)):
         check_file_output(path)
     thresholds = validation_spec(draft, recipe)
@@ -170,6 +192,8 @@ def validate(
         min_category_drafts=thresholds.min_category_drafts,
         k=k,
         max_tokens=max_tokens,
+        temperature=temperature,
+        sampling_seeds=(seeds or (0,)) if temperature else (),
         min_acceptance_ratio=(
             thresholds.min_acceptance_ratio
             if min_acceptance_ratio is None

@@ -27,6 +27,8 @@ class EngineRequestJson(TypedDict):
     draft_ranges: bool
     drafts: list[SpeculativeDict]
     partial_path: str | None
+    sample_temperature: float
+    sample_seeds: list[int]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -42,6 +44,10 @@ class EngineRequest:
     draft_ranges: bool = False  # check 6: record the draft linears' input and output ranges
     drafts: list[SpeculativeDict] = field(default_factory=list)  # a shared engine's, in turn
     partial_path: str | None = None  # a shared engine's file for the runs finished so far
+    # After the greedy run, one run sampled at this temperature per seed (a speculative engine:
+    # vLLM's rejection sampling), each counted on its own (checks 2 and 5 as served).
+    sample_temperature: float = 0.0
+    sample_seeds: list[int] = field(default_factory=list)
 
     def to_json(self) -> EngineRequestJson:
         return {
@@ -54,6 +60,8 @@ class EngineRequest:
             "draft_ranges": self.draft_ranges,
             "drafts": self.drafts,
             "partial_path": self.partial_path,
+            "sample_temperature": self.sample_temperature,
+            "sample_seeds": self.sample_seeds,
         }
 
     @classmethod

@@ -86,6 +86,17 @@ class SpecMetrics(TypedDict, total=False):
     prefix_cache_hits: int
 
 
+class SampledRun(TypedDict):
+    """One run sampled at ``temperature`` (prompt ``i`` seeded ``seed * prompts + i``) after
+    the greedy one: each prompt's verify steps and vLLM's counters over this run alone."""
+
+    temperature: float
+    seed: int
+    per_request: list[RequestCounts | None]
+    metrics: SpecMetrics
+    generate_s: float
+
+
 class EngineRecord(TypedDict):
     """The exact engine: ``vllm.LLM`` arguments, vLLM environment and version, serve line."""
 
@@ -121,6 +132,7 @@ class Generated(TypedDict):
     score_s: NotRequired[float]  # seconds of that scoring
     # Per draft linear as vLLM built it, seen while generating (check 6's ranges).
     draft_ranges: NotRequired[dict[str, LinearRange]]
+    sampled: NotRequired[list[SampledRun]]  # asked for: checks 2 and 5 judge these instead
 
 
 class EngineResult(Generated):

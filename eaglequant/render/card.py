@@ -228,6 +228,8 @@ def render(
         _quantization_section(config, manifest),
         _calibration_section(manifest),
     ]
+    if reports:
+        parts.append(validated_temperatures(reports))
     if len(reports) > 1:
         parts.append(validation_sets_markdown(reports))
         parts += [validation_markdown(r, heading="###", title=set_title(r)) for r in reports]
@@ -279,6 +281,23 @@ def _usage(
         )
         return speculative_config(name, k), note
     return speculative_config(name, k), ""
+
+
+def validated_temperatures(reports: Sequence[ValidationReport]) -> str:
+    """The sampling temperatures the acceptance checks were validated at, with their prompt
+    sets (check 1, lossless, is judged greedy in every report)."""
+    at: dict[float, list[str]] = {}
+    for report in reports:
+        source = report.prompt_set["source"] if report.prompt_set else "the validation prompts"
+        at.setdefault(report.temperature, []).append(f"`{source}`")
+    sets = "; ".join(
+        f"{'0 (greedy)' if t == 0 else f'{t:g} (sampled)'} on {', '.join(names)}"
+        for t, names in sorted(at.items())
+    )
+    return (
+        f"Acceptance (checks 2 and 5) validated at temperature {sets}; lossless output "
+        "(check 1) is checked greedy.\n"
+    )
 
 
 def _quantization_section(config: DraftConfig, manifest: Manifest) -> str:

@@ -191,6 +191,17 @@ def _categories_cell(report: ValidationReport) -> str:
     return text + (f"; undecided: {', '.join(undecided)}" if undecided else "")
 
 
+def decoding_text(report: ValidationReport) -> str:
+    """How the runs decoded: ``greedy``, or the sampled runs checks 2 and 5 judged."""
+    if not report.temperature:
+        return "greedy"
+    seeds = ", ".join(str(s) for s in report.sampling_seeds)
+    return (
+        f"greedy, and checks 2 and 5 on runs sampled at temperature {report.temperature:g} "
+        f"(seeds {seeds}; each prompt's counts summed over them)"
+    )
+
+
 def validation_markdown(
     report: ValidationReport, heading: str = "##", title: str = VALIDATION_TITLE
 ) -> str:
@@ -202,7 +213,7 @@ def validation_markdown(
         "",
         f"Target `{report.target}`, FP8 draft `{report.draft}`, BF16 baseline "
         f"`{report.baseline}`; `num_speculative_tokens={report.k}`, {report.prompts} "
-        f"prompts x {report.max_tokens} tokens, greedy"
+        f"prompts x {report.max_tokens} tokens, {decoding_text(report)}"
         + (", `enforce_eager`" if llm.get("enforce_eager") else "")
         + f"; backend {report.backend}"
         + (", CPU FP8 plugin active" if report.plugin_active else "")

@@ -3,14 +3,21 @@
 from __future__ import annotations
 
 import re
+from dataclasses import replace
 
 import pytest
 
-from eaglequant.engine.result import EngineRun, RequestCounts, SpecMetrics
+from eaglequant.engine.result import EngineRun, RequestCounts, SampledRun, SpecMetrics
 from eaglequant.recipe import ValidationSpec
 from eaglequant.render.junit import junit_xml
 from eaglequant.render.validation_tables import validation_markdown
-from eaglequant.validate.acceptance import AcceptanceThresholds, engine_acceptance_checks
+from eaglequant.validate.acceptance import (
+    AcceptanceThresholds,
+    engine_acceptance_checks,
+    judged_counts,
+    sum_counts,
+)
+from eaglequant.validate.stats import PromptCounts
 from eaglequant.validation_report import Check, CheckId, EngineSummary, ValidationReport
 from tests.support import engine_result, finished_engine
 from tests.unit import recorded_counts as recorded
@@ -183,3 +190,109 @@ def test_checks_2_and_5_read_back_what_they_judged_by_attribute() -> None:
     assert per_position.fp8_values == tuple(per_position.numbers["fp8"])
     other = Check(CheckId.LAYERS, True, "fc, lm_head unquantized")
     assert other.intervals == () and other.fp8_values == ()
+
+
+def _sampled(runs: list[tuple[int, EngineRun]], greedy: EngineRun) -> EngineRun:
+    """``greedy``'s engine entry holding ``runs`` (seed, an engine entry's counts) as the runs
+    sampled after it."""
+    sampled: list[SampledRun] = []
+    for seed, run in runs:
+        result = run["result"]
+        per_request = result["per_request"] or []
+        sampled.append(
+            {"temperature": 0.7, "seed": seed, "per_request": per_request,
+             "metrics": result["metrics"], "generate_s": 1.0}
+        )  # fmt: skip
+    return finished_engine(greedy["result"] | {"sampled": sampled})
+
+
+def test_sampled_runs_are_judged_each_prompt_summed_over_its_seeds() -> None:
+    """Two sampled runs of each draft (recorded counts standing in): per prompt their counts
+    add, the greedy run is not judged, and the detail says how the runs decoded."""
+    fp8 = _sampled([(0, FP8), (1, COARSE)], RANDOM)  # the greedy run would fail both
+    bf16 = _sampled([(0, BF16), (1, BF16)], BF16)
+    counts = judged_counts(fp8["result"])
+    assert counts[0] == sum_counts(
+        [PromptCounts(*recorded.FP8[0]), PromptCounts(*recorded.COARSE[0])]
+    )
+    assert counts[0].num_draft_tokens == recorded.FP8[0][1] + recorded.COARSE[0][1]
+    thresholds = AcceptanceThresholds(
+        min_acceptance_ratio=0.98, min_position_ratio=0.95, temperature=0.7, sampling_seeds=(0, 1)
+    )
+    two, five = engine_acceptance_checks({"bf16": bf16, "fp8": fp8}, thresholds)
+    assert two.verdict != "FAIL" and five.verdict != "FAIL"
+    assert two.detail.endswith(
+        "95% paired-bootstrap interval over 32 prompts (2000 resamples, seed 0); sampled at "
+        "temperature 0.7 with seeds 0, 1, each prompt's counts summed over its seeds"
+    )
+    assert (two.numbers["temperature"], two.numbers["sampling_seeds"]) == (0.7, [0, 1])
+    assert five.numbers["sampling_seeds"] == [0, 1]
+    greedy, _ = checks(FP8)
+    assert greedy.numbers["temperature"] == 0.0 and "sampling_seeds" not in greedy.numbers
+
+
+def test_a_sampled_run_whose_counts_disagree_with_vllm_fails_naming_its_seed() -> None:
+    bad = engine(recorded.FP8, recorded.FP8_METRICS | {"num_drafts": 480})
+    fp8 = _sampled([(0, FP8), (3, bad)], FP8)
+    two, five = checks(fp8)
+    assert two.verdict == five.verdict == "FAIL"
+    assert two.detail == (
+        "the run sampled with seed 3: per-prompt counts disagree with vLLM's counters: "
+        "num_drafts 479 summed over prompts vs 480 counted by vLLM"
+    )
+
+
+@pytest.mark.parametrize(
+    ("temperature", "seeds", "message"),
+    [
+        (0.0, (1,), "sampling seeds [1] without a temperature: give a temperature above 0 to "
+         "sample, or no seed for greedy"),
+        (0.7, (), "temperature 0.7: name at least one sampling seed"),
+        (0.7, (2, 2), "sampling seeds [2, 2]: give each seed once, 0 or more"),
+        (-1.0, (), "temperature -1.0: give 0 (greedy) or more"),
+    ],
+)  # fmt: skip
+def test_a_sampling_request_is_checked_before_any_engine(
+    temperature: float, seeds: tuple[int, ...], message: str
+) -> None:
+    from eaglequant.errors import InputError
+    from eaglequant.validate.request import check_sampling
+
+    with pytest.raises(InputError) as raised:
+        check_sampling(temperature, seeds)
+    assert str(raised.value) == message
+    check_sampling(0.0, ())
+    check_sampling(0.7, (0, 1))
+
+
+def test_a_sampled_report_says_how_its_runs_decoded() -> None:
+    from eaglequant.render.card import validated_temperatures
+
+    two, five = checks(FP8)
+    report = ValidationReport(
+        target="t", draft="d", baseline="b", k=3, prompts=32, max_tokens=48, backend="cpu",
+        plugin_active=False, engines={}, checks=[two, five], prompts_sha256="",
+        prompt_set={"source": "mt-bench", "sha256": "ab"},
+    )  # fmt: skip
+    assert "32 prompts x 48 tokens, greedy; backend cpu." in validation_markdown(report)
+    sampled = replace(report, temperature=0.7, sampling_seeds=[0, 1, 2])
+    assert (
+        "32 prompts x 48 tokens, greedy, and checks 2 and 5 on runs sampled at temperature 0.7 "
+        "(seeds 0, 1, 2; each prompt's counts summed over them); backend cpu."
+    ) in validation_markdown(sampled)
+    assert ValidationReport.from_json(sampled.to_json()) == sampled
+    assert (
+        ValidationReport.from_json(
+            {
+                k: v
+                for k, v in sampled.to_json().items()
+                if k not in ("temperature", "sampling_seeds")
+            }
+        )
+        == report
+    )  # a report that names no temperature was judged greedy
+    other = replace(sampled, prompt_set={"source": "humaneval", "sha256": "cd"})
+    assert validated_temperatures([report, sampled, other]) == (
+        "Acceptance (checks 2 and 5) validated at temperature 0 (greedy) on `mt-bench`; "
+        "0.7 (sampled) on `mt-bench`, `humaneval`; lossless output (check 1) is checked greedy.\n"
+    )

@@ -67,3 +67,12 @@ def test_a_foreign_or_older_manifest_is_one_line(
     with pytest.raises(InputError, match="re-export the draft") as caught:
         validation_spec(tmp_path, None)
     assert message in str(caught.value) and "\n" not in str(caught.value)
+
+
+def test_a_seed_without_a_temperature_is_refused() -> None:
+    prompts = ["--prompts", str(TOY / "prompts.jsonl")]
+    result = CliRunner().invoke(main, [*BASE, *prompts, "--seed", "1"])
+    assert result.exit_code == 2
+    assert result.output == (
+        "error: --seed samples: give --temperature above 0 with it (0 is greedy)\n"
+    )
