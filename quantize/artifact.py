@@ -2,18 +2,20 @@
 
 The layout is planned before Quark runs: Quark's tensors are predicted by name,
 dtype and shape, so every pass-through tensor is copied by byte range into its
-final place (and checked for NaN/Inf as its bytes stream), read back, hashed
-up to the first pending tensor of its file and fsynced in a background thread
-while torch and Quark are still being imported. Quark's real tensors are then
-dropped into their slots (the folder is re-planned if they differ from the
-prediction), the config and the source's other files are written, the
-read-back is completed, and the manifest goes in last. :class:`Artifact` holds
-the one writer throughout; its ``timings`` say where the writing's time went.
+final place (in the kernel), then read back once (compared with its input,
+checked for NaN/Inf, hashed) up to the first pending tensor of its file, and
+fsynced, in background threads while torch and Quark are still being imported.
+Quark's real tensors are then dropped into their slots (the folder is re-planned
+if they differ from the prediction), the config and the source's other files
+are written, the read-back is completed, and the manifest goes in last.
+:class:`Artifact` holds the one writer throughout; its ``timings`` say where
+the writing's time went.
 """
 
 from __future__ import annotations
 
 import json
+import threading
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -26,7 +28,12 @@ from eaglequant.io.layout import Layout, TensorBlob, blob_from_file, blob_from_t
 from eaglequant.io.model_config import StoredConfig
 from eaglequant.io.readback import ReadBack, sha256_file
 from eaglequant.io.safetensors_header import TensorInfo
-from eaglequant.io.writer import LayoutWriter, copy_extra_files, write_text
+from eaglequant.io.writer import (
+    LayoutWriter,
+    copy_extra_files,
+    lower_thread_priority,
+    write_text,
+)
 from eaglequant.manifest import MANIFEST_FILE, Manifest, write_manifest
 from eaglequant.quantize.file_to_file import BACKGROUND_NICE
 from eaglequant.quantize.timing import timed
@@ -83,10 +90,8 @@ class Artifact:
 
     def __init__(self, folder: Path, source: Checkpoint, layout: Layout, max_shard_size: int):
         self.folder, self.source, self.max_shard_size = folder, source, max_shard_size
-        self.writer = LayoutWriter(
-            folder, layout, check_chunk=_check_finite, after_known=self._settle_known
-        )
-        self.readback = ReadBack(folder, layout)
+        self.writer = LayoutWriter(folder, layout, after_known=self._settle_known)
+        self.readback = ReadBack(folder, layout, check_chunk=_check_finite)
         self.timings: dict[str, float] = {}
         self.quantized: dict[str, bytes] = {}
         self.files: list[str] = []
@@ -113,14 +118,30 @@ class Artifact:
         self.writer.cancel()
 
     def _settle_known(self) -> None:
-        """In the writer's thread, once the known bytes are in: read them back, then fsync.
+        """In the writer's thread, once the known bytes are in: read them back while another
+        thread fsyncs them (the read-back works the CPU, the fsync waits on the disk).
 
         One reading thread: the other core is Quark's, still importing.
         """
-        with timed(self.timings, "background.readback"):
-            self.readback.advance(stop=self.writer.cancelled)
-        with timed(self.timings, "background.fsync"):
-            self.writer.sync()
+        errors: list[BaseException] = []
+
+        def sync() -> None:
+            lower_thread_priority(BACKGROUND_NICE)
+            try:
+                with timed(self.timings, "background.fsync"):
+                    self.writer.sync()
+            except BaseException as exc:  # re-raised below, in the writer's thread
+                errors.append(exc)
+
+        syncing = threading.Thread(target=sync, name="eaglequant-fsync", daemon=True)
+        syncing.start()
+        try:
+            with timed(self.timings, "background.readback"):
+                self.readback.advance(stop=self.writer.cancelled)
+        finally:
+            syncing.join()
+        if errors:
+            raise errors[0]
 
     def finish(self, quantized: dict[str, torch.Tensor], config: StoredConfig) -> None:
         """Drop Quark's tensors into their planned places (re-plan if Quark wrote others).
@@ -149,7 +170,7 @@ class Artifact:
             (self.folder / shard.name).unlink()
         layout = plan_layout(passthrough_blobs(self.source) + quantized, self.max_shard_size)
         self.writer = LayoutWriter(self.folder, layout)
-        self.readback = ReadBack(self.folder, layout)
+        self.readback = ReadBack(self.folder, layout, check_chunk=_check_finite)
         self.writer.write_known()
         self.writer.finish({}, durable=False)
 

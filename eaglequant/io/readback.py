@@ -9,7 +9,9 @@ The pass is resumable (:class:`ReadBack`): the export reads back and hashes
 each file up to its first tensor whose bytes are still pending while Quark is
 still running, and only the rest once Quark's bytes are written. Files are read
 in parallel threads (reads, comparisons of whole chunks and hashing release the
-GIL or run at memory speed).
+GIL or run at memory speed). ``check_chunk`` sees each pass-through tensor's
+bytes as read back, chunk by chunk (the export's NaN/Inf check: the copy itself
+stays in the kernel and the bytes are read once, here).
 """
 
 from __future__ import annotations
@@ -21,11 +23,13 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from eaglequant.io.layout import Layout, Placement, ShardFile
+from eaglequant.io.safetensors_header import TensorInfo
 
 CHUNK = 16 * 1024 * 1024
 WORKERS = 2
 
 Stop = Callable[[], bool]
+CheckChunk = Callable[[TensorInfo, memoryview], None]
 
 
 def readback(
@@ -46,8 +50,10 @@ def sha256_file(path: Path) -> str:
 class ReadBack:
     """The read-back of every file of ``layout``, advanced as far as known bytes allow."""
 
-    def __init__(self, folder: Path, layout: Layout) -> None:
-        self.files = [FileReadBack(folder / shard.name, shard) for shard in layout.files]
+    def __init__(self, folder: Path, layout: Layout, check_chunk: CheckChunk | None = None) -> None:
+        self.files = [
+            FileReadBack(folder / shard.name, shard, check_chunk) for shard in layout.files
+        ]
 
     def advance(self, stop: Stop = lambda: False, workers: int = 1) -> None:
         """Check and hash every file up to its first pending tensor (stops early on ``stop()``)."""
@@ -69,8 +75,8 @@ class ReadBack:
 class FileReadBack:
     """One file's read-back: header, then its tensors in file order, one running sha256."""
 
-    def __init__(self, path: Path, shard: ShardFile) -> None:
-        self.path, self.shard = path, shard
+    def __init__(self, path: Path, shard: ShardFile, check_chunk: CheckChunk | None = None) -> None:
+        self.path, self.shard, self.check_chunk = path, shard, check_chunk
         self.digest = hashlib.sha256()
         self.problems: list[str] = []
         self.checked = -1  # placements checked so far; -1: not even the header
@@ -87,7 +93,8 @@ class FileReadBack:
                 if placed.blob.pending and placed.blob.name not in given:
                     return
                 expected = _expected_reader(placed, given)
-                if not _same_tensor(fd, placed, expected, self.digest.update):
+                check = self.check_chunk if placed.blob.source is not None else None
+                if not _same_tensor(fd, placed, expected, self.digest.update, check):
                     what = "input" if placed.blob.source is not None else "quantized bytes"
                     self.problems.append(
                         f"tensor '{placed.blob.name}' is not byte-identical to its {what}"
@@ -141,14 +148,17 @@ def _same_tensor(
     placed: Placement,
     expected: Callable[[int, int], bytes],
     hash_update: Callable[[bytes], None],
+    check: CheckChunk | None = None,
 ) -> bool:
     same, done, total = True, 0, placed.blob.nbytes
     while done < total:
         size = min(CHUNK, total - done)
         chunk = os.pread(fd, size, placed.start + done)
         hash_update(chunk)
-        same = same and chunk == expected(done, size)
-        done += size
         if len(chunk) < size:
             return False
+        same = same and chunk == expected(done, size)
+        if check is not None and placed.blob.source is not None:
+            check(placed.blob.source, memoryview(chunk))  # whole elements: CHUNK is 8-aligned
+        done += size
     return same

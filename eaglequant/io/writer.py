@@ -22,8 +22,7 @@ from eaglequant.io.safetensors_header import TensorInfo
 
 FILE_MODE = 0o644
 COPY_CHUNK = 256 * 1024 * 1024
-CHECK_CHUNK = 16 * 1024 * 1024  # a checked copy's step: still in the page cache when read
-CheckChunk = Callable[[TensorInfo, memoryview], None]
+LOOP_CHUNK = 16 * 1024 * 1024  # the read/write loop's buffer, where copy_file_range is refused
 
 
 def write_checkpoint_weights(
@@ -43,7 +42,7 @@ def write_safetensors(path: Path, blobs: Iterable[TensorBlob]) -> None:
 
 def write_known_file(path: Path, shard: ShardFile) -> None:
     """Write a planned file's header and known tensors; pending ranges are left zero."""
-    _write_known(path.parent, shard, threading.Event(), None)
+    _write_known(path.parent, shard, threading.Event())
     os.chmod(path, FILE_MODE)
 
 
@@ -56,9 +55,6 @@ class LayoutWriter:
     planned offsets, the index, sets modes and fsyncs. Errors of the background
     thread are raised from ``finish`` (or at once by ``raise_if_failed``);
     ``cancel()`` stops it (between chunks).
-    ``check_chunk(info, chunk)`` sees every pass-through tensor's bytes as they
-    stream, chunk by chunk in order, each chunk right after its copy while it is
-    still in the page cache (the export checks for NaN/Inf; it raises to stop);
     ``after_known()`` runs in the background thread once every known byte is
     written (the export makes them durable and reads them back there).
     """
@@ -67,11 +63,10 @@ class LayoutWriter:
         self,
         folder: Path,
         layout: Layout,
-        check_chunk: CheckChunk | None = None,
         after_known: Callable[[], None] | None = None,
     ) -> None:
         self.folder, self.layout = folder, layout
-        self.check_chunk, self.after_known = check_chunk, after_known
+        self.after_known = after_known
         self._cancel = threading.Event()
         self._thread: threading.Thread | None = None
         self._error: BaseException | None = None
@@ -89,7 +84,7 @@ class LayoutWriter:
 
     def write_known(self) -> None:
         for shard in self.layout.files:
-            _write_known(self.folder, shard, self._cancel, self.check_chunk)
+            _write_known(self.folder, shard, self._cancel)
 
     def _run(self) -> None:
         started = time.perf_counter()
@@ -160,9 +155,7 @@ def lower_thread_priority(nice: int) -> None:
         os.setpriority(os.PRIO_PROCESS, tid, os.getpriority(os.PRIO_PROCESS, tid) + nice)
 
 
-def _write_known(
-    folder: Path, shard: ShardFile, cancel: threading.Event, check: CheckChunk | None
-) -> None:
+def _write_known(folder: Path, shard: ShardFile, cancel: threading.Event) -> None:
     with (folder / shard.name).open("wb") as out:
         out.truncate(shard.size)
         pwrite_all(out.fileno(), shard.header, 0)
@@ -177,50 +170,37 @@ def _write_known(
                     )
                 pwrite_all(out.fileno(), placed.blob.data, placed.start)
             elif placed.blob.source is not None:
-                copy_range(placed.blob.source, out.fileno(), placed.start, cancel, check)
+                copy_range(placed.blob.source, out.fileno(), placed.start, cancel)
 
 
-def pwrite_all(fd: int, data: bytes, offset: int) -> None:
+def pwrite_all(fd: int, data: bytes | memoryview, offset: int) -> None:
     view = memoryview(data)
     while view:
         written = os.pwrite(fd, view, offset)
         view, offset = view[written:], offset + written
 
 
-def copy_range(
-    info: TensorInfo,
-    out_fd: int,
-    out_offset: int,
-    cancel: threading.Event,
-    check: CheckChunk | None = None,
-) -> None:
+def copy_range(info: TensorInfo, out_fd: int, out_offset: int, cancel: threading.Event) -> None:
     """Copy ``info``'s bytes to ``out_offset`` of ``out_fd`` by byte range, nothing parsed.
 
-    ``os.copy_file_range`` copies in the kernel; where the file systems refuse it
-    (an OSError: another file system, an old kernel) each chunk goes through one
-    reused buffer instead. With ``check`` every chunk is read into that buffer
-    too, right after its copy, while the page cache still holds it, and checked
-    before the next one is copied: without copy_file_range the chunk read for
-    the copy is the one checked, before it is written.
+    ``os.copy_file_range`` copies in the kernel, the bytes never pass through this
+    process; where the file systems refuse it (an OSError before any byte moved:
+    another file system, an old kernel) the rest goes through one reused buffer.
     """
-    step = CHECK_CHUNK if check is not None else COPY_CHUNK
-    buffer = bytearray(min(step, info.nbytes) if check is not None else 0)  # grown on need
+    buffer = bytearray(0)  # grown on need: only the read/write loop uses it
     in_kernel = True
     with info.file.open("rb", buffering=0) as src:
         done = 0
         while done < info.nbytes and not cancel.is_set():
-            count = min(step, info.nbytes - done)
+            count = min(COPY_CHUNK if in_kernel else LOOP_CHUNK, info.nbytes - done)
             if in_kernel:
                 in_kernel = _copy_in_kernel(src.fileno(), out_fd, count, info, done, out_offset)
-                if in_kernel and check is not None:
-                    check(info, _pread_exact(src.fileno(), buffer, count, info, done))
             if not in_kernel:
                 if len(buffer) < count:
                     buffer = bytearray(count)
-                chunk = _pread_exact(src.fileno(), buffer, count, info, done)
-                if check is not None:
-                    check(info, chunk)
-                pwrite_all(out_fd, chunk, out_offset + done)
+                pwrite_all(
+                    out_fd, _pread_exact(src.fileno(), buffer, count, info, done), out_offset + done
+                )
             done += count
 
 

@@ -2,7 +2,8 @@
 
 The writer plans each output file's header itself and copies every unchanged
 tensor's bytes into place (``os.copy_file_range``, or a read/write loop where the
-file systems refuse it), checking float tensors for NaN/Inf as the bytes stream.
+file systems refuse it); the read-back, which reads every byte once, checks the
+float tensors for NaN/Inf as the bytes stream past.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import json
 import math
 import os
 import struct
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -20,8 +22,10 @@ import torch
 from safetensors import safe_open
 
 from eaglequant.errors import InputError
+from eaglequant.io import readback as readback_module
 from eaglequant.io import writer as writer_module
 from eaglequant.io.layout import TensorBlob, blob_from_file, plan_layout
+from eaglequant.io.readback import ReadBack
 from eaglequant.io.safetensors_header import DTYPE_SIZES, FLOAT_DTYPES, TensorInfo, read_header
 from eaglequant.io.writer import LayoutWriter, write_checkpoint_weights, write_safetensors
 from eaglequant.model.finite import all_finite_bytes, check_finite_chunk
@@ -58,13 +62,20 @@ def _source(path: Path, extra: list[TensorBlob] = ()) -> dict[str, TensorInfo]: 
     return read_header(path).tensors
 
 
-def _copy(folder: Path, infos: dict[str, TensorInfo], max_shard_size: int = 10**9) -> LayoutWriter:
+def _copy(
+    folder: Path,
+    infos: dict[str, TensorInfo],
+    max_shard_size: int = 10**9,
+    check: Callable[[TensorInfo, memoryview], None] = check_finite_chunk,
+) -> None:
+    """Copy as the export does: the writer, then the read-back with the NaN/Inf check."""
     folder.mkdir()
     layout = plan_layout([blob_from_file(info) for info in infos.values()], max_shard_size)
-    writer = LayoutWriter(folder, layout, check_chunk=check_finite_chunk)
+    writer = LayoutWriter(folder, layout)
     writer.write_known()
     writer.finish({})
-    return writer
+    _digests, problems = ReadBack(folder, layout, check_chunk=check).finish({})
+    assert problems == []
 
 
 def _big_bf16(name: str, elements: int, bad: dict[int, float] | None = None) -> TensorBlob:
@@ -125,7 +136,7 @@ def test_copied_bytes_equal_a_write_from_memory(tmp_path: Path) -> None:
 def test_a_nan_or_inf_in_a_late_chunk_is_found_and_named(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, dtype: str, bad: float
 ) -> None:
-    monkeypatch.setattr(writer_module, "CHECK_CHUNK", 64)  # many chunks per tensor
+    monkeypatch.setattr(readback_module, "CHUNK", 64)  # many chunks per tensor
     values = torch.randn(1000, dtype=torch.float64).to(TORCH_DTYPES[dtype])
     values[7] = torch.finfo(TORCH_DTYPES[dtype]).max  # all exponent bits but one: finite
     values[8] = -torch.finfo(TORCH_DTYPES[dtype]).max
@@ -171,7 +182,7 @@ def test_without_copy_file_range_the_loop_copies_and_checks(
         raise OSError(errno.EXDEV, os.strerror(errno.EXDEV))
 
     monkeypatch.setattr(os, "copy_file_range", exdev)
-    monkeypatch.setattr(writer_module, "CHECK_CHUNK", 4096)
+    monkeypatch.setattr(writer_module, "LOOP_CHUNK", 4096)  # many turns of the loop
     _copy(tmp_path / "loop", infos)
     assert refused  # the loop ran
     assert tree_digest(tmp_path / "loop") == tree_digest(tmp_path / "kernel")
@@ -180,15 +191,16 @@ def test_without_copy_file_range_the_loop_copies_and_checks(
         _copy(tmp_path / "bad", bad)
 
 
-def test_short_kernel_copies_still_check_whole_elements(
+def test_short_kernel_copies_and_chunked_checks_see_every_byte(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """copy_file_range may copy less than asked: the writer goes on, the check sees the chunk."""
+    """copy_file_range may copy less than asked: the writer goes on; the check sees whole
+    elements of every pass-through tensor, chunk by chunk."""
     real = os.copy_file_range
     monkeypatch.setattr(
         os, "copy_file_range", lambda src, dst, count, *at: real(src, dst, min(count, 7), *at)
     )
-    monkeypatch.setattr(writer_module, "CHECK_CHUNK", 1000)
+    monkeypatch.setattr(readback_module, "CHUNK", 1000)
     seen: list[tuple[str, int]] = []
 
     def check(info: TensorInfo, chunk: memoryview) -> None:
@@ -196,13 +208,8 @@ def test_short_kernel_copies_still_check_whole_elements(
         check_finite_chunk(info, chunk)
 
     infos = _source(tmp_path / "in.safetensors", [_big_bf16("big", 5000)])
-    folder = tmp_path / "out"
-    folder.mkdir()
-    layout = plan_layout([blob_from_file(info) for info in infos.values()], 10**9)
-    writer = LayoutWriter(folder, layout, check_chunk=check)
-    writer.write_known()
-    writer.finish({})
-    copied = read_header(folder / "model.safetensors").tensors
+    _copy(tmp_path / "out", infos, check=check)
+    copied = read_header(tmp_path / "out" / "model.safetensors").tensors
     assert all(copied[name].same_bytes(info) for name, info in infos.items())
     assert [size for name, size in seen if name == "big"] == [1000] * 10
     assert sum(size for name, size in seen if name == "t.bf16") == infos["t.bf16"].nbytes
