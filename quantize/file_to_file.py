@@ -8,13 +8,15 @@ while this process plans, copies, checks, fsyncs and reads back the
 pass-through tensors and stages the decoder layers' weights. The child then takes
 one request (the staged folder, the recipe), runs
 ``ModelQuantizer.direct_quantize_checkpoint`` and leaves its timings in a JSON
-file (:mod:`.quark_worker` is the child's side). Light: nothing heavy is
-imported here.
+file (:mod:`.quark_worker` is the child's side). The scratch folder (the
+staged weights, Quark's output) is in shared memory where there is room, so its
+gigabytes never reach the disk. Light: nothing heavy is imported here.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -34,6 +36,7 @@ from eaglequant.recipe import Recipe
 SCRATCH_PREFIX = ".eaglequant-quark-"
 SOURCE, RESULT, REPORT, LOG = "midlayer-bf16", "quark-out", "report.json", "quark.log"
 WORKER = "eaglequant.quantize.quark_worker"
+SHARED_MEMORY = Path("/dev/shm")
 # How much nicer the export's background threads (copy, checks, read-back, staging) run
 # than Quark's worker: its single-threaded import is the critical path and keeps a core.
 BACKGROUND_NICE = 10
@@ -60,7 +63,9 @@ class FileToFile:
     def __init__(self, ckpt: Checkpoint, recipe: Recipe, scratch_parent: Path, out: Path) -> None:
         self.recipe, self.out = recipe, out
         self.linears = dims_from_config(ckpt.flat_config).linears  # every decoder layer's
-        self.scratch = Path(tempfile.mkdtemp(prefix=SCRATCH_PREFIX, dir=scratch_parent))
+        staged = sum(ckpt.tensors[f"{name}.weight"].nbytes for name in self.linears)
+        parent = in_memory_scratch(staged) or scratch_parent
+        self.scratch = Path(tempfile.mkdtemp(prefix=SCRATCH_PREFIX, dir=parent))
         self.timings: dict[str, float] = {}
         try:
             with (self.scratch / LOG).open("wb") as log:
@@ -136,6 +141,31 @@ class FileToFile:
             f"Quark's direct_quantize_checkpoint failed: {report['error']}: "
             f"{report['message'][:300]}; nothing was published"
         )
+
+
+def in_memory_scratch(staged: int) -> Path | None:
+    """Shared memory (``/dev/shm``) when it and the RAM have room for twice the staged BF16
+    weights and Quark's FP8 output (half their size), else None: beside the output.
+
+    The scratch folder lives for seconds and is read once; on the disk its
+    gigabytes would be written back beside the output's.
+    """
+    try:
+        room = shutil.disk_usage(SHARED_MEMORY).free
+        available = _memory_available()
+    except OSError:
+        return None
+    if not os.access(SHARED_MEMORY, os.W_OK) or min(room, available) < 2 * (staged + staged // 2):
+        return None
+    return SHARED_MEMORY
+
+
+def _memory_available() -> int:
+    """``MemAvailable`` of ``/proc/meminfo`` in bytes (OSError where there is none)."""
+    for line in Path("/proc/meminfo").read_text().splitlines():
+        if line.startswith("MemAvailable:"):
+            return int(line.split()[1]) * 1024
+    raise OSError("no MemAvailable in /proc/meminfo")
 
 
 def quark_write_error(out: Path, scratch: Path | str, message: str) -> OutputError:

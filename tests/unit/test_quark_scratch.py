@@ -1,0 +1,45 @@
+"""Where Quark's scratch folder goes: shared memory when it has room, else beside the output."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+
+from eaglequant.quantize import file_to_file
+
+GB = 10**9
+
+
+@pytest.fixture
+def shm(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    folder = tmp_path / "shm"
+    folder.mkdir()
+    monkeypatch.setattr(file_to_file, "SHARED_MEMORY", folder)
+    return folder
+
+
+def _room(monkeypatch: pytest.MonkeyPatch, free: int, available: int) -> None:
+    usage = shutil.disk_usage("/")
+    monkeypatch.setattr(file_to_file.shutil, "disk_usage", lambda _p: usage._replace(free=free))
+    monkeypatch.setattr(file_to_file, "_memory_available", lambda: available)
+
+
+def test_scratch_in_shared_memory_only_with_room_there_and_in_ram(
+    shm: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    staged = GB  # 1 GB of BF16 in, 0.5 GB of FP8 out: 3 GB asked of both
+    _room(monkeypatch, free=3 * GB, available=3 * GB)
+    assert file_to_file.in_memory_scratch(staged) == shm
+    _room(monkeypatch, free=3 * GB - 1, available=100 * GB)
+    assert file_to_file.in_memory_scratch(staged) is None
+    _room(monkeypatch, free=100 * GB, available=3 * GB - 1)
+    assert file_to_file.in_memory_scratch(staged) is None
+
+
+def test_no_shared_memory_means_beside_the_output(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(file_to_file, "SHARED_MEMORY", tmp_path / "missing")
+    assert file_to_file.in_memory_scratch(1) is None
