@@ -21,7 +21,15 @@ peak RSS of that process tree):
 environment passes to every run, so ``ATEN_CPU_CAPABILITY=avx2
 ONEDNN_MAX_CPU_ISA=AVX2`` measures a CPU without native BF16 on one with it.
 
-Results go to ``bench/results-<shape>.json`` and a table of ratios on stdout.
+``--runs N`` repeats the ptpc comparison's measured runs N times (the I/O floor
+and the export each time; Quark's own flow, its import and the tensor-for-tensor
+check in the first). ``--before CHECKOUT`` times another checkout of eaglequant
+(the previous version, e.g. a ``git worktree``) beside this one in each run,
+with the same interpreter and venv, its package imported from that checkout,
+and checks that both write the same tensors. Each measured run also records
+how many bytes the disk under the bench's cache wrote (``disk_written_gb``).
+
+Results go to ``bench/results-export-<shape>.json`` and a table of ratios on stdout.
 ``--shape small`` is the CI smoke variant (not timed there).
 """
 
@@ -113,16 +121,53 @@ def settle(*folders: Path) -> None:
                 os.close(fd)
 
 
-def timed(cmd: list[str], *cold: Path) -> dict[str, float]:
-    """Wall time and peak RSS (of the child, via wait4) of one command, ``cold`` folders evicted."""
+def timed(cmd: list[str], *cold: Path, env: dict[str, str] | None = None) -> dict[str, float]:
+    """Wall time and peak RSS (of the child, via wait4) of one command, ``cold`` folders evicted.
+
+    ``disk_written_gb``: what the disk under the bench's cache wrote meanwhile
+    (with the final fsync's flush; other processes' writes count too).
+    """
     settle(*cold)
+    written = disk_sectors_written()
     started = time.perf_counter()
-    process = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    process = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env)
     _, status, usage = os.wait4(process.pid, 0)
     wall = time.perf_counter() - started
     if os.waitstatus_to_exitcode(status) != 0:
         raise SystemExit(f"failed: {' '.join(cmd)}\n{process.stderr.read().decode()[-3000:]}")  # type: ignore[union-attr]
-    return {"wall_s": round(wall, 3), "peak_rss_gib": round(usage.ru_maxrss / 2**20, 3)}
+    os.sync()
+    result = {"wall_s": round(wall, 3), "peak_rss_gib": round(usage.ru_maxrss / 2**20, 3)}
+    if written is not None:
+        result["disk_written_gb"] = round(((disk_sectors_written() or 0) - written) * 512 / 1e9, 3)
+    return result
+
+
+def disk_sectors_written() -> int | None:
+    """Sectors written so far by the block device holding the bench's cache (None: unknown)."""
+    device = os.stat(HERE).st_dev
+    stat = Path(f"/sys/dev/block/{os.major(device)}:{os.minor(device)}/stat")
+    try:
+        return int(stat.read_text().split()[6])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def checkout_env(checkout: Path, scratch: Path) -> dict[str, str]:
+    """The environment that imports eaglequant from ``checkout`` instead of this one.
+
+    The package maps ``quantize/``, ``validate/`` and ``configs/`` under its own name
+    (pyproject's package-dir), so a tree of links puts them there, as installed.
+    """
+    tree = scratch / "before-package" / "eaglequant"
+    tree.mkdir(parents=True)
+    for entry in (checkout / "eaglequant").iterdir():
+        if entry.name != "__pycache__":
+            (tree / entry.name).symlink_to(entry.resolve())
+    for name in ("quantize", "validate", "configs"):
+        if not (tree / name).exists():
+            (tree / name).symlink_to((checkout / name).resolve())
+    paths = [str(tree.parent), *filter(None, [os.environ.get("PYTHONPATH")])]
+    return {**os.environ, "PYTHONPATH": os.pathsep.join(paths)}
 
 
 def io_floor(draft: Path, out_bytes: int, scratch: Path) -> dict[str, float]:
@@ -195,7 +240,14 @@ def prepare_in_child(shape: str, cache: Path, tokens: int) -> tuple[Path, Path]:
     return cache / shape / "draft", cache / shape / f"capture-{tokens}"
 
 
-def run(shape: str, tokens: int, static: bool = True, ptpc: bool = True) -> dict[str, Any]:
+def run(
+    shape: str,
+    tokens: int,
+    static: bool = True,
+    ptpc: bool = True,
+    runs: int = 1,
+    before: Path | None = None,
+) -> dict[str, Any]:
     cache = HERE / ".cache"
     draft, capture = prepare_in_child(shape, cache, tokens)
     results: dict[str, Any] = {
@@ -209,12 +261,17 @@ def run(shape: str, tokens: int, static: bool = True, ptpc: bool = True) -> dict
         scratch = Path(tmp)
         results["help"] = timed([*EQ, "--help"])
         results["inspect"] = timed([*EQ, "inspect", str(draft), "--json"], draft)
+        env = checkout_env(before, scratch) if before is not None else None
         if ptpc:
-            results.update(ptpc_export(draft, scratch))
+            results.update(ptpc_export(draft, scratch, runs, env))
         if static:
             results.update(static_export(draft, capture, tokens, scratch / "static"))
+            if env is not None:
+                older = static_export(draft, capture, tokens, scratch / "static", env)
+                results.update({f"{key}_before": value for key, value in older.items()})
         out_bytes = results.get("output_bytes") or results["static_output_bytes"]
-        results["io_floor"] = io_floor(draft, out_bytes, scratch)
+        if "io_floor" not in results:
+            results["io_floor"] = io_floor(draft, out_bytes, scratch)
     best_rates(results["cpu"], cpu_in_child(SHAPES[shape]["hidden"]))
     return results
 
@@ -230,18 +287,34 @@ def best_rates(cpu: dict[str, Any], again: dict[str, Any]) -> None:
     }
 
 
-def ptpc_export(draft: Path, scratch: Path) -> dict[str, Any]:
-    """``export --recipe ptpc-fp8`` against Quark's own flow, and Quark's import alone."""
-    results: dict[str, Any] = {"quark_import": quark_import()}
-    ptpc, quark = scratch / "ptpc", scratch / "quark"
+def ptpc_export(
+    draft: Path, scratch: Path, runs: int = 1, before: dict[str, str] | None = None
+) -> dict[str, Any]:
+    """``export --recipe ptpc-fp8`` against the I/O floor, ``runs`` times (each run: the
+    export, the previous version's with ``before``'s environment, the floor), Quark's own
+    flow and Quark's import alone. The top-level figures are the first run's."""
+    results: dict[str, Any] = {"quark_import": quark_import(), "ptpc_runs": []}
+    ptpc, quark, older = scratch / "ptpc", scratch / "quark", scratch / "ptpc-before"
     command = [*EQ, "export", str(draft), str(ptpc), "--recipe", "ptpc-fp8"]
-    results["ptpc_export"] = timed(command, draft)
-    results["quark_f2f"] = quark_f2f(draft, quark)
-    results["ptpc_stages_s"] = read_manifest(ptpc)["timings_s"]
-    results["ptpc_equals_quark"] = same_quantized_tensors(ptpc, quark)
-    results["output_bytes"] = folder_bytes(ptpc)
-    shutil.rmtree(quark)
-    shutil.rmtree(ptpc)
+    for index in range(runs):
+        one: dict[str, Any] = {"ptpc_export": timed(command, draft)}
+        one["ptpc_stages_s"] = read_manifest(ptpc)["timings_s"]
+        if index == 0:
+            results["quark_f2f"] = quark_f2f(draft, quark)
+            results["ptpc_equals_quark"] = same_quantized_tensors(ptpc, quark)
+            results["output_bytes"] = folder_bytes(ptpc)
+            shutil.rmtree(quark)
+        if before is not None:
+            old_command = [*EQ, "export", str(draft), str(older), "--recipe", "ptpc-fp8"]
+            one["ptpc_export_before"] = timed(old_command, draft, env=before)
+            one["ptpc_stages_s_before"] = read_manifest(older)["timings_s"]
+            if index == 0:
+                results["ptpc_equals_before"] = same_quantized_tensors(ptpc, older)
+            shutil.rmtree(older)
+        shutil.rmtree(ptpc)
+        one["io_floor"] = io_floor(draft, results["output_bytes"], scratch)
+        results["ptpc_runs"].append(one)
+    results.update(results["ptpc_runs"][0])
     return results
 
 
@@ -323,19 +396,24 @@ def gemm_rates(hidden: int, bf16_mm_rows: int) -> dict[str, float]:
     }
 
 
-def static_export(draft: Path, capture: Path, tokens: int, out: Path) -> dict[str, Any]:
-    """The default recipe calibrated on ``tokens`` captured tokens, with its FLOP counts."""
+def static_export(
+    draft: Path, capture: Path, tokens: int, out: Path, env: dict[str, str] | None = None
+) -> dict[str, Any]:
+    """The default recipe calibrated on ``tokens`` captured tokens, with its FLOP counts
+    (``env``: the environment of the export's process)."""
     from eaglequant.draft import dims_from_config
     from eaglequant.io.checkpoint import read_checkpoint
 
     samples = max(1, tokens // 256)
     command = [*EQ, "export", str(draft), str(out), "--calib-hidden-states", str(capture)]
-    result = timed([*command, "--calib-samples", str(samples)], draft, capture)
+    result = timed([*command, "--calib-samples", str(samples)], draft, capture, env=env)
     manifest = read_manifest(out)
     output_bytes = folder_bytes(out)
     shutil.rmtree(out)
     dims = dims_from_config(read_checkpoint(draft).config)
     calib = manifest["calibration"]
+    # the capture named relative to the checkout: results hold no path of this machine
+    calib["source"] = calib["source"].replace(str(capture), os.path.relpath(capture, HERE.parent))
     seq, steps = 256, calib["speculative_steps"]
     return {
         "static_export": result,
@@ -398,11 +476,29 @@ def print_table(results: dict) -> None:  # type: ignore[type-arg]
         print(f"{name:36} {ratio:8.2f} {row['wall_s']:8.2f} {row['peak_rss_gib']:13.2f}")
     if "ptpc_export" in results:
         print(f"ptpc output equals Quark's tensor for tensor: {results['ptpc_equals_quark']}")
-        print(f"ptpc export stages: {results['ptpc_stages_s']}")
-        print(f"ptpc {stage_sums(results['ptpc_stages_s'], results['ptpc_export']['wall_s'])}")
+        if "ptpc_equals_before" in results:
+            print(f"ptpc output equals the previous version's: {results['ptpc_equals_before']}")
+        for index, one in enumerate(results.get("ptpc_runs", [results])):
+            print_ptpc_run(index + 1, one)
     if "static_stages_s" in results:
         print_static(results, floor)
     print(f"--help {results['help']['wall_s']:.3f}s, inspect {results['inspect']['wall_s']:.3f}s")
+
+
+def print_ptpc_run(number: int, one: dict) -> None:  # type: ignore[type-arg]
+    """One measured run: the floor, this version and the previous one, each stage."""
+    floor = one["io_floor"]["wall_s"]
+    print(f"ptpc run {number}: I/O floor {floor:.2f}s")
+    for label, suffix in (("this version", ""), ("previous version", "_before")):
+        if f"ptpc_export{suffix}" not in one:
+            continue
+        row, stages = one[f"ptpc_export{suffix}"], one[f"ptpc_stages_s{suffix}"]
+        print(
+            f"  {label}: {row['wall_s']:.2f}s = {row['wall_s'] / floor:.2f}x floor, peak RSS "
+            f"{row['peak_rss_gib']:.2f} GiB, disk wrote {row.get('disk_written_gb', '?')} GB"
+        )
+        print(f"    stages: {stages}")
+        print(f"    {stage_sums(stages, row['wall_s'])}")
 
 
 def reference_rate(cpu: dict) -> float:  # type: ignore[type-arg]
@@ -441,11 +537,24 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=4096, help="calibration tokens")
     parser.add_argument("--skip-static", action="store_true", help="only the ptpc comparison")
     parser.add_argument("--static-only", action="store_true", help="no ptpc comparison")
-    parser.add_argument("--results", type=Path, help="JSON file (default bench/results-SHAPE.json)")
+    parser.add_argument(
+        "--results", type=Path, help="JSON file (default bench/results-export-SHAPE.json)"
+    )
+    parser.add_argument("--runs", type=int, default=1, help="measured ptpc runs (default 1)")
+    parser.add_argument(
+        "--before", type=Path, help="another checkout (the previous version) timed beside this one"
+    )
     args = parser.parse_args()
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
-    results = run(args.shape, args.tokens, static=not args.skip_static, ptpc=not args.static_only)
-    path = args.results or HERE / f"results-{args.shape}.json"
+    results = run(
+        args.shape,
+        args.tokens,
+        static=not args.skip_static,
+        ptpc=not args.static_only,
+        runs=args.runs,
+        before=args.before,
+    )
+    path = args.results or HERE / f"results-export-{args.shape}.json"
     path.write_text(json.dumps(results, indent=2) + "\n")
     print_table(results)
 
