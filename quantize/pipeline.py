@@ -79,7 +79,7 @@ def load(ckpt: Checkpoint, *, module_needed: bool, device: torch.device) -> Eagl
     torch.set_grad_enabled(False)
     if not module_needed:
         return None
-    # fc, lm_head and embed_tokens are checked for NaN/Inf by the writer as it copies them.
+    # fc, lm_head and embed_tokens are checked for NaN/Inf as the output is read back.
     model = load_draft_module(ckpt, check_unquantized=False)
     if device.type != "cpu":
         torch.nn.Module.to(model, device)  # in place; PreTrainedModel.to is typed for dtypes only

@@ -35,7 +35,7 @@ def load_draft_module(ckpt: Checkpoint, check_unquantized: bool = True) -> Eagle
 
     Weights are checked for NaN/Inf while loading (the error names the tensor);
     ``check_unquantized=False`` leaves that to the caller for fc, lm_head and
-    embed_tokens (the export checks them as it copies them).
+    embed_tokens (the export checks them as it reads its output back).
     """
     has_embed = "embed_tokens.weight" in ckpt.tensors
     with torch.device("meta"):
