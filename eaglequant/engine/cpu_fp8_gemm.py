@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import functools
 import os
+import weakref
 from typing import Any
 
 from eaglequant.engine import cpu_fp8_native
@@ -43,6 +44,13 @@ def plain_fp8_gemm() -> None:
     which moved the real pair's FP8 acceptance by 0.6%, ``docs/benchmarks.md``; for
     speed, not for a verdict). The layer keeps its FP8 weight (what check 3 reads); each
     path's copy is made when first needed and kept beside it. Idempotent.
+
+    Served as vLLM serves by default, the model's forward is compiled (torch.compile), and
+    none of this can be traced: the kernel is a ctypes call, the GEMMs are built on first use.
+    So the path is chosen once per layer when vLLM processes the layer's weights (outside any
+    compiled region: the kernel is built, loaded and checked there), and the whole linear is
+    one opaque op, ``eaglequant::cpu_fp8_linear`` (:func:`cpu_fp8_linear`), that the compiled
+    graph calls by the layer's name, as vLLM's own attention op is called.
     """
     from vllm.model_executor.kernels.linear.scaled_mm import pytorch
 
@@ -52,17 +60,107 @@ def plain_fp8_gemm() -> None:
     ):
         if getattr(kernel.apply_weights, "plain_gemm", False):
             continue  # patched already (another patch may wrap apply_scaled_mm after this)
-        original = kernel.apply_weights
+        _register_op()
+        original_apply, original_process = (
+            kernel.apply_weights,
+            kernel.process_weights_after_loading,
+        )
+
+        def process_weights_after_loading(
+            self: Any, layer: Any, _original: Any = original_process, _apply: Any = original_apply
+        ) -> None:
+            _original(self, layer)
+            _prepare(self, layer, _apply)
 
         def apply_weights(
-            self: Any, layer: Any, x: Any, bias: Any = None, _original: Any = original
+            self: Any, layer: Any, x: Any, bias: Any = None, _original: Any = original_apply
         ) -> Any:
-            out = _static_input_linear(self, layer, x, bias)
-            return _original(self, layer, x, bias) if out is None else out
+            import torch
+
+            name = getattr(layer, LAYER_NAME, None)
+            if name is not None and isinstance(x, torch.Tensor):
+                return torch.ops.eaglequant.cpu_fp8_linear(x, bias, name)
+            return _linear(self, layer, x, bias, _original)  # a layer vLLM did not process
 
         apply_weights.plain_gemm = True  # type: ignore[attr-defined]
         kernel.apply_weights = apply_weights  # type: ignore[method-assign]
+        kernel.process_weights_after_loading = process_weights_after_loading  # type: ignore[method-assign]
         kernel.apply_scaled_mm = plain_scaled_mm  # type: ignore[method-assign]
+
+
+# The attribute that names a processed layer in :data:`_PREPARED`, and that registry: by
+# layer name, what :func:`cpu_fp8_linear` runs (weakly held: a swapped-out draft is freed).
+LAYER_NAME = "_eaglequant_cpu_fp8_linear"
+_PREPARED: weakref.WeakValueDictionary[str, _Prepared] = weakref.WeakValueDictionary()
+
+
+class _Prepared:
+    """One processed layer's CPU FP8 linear: its kernel object, the layer, vLLM's own
+    ``apply_weights`` (dynamic and per-token inputs), and the output's width and dtype (for
+    the op's shape under tracing). Held by the layer itself; the registry refers to it."""
+
+    def __init__(self, kernel: Any, layer: Any, apply: Any) -> None:
+        weight = kernel._get_layer_params(layer)[0]
+        self.outputs, self.out_dtype = int(weight.shape[1]), kernel.config.out_dtype
+        self._kernel, self._layer, self._apply = weakref.ref(kernel), weakref.ref(layer), apply
+
+    def __call__(self, x: Any, bias: Any) -> Any:
+        kernel, layer = self._kernel(), self._layer()
+        if kernel is None or layer is None:
+            raise RuntimeError("eaglequant::cpu_fp8_linear: the layer was freed")
+        return _linear(kernel, layer, x, bias, self._apply)
+
+
+def _prepare(kernel: Any, layer: Any, apply: Any) -> None:
+    """Choose the layer's path now, at weight processing (the static state, with the compiled
+    kernel where it loads), and name the layer for :func:`cpu_fp8_linear`. The name is the
+    layer's own vLLM prefix (a compiled graph cached on disk names it again in a later
+    process), made unique where two live layers share one."""
+    _static_state(kernel, layer)
+    prepared = _Prepared(kernel, layer, apply)
+    base = getattr(layer, "prefix", "") or "linear"
+    name, number = base, 1
+    while _PREPARED.get(name) not in (None, getattr(layer, "_eaglequant_prepared", None)):
+        number += 1
+        name = f"{base}#{number}"
+    layer._eaglequant_prepared = prepared  # the layer keeps it alive, not the registry
+    _PREPARED[name] = prepared
+    setattr(layer, LAYER_NAME, name)
+
+
+def _linear(kernel: Any, layer: Any, x: Any, bias: Any, apply: Any) -> Any:
+    """The layer's output: the static-input path, else vLLM's own ``apply_weights`` (which
+    quantizes the input and reaches :func:`plain_scaled_mm`)."""
+    out = _static_input_linear(kernel, layer, x, bias)
+    return apply(kernel, layer, x, bias) if out is None else out
+
+
+def cpu_fp8_linear(x: Any, bias: Any, layer: str) -> Any:
+    """``eaglequant::cpu_fp8_linear``: the named layer's FP8 linear of ``x``, run eagerly."""
+    return _PREPARED[layer](x, bias)
+
+
+def _cpu_fp8_linear_shape(x: Any, bias: Any, layer: str) -> Any:
+    """The op's output under tracing: ``x``'s rows, the layer's width, its output dtype."""
+    prepared = _PREPARED[layer]
+    return x.new_empty((*x.shape[:-1], prepared.outputs), dtype=prepared.out_dtype or x.dtype)
+
+
+_LIBRARY: list[Any] = []  # the torch.library fragment that holds the op (kept alive)
+
+
+def _register_op() -> None:
+    """Define ``eaglequant::cpu_fp8_linear`` once a process: a CPU kernel and a fake for
+    tracing, registered directly as vLLM registers its own ops."""
+    if _LIBRARY:
+        return
+    from torch.library import Library
+
+    library = Library("eaglequant", "FRAGMENT")
+    library.define("cpu_fp8_linear(Tensor x, Tensor? bias, str layer) -> Tensor")
+    library.impl("cpu_fp8_linear", cpu_fp8_linear, "CPU")
+    library._register_fake("cpu_fp8_linear", _cpu_fp8_linear_shape)
+    _LIBRARY.append(library)
 
 
 def gemm_mode() -> str:

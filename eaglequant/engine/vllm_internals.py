@@ -211,6 +211,8 @@ PLUGIN_HOOKS = {
             for member, params in (
                 ("apply_weights", ("layer", "x", "bias")),
                 ("_get_layer_params", ("layer",)),
+                # where the layer's CPU path is chosen, outside any compiled region
+                ("process_weights_after_loading", ("layer",)),
             )
         ),
     ),

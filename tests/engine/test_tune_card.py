@@ -1,4 +1,5 @@
-"""tune (real vllm serve + vllm bench serve on the toy pair) and the model card."""
+"""tune (real vllm serve + vllm bench serve on the toy pair, with vLLM's defaults: the FP8 draft
+compiled) and the model card."""
 
 from __future__ import annotations
 
@@ -58,8 +59,6 @@ def tune_out(tmp_path_factory: pytest.TempPathFactory, fp8_draft: Path, lean_ser
             str(REPEATS),
             "--schedule",
             json.dumps(SCHEDULE),
-            "--serve-arg",
-            "--enforce-eager",
             "--tensor-parallel-size",
             "1",
             "--engine-arg",
@@ -83,10 +82,11 @@ def test_tune_runs_servers_and_writes_results(tune_out: Path) -> None:
         if row["k"]:
             assert row["acceptance_length"] > 1.0 and len(row["per_position"]) == row["k"]
     assert summary["tensor_parallel_size"] == 1 and summary["engine_args"] == {"max_num_seqs": 8}
+    # served as vLLM serves by default: compiled
     assert (
-        "--tensor-parallel-size 1 --max-model-len 90 --max-num-seqs 8 --enforce-eager"
-        in (summary["serve_command"])
+        "--tensor-parallel-size 1 --max-model-len 90 --max-num-seqs 8" in summary["serve_command"]
     )
+    assert "--enforce-eager" not in summary["serve_command"]
     for name in ("throughput.png", "speedup.png", "acceptance.png"):
         assert (tune_out / name).read_bytes()[:8] == PNG_MAGIC
     assert not servers_running()
