@@ -28,14 +28,8 @@ from eaglequant.io.layout import Layout, TensorBlob, blob_from_file, blob_from_t
 from eaglequant.io.model_config import StoredConfig
 from eaglequant.io.readback import ReadBack, sha256_file
 from eaglequant.io.safetensors_header import TensorInfo
-from eaglequant.io.writer import (
-    LayoutWriter,
-    copy_extra_files,
-    lower_thread_priority,
-    write_text,
-)
+from eaglequant.io.writer import LayoutWriter, copy_extra_files, write_text
 from eaglequant.manifest import MANIFEST_FILE, Manifest, write_manifest
-from eaglequant.quantize.file_to_file import BACKGROUND_NICE
 from eaglequant.quantize.timing import timed
 from eaglequant.recipe import MX_BLOCK, MX_DTYPES, Recipe
 
@@ -103,7 +97,7 @@ class Artifact:
         """Plan the output with Quark's tensors still pending and copy everything else now."""
         blobs = passthrough_blobs(source) + predicted_quantized(source, recipe)
         artifact = cls(folder, source, plan_layout(blobs, max_shard_size), max_shard_size)
-        artifact.writer.start_background(nice=BACKGROUND_NICE)
+        artifact.writer.start_background()
         return artifact
 
     @property
@@ -126,7 +120,6 @@ class Artifact:
         errors: list[BaseException] = []
 
         def sync() -> None:
-            lower_thread_priority(BACKGROUND_NICE)
             try:
                 with timed(self.timings, "background.fsync"):
                     self.writer.sync()

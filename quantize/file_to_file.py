@@ -30,16 +30,13 @@ from eaglequant.draft import dims_from_config
 from eaglequant.errors import EagleQuantError, OutputError, QuarkFailed
 from eaglequant.io.checkpoint import Checkpoint
 from eaglequant.io.layout import blob_from_file
-from eaglequant.io.writer import lower_thread_priority, write_checkpoint_weights, write_text
+from eaglequant.io.writer import write_checkpoint_weights, write_text
 from eaglequant.recipe import Recipe
 
 SCRATCH_PREFIX = ".eaglequant-quark-"
 SOURCE, RESULT, REPORT, LOG = "midlayer-bf16", "quark-out", "report.json", "quark.log"
 WORKER = "eaglequant.quantize.quark_worker"
 SHARED_MEMORY = Path("/dev/shm")
-# How much nicer the export's background threads (copy, checks, read-back, staging) run
-# than Quark's worker: its single-threaded import is the critical path and keeps a core.
-BACKGROUND_NICE = 10
 
 
 class WorkerReport(TypedDict, total=False):
@@ -111,7 +108,6 @@ class FileToFile:
 
     def _stage(self, ckpt: Checkpoint) -> None:
         """A model folder holding only the decoder layers' linear weights (and the config)."""
-        lower_thread_priority(BACKGROUND_NICE)
         started = time.perf_counter()
         try:
             folder = self.scratch / SOURCE

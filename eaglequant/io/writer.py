@@ -9,7 +9,6 @@ working, then drop the quantized bytes into their places (:class:`LayoutWriter`)
 from __future__ import annotations
 
 import os
-import sys
 import threading
 import time
 from collections.abc import Callable, Iterable
@@ -72,14 +71,13 @@ class LayoutWriter:
         self._error: BaseException | None = None
         self.background_s = 0.0  # the background copy and its checks, without after_known
 
-    def start_background(self, nice: int = 0) -> None:
-        """Write (and check) in a thread, ``nice`` steps below the caller's priority."""
+    def start_background(self) -> None:
+        """Write (and run ``after_known``) in a thread, at the caller's priority.
 
-        def run() -> None:
-            lower_thread_priority(nice)
-            self._run()
-
-        self._thread = threading.Thread(target=run, name="eaglequant-writer", daemon=True)
+        Not nicer: beside other busy processes on the same cores a nicer thread
+        starves, and the export waits for it.
+        """
+        self._thread = threading.Thread(target=self._run, name="eaglequant-writer", daemon=True)
         self._thread.start()
 
     def write_known(self) -> None:
@@ -146,13 +144,6 @@ class LayoutWriter:
         """fsync every weight file (after a background copy: only what was written since)."""
         for shard in self.layout.files:
             _fsync(self.folder / shard.name)
-
-
-def lower_thread_priority(nice: int) -> None:
-    """Make the calling thread ``nice`` steps nicer (Linux: per thread; elsewhere, or 0: no-op)."""
-    if nice and sys.platform == "linux":
-        tid = threading.get_native_id()
-        os.setpriority(os.PRIO_PROCESS, tid, os.getpriority(os.PRIO_PROCESS, tid) + nice)
 
 
 def _write_known(folder: Path, shard: ShardFile, cancel: threading.Event) -> None:
