@@ -29,7 +29,7 @@ from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from eaglequant.engine.vllm_internals import W8A16_KERNEL, gate, version_warning
+from eaglequant.engine.vllm_internals import W8A16_KERNELS, gate, version_warning
 from eaglequant.errors import InputError
 from eaglequant.speculative import SpeculativeDict
 
@@ -216,7 +216,7 @@ def platform_env(
     env: Mapping[str, str], on_cpu: bool, workers: int, cores: list[int]
 ) -> dict[str, str]:
     """Environment variables to add for the CPU platform (none elsewhere, none the user set;
-    vLLM's W8A16 AMX FP8 kernel added to the kernels the user switched off, so a static FP8
+    vLLM's W8A16 AMX FP8 kernels added to the kernels the user switched off, so a static FP8
     draft quantizes its inputs as it does on a GPU)."""
     if not on_cpu:
         return {}
@@ -224,8 +224,9 @@ def platform_env(
     if workers > 1 and "VLLM_CPU_OMP_THREADS_BIND" not in env:
         added["VLLM_CPU_OMP_THREADS_BIND"] = cpu_thread_binding(cores, workers)
     disabled = [k for k in env.get(DISABLED_KERNELS, "").split(",") if k]
-    if W8A16_KERNEL not in disabled:
-        added[DISABLED_KERNELS] = ",".join([*disabled, W8A16_KERNEL])
+    missing = [kernel for kernel in W8A16_KERNELS if kernel not in disabled]
+    if missing:
+        added[DISABLED_KERNELS] = ",".join([*disabled, *missing])
     return {k: v for k, v in added.items() if k not in env or k == DISABLED_KERNELS}
 
 

@@ -65,10 +65,13 @@ LINEAR_KERNELS = "vllm.model_executor.kernels.linear"
 CPU_SCALED_MM = f"{LINEAR_KERNELS}.scaled_mm.cpu"
 TORCH_FP8 = f"{LINEAR_KERNELS}.scaled_mm.pytorch"
 TORCH_FP8_BASE = f"{LINEAR_KERNELS}.scaled_mm.ScaledMMLinearKernel:FP8ScaledMMLinearKernel"
-# vLLM's AMX FP8 kernel for per-tensor scales is W8A16: it never quantizes the inputs, so a
-# static FP8 draft's input scales would go unused. eaglequant's engines switch it off
-# (``VLLM_DISABLED_KERNELS``) and the draft runs W8A8, as on a GPU (``engine.config``).
+# vLLM's AMX FP8 kernels are W8A16: they never quantize the inputs, so a static FP8 draft's
+# input scales would go unused. eaglequant's engines switch them off (``VLLM_DISABLED_KERNELS``,
+# matched by exact class name: a subclass is not switched off with its parent) and the draft
+# runs W8A8, as on a GPU (``engine.config``). The per-tensor one is in 0.32 and 0.33; the
+# per-channel one (its subclass) came in 0.33; a name a vLLM lacks disables nothing there.
 W8A16_KERNEL = "CPUFp8PerTensorScaledMMLinearKernel"
+W8A16_KERNELS = (W8A16_KERNEL, "CPUFp8ChannelWiseScaledMMLinearKernel")
 
 
 @dataclass(frozen=True)

@@ -59,7 +59,8 @@ def test_cpu_defaults_apply_only_on_cpu_and_never_override_the_user() -> None:
     on_cpu = platform_defaults(kwargs, on_cpu=True)
     assert on_cpu["enforce_eager"] is False and on_cpu["max_model_len"] == 1024
     assert platform_env({}, on_cpu=False, workers=4, cores=[0, 1]) == {}
-    w8a16 = "CPUFp8PerTensorScaledMMLinearKernel"  # vLLM's AMX FP8 kernel never quantizes inputs
+    # vLLM's AMX FP8 kernels (per-tensor; per-channel from 0.33) never quantize inputs
+    w8a16 = "CPUFp8PerTensorScaledMMLinearKernel,CPUFp8ChannelWiseScaledMMLinearKernel"
     assert platform_env({}, on_cpu=True, workers=1, cores=[0, 1]) == {
         "VLLM_CPU_KVCACHE_SPACE": "1",
         "VLLM_DISABLED_KERNELS": w8a16,
