@@ -227,7 +227,8 @@ def validation_markdown(
         kept = reproducing_env(config["env"])  # the JSON keeps all, per-run random ones too
         env = ", ".join(f"`{k}={v}`" for k, v in sorted(kept.items())) or "none"
         lines += [f"vLLM {config['vllm']}; environment: {env}.", ""]
-    lines += ["| draft | mean acceptance length | acceptance by position | engine |"]
+    run = "greedy " if report.temperature else ""  # checks 2 and 5 judged the sampled runs
+    lines += [f"| draft | {run}mean acceptance length | {run}acceptance by position | engine |"]
     lines += ["|---|---|---|---|"]
     lines += [f"| {a} | {b} | {c} | {d} |" for a, b, c, d in acceptance_rows(report)]
     lines += ["", *category_markdown(report.categories, report.min_category_drafts)]

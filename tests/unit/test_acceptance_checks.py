@@ -280,6 +280,12 @@ def test_a_sampled_report_says_how_its_runs_decoded() -> None:
         "32 prompts x 48 tokens, greedy, and checks 2 and 5 on runs sampled at temperature 0.7 "
         "(seeds 0, 1, 2; each prompt's counts summed over them); backend cpu."
     ) in validation_markdown(sampled)
+    assert "| draft | greedy mean acceptance length | greedy acceptance by position |" in (
+        validation_markdown(sampled)
+    )
+    assert "| draft | mean acceptance length | acceptance by position |" in (
+        validation_markdown(report)
+    )
     assert ValidationReport.from_json(sampled.to_json()) == sampled
     assert (
         ValidationReport.from_json(
