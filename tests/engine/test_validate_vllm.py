@@ -34,7 +34,7 @@ from eaglequant.validate.validation import (
     scale_plausibility,
     validate_draft,
 )
-from eaglequant.validation_report import prompts_digest, read_report
+from eaglequant.validation_report import CheckId, prompts_digest, read_report
 from tests.conftest import TOY, toy_prompts_file
 from tests.exported import rerecord
 from tests.share import built_once
@@ -219,6 +219,42 @@ def test_per_prompt_counts_sum_to_vllms_counters_and_give_the_intervals(
     )
 
 
+def test_a_sampled_validation_judges_checks_2_and_5_on_its_sampled_runs(
+    good_fp8: Path, tmp_path: Path
+) -> None:
+    """validate --temperature 0.7 with two seeds: both drafts' greedy runs (check 1, strict,
+    on every greedy token), then two runs each sampled under vLLM's rejection sampling, which
+    checks 2 and 5 judge with intervals over prompts, each prompt's seeds summed. (At 0.7 the
+    toy pair accepts about 1.2 tokens a step, 3.2 greedy: too few accepted tokens on 16 prompts
+    for a stable verdict at every position, so none is asserted here.)"""
+    prompts = toy_prompts_file(tmp_path / "prompts.jsonl", 16, key="text")
+    report_path = tmp_path / "report.json"
+    args = ["validate", "--target", str(TOY / "target"), "--draft", str(good_fp8)]
+    args += ["--baseline", str(TOY / "draft"), "--prompts", str(prompts), "--max-tokens", "32"]
+    args += ["--lossless", "strict", "--temperature", "0.7", "--seed", "0", "--seed", "1"]
+    args += ["--json", str(report_path)]
+    result = CliRunner().invoke(main, args)
+    report = read_report(report_path)
+    assert result.exit_code == (0 if report.passed else 1), result.output
+    assert (report.temperature, report.sampling_seeds) == (0.7, [0, 1])
+    lossless, two, five = (
+        report.check(c) for c in (CheckId.LOSSLESS, CheckId.ACCEPTANCE, CheckId.PER_POSITION)
+    )
+    assert lossless is not None and lossless.passed, lossless
+    assert lossless.numbers["positions"] == 2 * 16 * 32  # the greedy runs, both drafts
+    assert two is not None and five is not None
+    (ratio,) = two.intervals
+    assert ratio.low <= ratio.point <= ratio.high and len(five.intervals) == 3
+    assert two.numbers["interval"]["prompts"] == 16
+    assert two.detail.endswith(
+        "over 16 prompts (2000 resamples, seed 0); sampled at temperature 0.7 with seeds 0, 1, "
+        "each prompt's counts summed over its seeds"
+    )
+    # The sampled runs, not the greedy ones, are judged: the BF16 draft's acceptance differs.
+    greedy = report.engines["bf16"].acceptance
+    assert greedy is not None and 1.0 < two.numbers["bf16"] < greedy.mean_length, greedy
+
+
 def test_bare_exclude_fails_acceptance_layers_and_log(
     good_fp8: Path, shared_engines: dict, validation_states: Path, tmp_path: Path
 ) -> None:
@@ -281,7 +317,7 @@ def test_corrupted_scales_fail_plausibility(
 
 
 def test_random_weight_draft_has_acceptance_near_one(tmp_path: Path) -> None:
-    from eaglequant.devtools.synthetic import write_random_draft
+    from eaglequant_examples.synthetic import write_random_draft
 
     config = read_checkpoint(TOY / "draft").config
     random_draft = write_random_draft(tmp_path / "random", config, seed=3)

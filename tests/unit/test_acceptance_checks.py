@@ -272,7 +272,7 @@ def test_a_sampled_report_says_how_its_runs_decoded() -> None:
     report = ValidationReport(
         target="t", draft="d", baseline="b", k=3, prompts=32, max_tokens=48, backend="cpu",
         plugin_active=False, engines={}, checks=[two, five], prompts_sha256="",
-        prompt_set={"source": "mt-bench", "sha256": "ab"},
+        prompt_set={"source": "mt-bench", "sha256": "ab", "prompts": 32},
     )  # fmt: skip
     assert "32 prompts x 48 tokens, greedy; backend cpu." in validation_markdown(report)
     sampled = replace(report, temperature=0.7, sampling_seeds=[0, 1, 2])
@@ -297,7 +297,7 @@ def test_a_sampled_report_says_how_its_runs_decoded() -> None:
         )
         == report
     )  # a report that names no temperature was judged greedy
-    other = replace(sampled, prompt_set={"source": "humaneval", "sha256": "cd"})
+    other = replace(sampled, prompt_set={"source": "humaneval", "sha256": "cd", "prompts": 32})
     assert validated_temperatures([report, sampled, other]) == (
         "Acceptance (checks 2 and 5) validated at temperature 0 (greedy) on `mt-bench`; "
         "0.7 (sampled) on `mt-bench`, `humaneval`; lossless output (check 1) is checked greedy.\n"
