@@ -18,8 +18,15 @@ from dataclasses import asdict, replace
 
 from eaglequant.validate.acceptance import AcceptanceThresholds, acceptance_checks
 from eaglequant.validate.regression import RunCounts, regression_check
-from eaglequant.validate.stats import PromptCounts, pooled_counts
-from eaglequant.validation_report import PASS, CategoryRow, Check, CheckId, overall_verdict
+from eaglequant.validate.stats import MAX_PROMPTS_FACTOR, PromptCounts, pooled_counts
+from eaglequant.validation_report import (
+    INCONCLUSIVE,
+    PASS,
+    CategoryRow,
+    Check,
+    CheckId,
+    overall_verdict,
+)
 
 ROLES = ("bf16", "fp8")
 # A category's checks 2 and 5 (in CategoryRow.checks' order) over all categories.
@@ -64,19 +71,50 @@ def by_category(
 
 def category_checks(table: Mapping[str, CategoryRow]) -> list[Check]:
     """Checks 2 and 5 over the judged categories: FAIL if one fails, else INCONCLUSIVE if one
-    is, else PASS; the detail names each category's verdict and those not judged."""
+    is, else PASS; the detail names each category's verdict and those not judged, and each
+    undecided category the prompt count that would decide it at its observed spread."""
     checks = []
     for which, name in enumerate(CATEGORY_CHECKS):
         by_verdict: dict[str, list[str]] = {}
+        needed: dict[str, int | None] = {}
         for category, row in table.items():
             verdict = row.checks[which].verdict if row.checks else NOT_JUDGED
             by_verdict.setdefault(verdict, []).append(category)
+            if row.checks and verdict == INCONCLUSIVE:
+                needed[category] = prompts_to_decide(row.checks[which])
         judged = [v for v, names in by_verdict.items() if v != NOT_JUDGED for _ in names]
         verdict = overall_verdict(judged) if judged else PASS
-        parts = [f"{v}: {', '.join(names)}" for v, names in by_verdict.items()]
+        parts = [
+            f"{v}: {', '.join(_named(n, needed) for n in names)}" for v, names in by_verdict.items()
+        ]
         detail = "; ".join(parts) if judged else f"no category judged ({parts[0]})"
-        checks.append(Check.judged(name, verdict, detail, {"categories": by_verdict}))
+        numbers = {"categories": by_verdict, "prompts_to_decide": needed}
+        checks.append(Check.judged(name, verdict, detail, numbers))
     return checks
+
+
+def prompts_to_decide(check: Check) -> int | None:
+    """The prompts an undecided check 2 or 5 would need at its observed spread (check 5: its
+    slowest undecided position); None beyond ``MAX_PROMPTS_FACTOR`` times its prompts."""
+    needed = check.numbers.get("prompts_needed")
+    if not isinstance(needed, list):
+        return needed if isinstance(needed, int) else None
+    verdicts = check.numbers.get("verdicts", [])
+    undecided = [n for n, v in zip(needed, verdicts, strict=True) if v == INCONCLUSIVE]
+    return None if not undecided or None in undecided else max(undecided)
+
+
+def _named(category: str, needed: Mapping[str, int | None]) -> str:
+    """A category, with the prompts that would decide it when it is undecided."""
+    if category not in needed:
+        return category
+    count = needed[category]
+    if count is None:
+        return (
+            f"{category} (over {MAX_PROMPTS_FACTOR}x its prompts would not decide: its "
+            "estimate sits at the threshold)"
+        )
+    return f"{category} (about {count} prompts would decide)"
 
 
 def category_regression(

@@ -88,3 +88,41 @@ def test_the_regression_gate_judges_each_category_both_runs_have() -> None:
         category_regression(now, plain, min_drafts=60, max_regression=0.02, resamples=500, seed=0)
         is None
     )
+
+
+def test_an_undecided_category_names_the_prompts_that_would_decide_it() -> None:
+    from eaglequant.validate.categories import prompts_to_decide
+    from eaglequant.validation_report import Check, CheckId
+
+    def row(two: Check, five: Check) -> CategoryRow:
+        math = _table(min_drafts=100)["math"]
+        return CategoryRow(prompts=10, bf16=math.bf16, fp8=math.fp8, checks=(two, five))
+
+    passed = Check.judged(CheckId.ACCEPTANCE, "PASS", "", {"prompts_needed": None})
+    two = Check.judged(CheckId.ACCEPTANCE, "INCONCLUSIVE", "", {"prompts_needed": 41})
+    at_threshold = Check.judged(CheckId.ACCEPTANCE, "INCONCLUSIVE", "", {"prompts_needed": None})
+    five = Check.judged(
+        CheckId.PER_POSITION,
+        "INCONCLUSIVE",
+        "",
+        {"prompts_needed": [None, 35, 120], "verdicts": ["PASS", "INCONCLUSIVE", "INCONCLUSIVE"]},
+    )
+    five_passed = Check.judged(
+        CheckId.PER_POSITION, "PASS", "", {"prompts_needed": [None] * 3, "verdicts": ["PASS"] * 3}
+    )
+    assert (prompts_to_decide(two), prompts_to_decide(five)) == (41, 120)  # its slowest position
+    assert prompts_to_decide(at_threshold) is None
+    table = {
+        "writing": row(passed, five_passed),
+        "reasoning": row(at_threshold, five),
+        "stem": row(two, five_passed),
+    }
+    acceptance, per_position = category_checks(table)
+    assert acceptance.detail == (
+        "PASS: writing; INCONCLUSIVE: reasoning (over 100x its prompts would not decide: its "
+        "estimate sits at the threshold), stem (about 41 prompts would decide)"
+    )
+    assert acceptance.numbers["prompts_to_decide"] == {"reasoning": None, "stem": 41}
+    assert per_position.detail == (
+        "PASS: writing, stem; INCONCLUSIVE: reasoning (about 120 prompts would decide)"
+    )
