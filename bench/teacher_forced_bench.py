@@ -6,7 +6,7 @@
 The target (transformers, BF16, on the CPU) answers each set's prompts greedily through
 its chat template (cached under ``build/teacher-forced``, keyed by target, set and
 length). Each draft then predicts every answer token the way training measures it
-(:func:`eaglequant.examples.train_draft.held_out_top1`: the correct tokens fed in as vLLM
+(:func:`eaglequant_examples.train_draft.held_out_top1`: the correct tokens fed in as vLLM
 feeds accepted ones, a token outside the draft vocabulary a miss), by unrolled step, with
 1 + p1 + p1*p2 + ... beside it. It tells a draft that generalizes badly from a serving
 path that disagrees with training: vLLM's position-1 rate on the same set should sit a
@@ -25,9 +25,9 @@ from typing import Any
 
 import torch
 
-from eaglequant.examples import train_draft as td
-from eaglequant.examples.accelerated import device_features
-from eaglequant.examples.answers import generate_answers
+from eaglequant_examples import train_draft as td
+from eaglequant_examples.accelerated import device_features
+from eaglequant_examples.answers import generate_answers
 
 CACHE = Path(__file__).resolve().parent.parent / "build" / "teacher-forced"
 BATCH = 16  # prompts answered together (left-padded)

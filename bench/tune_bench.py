@@ -2,7 +2,7 @@
 
 Speculation pays where a target step costs many draft steps. The toy target
 (4 layers, the draft's size) is too cheap for that on a CPU; the deeper copy
-(``devtools.toy.deepen_target``: 56 more layers that add exactly zero, so the
+(``eaglequant_examples.toy.deepen_target``: 56 more layers that add exactly zero, so the
 same next tokens and the same acceptance) is not. Both are swept with the same
 draft, ks, concurrencies, prompts and repeats, in float32 (fast GEMMs on every
 x86 CPU), and each sweep's Markdown table, schedule and recommendation are
@@ -122,7 +122,7 @@ def main() -> None:
     parser.add_argument("--predict", action="store_true", help="tune --predict vs the full sweep")
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
-    from eaglequant.devtools.toy import deepen_target
+    from eaglequant_examples.toy import deepen_target
 
     texts = [json.loads(line)["text"] for line in (TOY / "prompts.jsonl").read_text().splitlines()]
     CACHE.mkdir(parents=True, exist_ok=True)

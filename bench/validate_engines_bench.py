@@ -115,8 +115,8 @@ def measure(target: Path, fp8: Path, prompts: list[str], max_tokens: int) -> dic
 
 
 def main() -> None:
-    from eaglequant.devtools.toy import deepen_target
     from eaglequant.validate.validation import read_prompts
+    from eaglequant_examples.toy import deepen_target
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--prompts", type=int, default=8)

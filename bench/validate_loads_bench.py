@@ -81,10 +81,10 @@ def measure(request: Any) -> dict[str, Any]:
 
 
 def main() -> None:
-    from eaglequant.devtools.toy import deepen_target
     from eaglequant.prompts.source import load_prompts, parse_source
     from eaglequant.validate.request import ValidateRequest
     from eaglequant.validate.validation import read_prompts
+    from eaglequant_examples.toy import deepen_target
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--prompts", type=int, default=8)

@@ -4,7 +4,8 @@ The core package is torch-free and imports nothing heavy: errors, recipes,
 exclusion rewriting, draft rules and checks, the manifest, and checkpoint I/O
 (``eaglequant.io``); the command line (``eaglequant.cli``) and rendering
 (``eaglequant.render``) sit on top of it. ``eaglequant.model`` holds the torch
-draft module and ``eaglequant.devtools`` the toy pair and synthetic drafts. The
+draft module. The example pairs (the toy pair, SmolLM2 and the drafts' trainer) are the
+``eaglequant-examples`` package in ``examples/``, not part of this one. The
 export pipeline lives in ``eaglequant.quantize`` (folder ``quantize/``) and the
 vLLM validation in ``eaglequant.validate`` (folder ``validate/``).
 """

@@ -15,13 +15,13 @@ from typing import Any
 import pytest
 import torch
 
-from eaglequant.devtools.synthetic import draft_config, write_random_draft
 from eaglequant.engine.process import ChildRun
 from eaglequant.engine.process import run_child as engine_run_child
 from eaglequant.io import speculators
 from eaglequant.io.checkpoint import read_checkpoint
 from eaglequant.io.layout import blob_from_file
 from eaglequant.io.writer import write_checkpoint_weights
+from eaglequant_examples.synthetic import draft_config, write_random_draft
 from tests.parallel import (  # noqa: F401 (pytest takes a conftest's hooks and fixtures by name)
     every_core,
     pytest_configure,
@@ -325,7 +325,7 @@ def mla_draft(tmp_path: Path) -> Path:
 @pytest.fixture(scope="module")
 def deep_target(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The toy target with 56 more layers that add exactly zero (tune pays off on it)."""
-    from eaglequant.devtools.toy import deepen_target
+    from eaglequant_examples.toy import deepen_target
 
     return deepen_target(TOY / "target", tmp_path_factory.mktemp("deep") / "target", ADDED_LAYERS)
 

@@ -15,7 +15,6 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from eaglequant.binding import binding, folder_files
-from eaglequant.devtools.synthetic import draft_config, write_random_draft
 from eaglequant.environment import environment
 from eaglequant.io.readback import sha256_file
 from eaglequant.manifest import MANIFEST_FILE, build_manifest, write_manifest
@@ -29,6 +28,7 @@ from eaglequant.validation_report import (
     ValidationReport,
     prompts_digest,
 )
+from eaglequant_examples.synthetic import draft_config, write_random_draft
 
 # Names that exist only on this machine: none may reach the card or the Hub.
 WORK = "machine-local-work"

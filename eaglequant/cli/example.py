@@ -1,12 +1,30 @@
-"""``eaglequant example``: the real example pairs, made from pinned registry packages."""
+"""``eaglequant example``: the real example pairs, made from pinned registry packages.
+
+The pairs are made by the ``eaglequant-examples`` package (``examples/`` in eaglequant's
+repository), which is not part of eaglequant's wheel: these commands name it where it is not
+installed.
+"""
 
 from __future__ import annotations
 
+import importlib.util
 from pathlib import Path
 
 import click
 
 from eaglequant.cli.options import PATH, progress
+from eaglequant.errors import InputError
+
+EXAMPLES_PACKAGE = "eaglequant_examples"
+
+
+def require_examples(command: str) -> None:
+    """Refuse, in one line, where the examples package is not installed."""
+    if importlib.util.find_spec(EXAMPLES_PACKAGE) is None:
+        raise InputError(
+            f"eaglequant {command} needs the eaglequant-examples package, which is not "
+            "installed: pip install -e examples (from eaglequant's repository)"
+        )
 
 
 @click.group()
@@ -24,8 +42,9 @@ def smollm2(out: Path, overwrite: bool) -> None:
     sha256-checked), converted once into a BF16 checkpoint and cached in
     $EAGLEQUANT_CACHE/models (default ~/.cache/eaglequant/models).
     """
-    from eaglequant.examples.smollm2 import DRAFT_DIR, write_example
+    require_examples("example smollm2")
     from eaglequant.io.output import atomic_output_dir, check_output_path
+    from eaglequant_examples.smollm2 import DRAFT_DIR, write_example
 
     check_output_path(out, [DRAFT_DIR], overwrite)
     with atomic_output_dir(out, overwrite) as temp:
@@ -64,10 +83,11 @@ def train_draft(
     SmolLM2 draft's) answers and trains with transformers on --device (minutes
     on a GPU).
     """
-    from eaglequant.examples.reproduce import read_recipe, reproduce
-    from eaglequant.examples.selfdistill import DataRecipe
-    from eaglequant.examples.train_draft import TrainRecipe
+    require_examples("example train-draft")
     from eaglequant.io.output import atomic_output_dir, check_output_path
+    from eaglequant_examples.reproduce import read_recipe, reproduce
+    from eaglequant_examples.selfdistill import DataRecipe
+    from eaglequant_examples.train_draft import TrainRecipe
 
     data, train = read_recipe(recipe) if recipe else (DataRecipe(), TrainRecipe())
     check_output_path(out, [target, work], overwrite)
@@ -76,7 +96,7 @@ def train_draft(
         if data.generator == "transformers":
             import torch
 
-            from eaglequant.examples.accelerated import reproduce_on_device
+            from eaglequant_examples.accelerated import reproduce_on_device
 
             where = ("cuda" if torch.cuda.is_available() else "cpu") if device == "auto" else device
             reproduce_on_device(

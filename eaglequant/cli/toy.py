@@ -6,6 +6,8 @@ from pathlib import Path
 
 import click
 
+from eaglequant.cli.example import require_examples
+
 
 @click.command()
 @click.argument("out", type=click.Path(path_type=Path))
@@ -40,8 +42,9 @@ def toy(
 
     With --target, only a draft for that target (~15 min).
     """
-    from eaglequant.devtools.toy import ToySettings, make_draft, make_pair
+    require_examples("toy")
     from eaglequant.io.output import atomic_output_dir, check_output_path
+    from eaglequant_examples.toy import ToySettings, make_draft, make_pair
 
     if draft_format == "speculators" and target is None:
         raise click.UsageError("--draft-format speculators needs --target (the trained toy target)")

@@ -1,5 +1,8 @@
 """Tuning reports: results.json, results.md and three PNG plots (matplotlib, headless).
 
+matplotlib is the ``plots`` extra: without it the tables are written and one line says which
+extra draws the plots.
+
 A sweep plots each k; a baseline comparison plots the baseline and the draft
 (speedup over no speculation against concurrency, tok/s per device, acceptance
 by position).
@@ -13,7 +16,9 @@ naming target, draft, ISL/OSL and the repeats.
 
 from __future__ import annotations
 
+import importlib.util
 import json
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -84,10 +89,23 @@ def series(summary: SweepSummary) -> list[tuple[str, int | None, bool]]:
     return found
 
 
-def plot(out: Path, summary: SweepSummary) -> None:
+PLOTS_SKIPPED = "tune: no plots: matplotlib is not installed (pip install 'eaglequant[plots]')"
+
+
+def _headless_matplotlib() -> bool:
+    """matplotlib set to draw files (Agg), or False (one line on stderr) where it is absent."""
+    if importlib.util.find_spec("matplotlib") is None:
+        print(PLOTS_SKIPPED, file=sys.stderr)
+        return False
     import matplotlib
 
     matplotlib.use("Agg")
+    return True
+
+
+def plot(out: Path, summary: SweepSummary) -> None:
+    if not _headless_matplotlib():
+        return
     _concurrency_plot(out / "throughput.png", summary, speedup=False)
     _concurrency_plot(out / "speedup.png", summary, speedup=True)
     _acceptance_plot(out / "acceptance.png", summary)
@@ -174,9 +192,8 @@ def _finish(figure: Any, axes: Any, heading: str, path: Path) -> None:
 
 
 def plot_comparison(out: Path, summary: ComparisonSummary) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
+    if not _headless_matplotlib():
+        return
     _comparison_plot(out / "speedup.png", summary, speedup=True)
     _comparison_plot(out / "throughput.png", summary, speedup=False)
     _comparison_acceptance(out / "acceptance.png", summary)

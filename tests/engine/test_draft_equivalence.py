@@ -26,11 +26,11 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from eaglequant.devtools.synthetic import write_random_draft
 from eaglequant.draft import dims_from_config, variant_shapes
 from eaglequant.io.checkpoint import read_checkpoint
 from eaglequant.model.eagle3 import Eagle3Draft, MidLayer
 from eaglequant.model.load import load_draft_module
+from eaglequant_examples.synthetic import write_random_draft
 from tests.conftest import (
     MLA_ENGINE,
     MLA_REFERENCE_BACKEND,

@@ -17,7 +17,7 @@ from pathlib import Path
 from click.testing import CliRunner
 
 from eaglequant.cli import main
-from eaglequant.examples import smollm2
+from eaglequant_examples import smollm2
 from tests.conftest import REPO, run_child
 
 RECORDED = REPO / "examples" / "smollm2" / "acceptance-ci.json"
@@ -33,7 +33,7 @@ def test_the_real_pair_converts_exactly_and_keeps_its_recorded_acceptance(tmp_pa
 
     gguf = smollm2.models_dir() / smollm2.GGUF.filename
     out = tmp_path / "conversion.json"
-    run_child([sys.executable, "-m", "eaglequant.examples.conversion_check", str(target),
+    run_child([sys.executable, "-m", "eaglequant_examples.conversion_check", str(target),
                str(gguf), str(out)])  # fmt: skip
     prompts = json.loads(out.read_text())["prompts"]
     # equal, or equal up to a near-tie of the GGUF's own that BF16 weights may flip
@@ -46,7 +46,7 @@ def test_the_real_pair_converts_exactly_and_keeps_its_recorded_acceptance(tmp_pa
     paths = {"target": str(target), "draft": str(tmp_path / "pair" / "draft")}
     spec.write_text(json.dumps(recorded["spec"] | paths))
     measured = tmp_path / "acceptance.json"
-    run_child([sys.executable, "-m", "eaglequant.examples.acceptance", str(spec), str(measured)])
+    run_child([sys.executable, "-m", "eaglequant_examples.acceptance", str(spec), str(measured)])
     for name, row in json.loads(measured.read_text())["sets"].items():
         low, high = recorded["result"]["sets"][name]["interval_95"]
         assert low <= row["mean_acceptance_length"] <= high, (name, row, (low, high))

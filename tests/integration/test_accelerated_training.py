@@ -16,10 +16,10 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from eaglequant.examples import accelerated
-from eaglequant.examples import train_draft as td
-from eaglequant.examples.answers import cut_answer, generate_answers, pack_ids, unpack_ids
 from eaglequant.target_fit import default_aux_layers
+from eaglequant_examples import accelerated
+from eaglequant_examples import train_draft as td
+from eaglequant_examples.answers import cut_answer, generate_answers, pack_ids, unpack_ids
 from tests.conftest import TOY
 
 ROWS = [[5, 6, 7], [], [8], [9, 10, 11, 12, 13]]
@@ -125,8 +125,8 @@ def test_answering_keeps_what_was_answered_and_stops_at_the_deadline(
 ) -> None:
     from transformers import AutoTokenizer
 
-    from eaglequant.examples.answers import answer
-    from eaglequant.examples.selfdistill import DataRecipe
+    from eaglequant_examples.answers import answer
+    from eaglequant_examples.selfdistill import DataRecipe
 
     tokenizer = AutoTokenizer.from_pretrained(TOY / "target")
     data = DataRecipe(max_answer_tokens=6, chunk=1, generator="transformers")

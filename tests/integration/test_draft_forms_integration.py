@@ -12,10 +12,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from eaglequant.devtools.synthetic import draft_config, write_random_draft
 from eaglequant.draft import dims_from_config
 from eaglequant.io.checkpoint import read_checkpoint
 from eaglequant.model.load import load_draft_module
+from eaglequant_examples.synthetic import draft_config, write_random_draft
 from tests.conftest import MLA
 from tests.support import invoke
 

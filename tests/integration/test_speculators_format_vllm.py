@@ -14,9 +14,9 @@ from typing import Any
 
 import pytest
 
-from eaglequant.devtools.synthetic import draft_config, write_random_draft
 from eaglequant.io import speculators
 from eaglequant.io.checkpoint import read_checkpoint
+from eaglequant_examples.synthetic import draft_config, write_random_draft
 from tests.conftest import edit_config
 from tests.support import invoke
 

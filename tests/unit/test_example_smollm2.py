@@ -10,12 +10,12 @@ from pathlib import Path
 import pytest
 
 from eaglequant.errors import FetchFailed, InputError
-from eaglequant.examples import smollm2
-from eaglequant.examples.selfdistill import disjointness, without_overlap
 from eaglequant.io import packaged
 from eaglequant.prompts import cache
 from eaglequant.prompts.format import Prompt
 from eaglequant.prompts.source import PromptSet
+from eaglequant_examples import smollm2
+from eaglequant_examples.selfdistill import disjointness, without_overlap
 
 
 @pytest.fixture

@@ -6,7 +6,7 @@ import json
 import shutil
 from pathlib import Path
 
-from eaglequant.devtools.synthetic import draft_config, write_random_draft
+from eaglequant_examples.synthetic import draft_config, write_random_draft
 from tests.conftest import tree_digest
 from tests.foreign import (
     MIDLAYER,

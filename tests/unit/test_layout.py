@@ -57,8 +57,6 @@ CORE = [
 # Modules of eaglequant/ that may import eaglequant.quantize / eaglequant.validate.
 MAY_DISPATCH = (
     "eaglequant.cli.",
-    "eaglequant.devtools.",
-    "eaglequant.examples.",  # makes and measures example pairs, as devtools makes the toy
     "eaglequant.model.",
 )
 

@@ -7,10 +7,10 @@ from typing import Any
 
 import pytest
 
-from eaglequant.devtools.synthetic import draft_config, write_random_draft
 from eaglequant.engine.result import EngineRun
 from eaglequant.validate.engine_run import metrics_delta
 from eaglequant.validate.single_engine import swap_refusal
+from eaglequant_examples.synthetic import draft_config, write_random_draft
 from tests.conftest import edit_config
 from tests.support import engine_result, finished_engine
 

@@ -13,11 +13,11 @@ from typing import Any
 
 import pytest
 
-from eaglequant.devtools.synthetic import draft_config, write_random_draft
 from eaglequant.io import speculators
 from eaglequant.io.checkpoint import read_checkpoint
 from eaglequant.io.layout import blob_from_file
 from eaglequant.io.writer import write_checkpoint_weights
+from eaglequant_examples.synthetic import draft_config, write_random_draft
 from tests.conftest import edit_config, tree_digest
 from tests.support import invoke
 

@@ -1,24 +1,24 @@
 """The draft's recipe on a lent accelerator: answers, states and training in one process.
 
-The CPU recipe (:mod:`eaglequant.examples.reproduce`) generates the target's
+The CPU recipe (:mod:`eaglequant_examples.reproduce`) generates the target's
 answers with vLLM and caches the states as files. An accelerator here has torch
 and transformers but no vLLM, and a bounded lease. So this module:
 
 - converts the pinned GGUF exactly as ``eaglequant example smollm2`` does, and
   proves the weights equal the CPU conversion's (a digest over every tensor);
 - generates the target's greedy answers with transformers
-  (:mod:`eaglequant.examples.answers`);
+  (:mod:`eaglequant_examples.answers`);
 - keeps every sequence's auxiliary states in accelerator memory;
 - sizes the epochs to the time left (measured on a few throwaway steps; it
   overestimates, since a batch shape's first steps and the final checkpoint are
   in the probe), or takes the recipe's, then trains with
-  :func:`eaglequant.examples.train_draft.train` on the device (with
+  :func:`eaglequant_examples.train_draft.train` on the device (with
   ``held_out``, the epoch kept is the one that predicts held-out answers best).
 
 What it chose (prompts answered, epochs) goes into its summary, so the recipe
 that ``recipe.json`` records is fixed numbers, not a time budget. Outputs:
 ``answers.safetensors`` (flat answer ids and offsets), the BF16 draft folder
-and ``summary.json``. ``python -m eaglequant.examples.accelerated`` runs it.
+and ``summary.json``. ``python -m eaglequant_examples.accelerated`` runs it.
 """
 
 from __future__ import annotations
@@ -38,15 +38,15 @@ from typing import Any
 
 import torch
 
-from eaglequant.examples import train_draft as td
-from eaglequant.examples.answers import answer, prepare_prompts, unpack_ids
-from eaglequant.examples.records import (
+from eaglequant_examples import train_draft as td
+from eaglequant_examples.answers import answer, prepare_prompts, unpack_ids
+from eaglequant_examples.records import (
     AcceleratedRecipe,
     AnswersTrained,
     LeaseSummary,
     PreparedPrompts,
 )
-from eaglequant.examples.selfdistill import DataRecipe
+from eaglequant_examples.selfdistill import DataRecipe
 
 Log = Callable[[str], None]
 ANSWERS_FILE = "answers.safetensors"
@@ -215,8 +215,8 @@ def run(args: argparse.Namespace, log: Log) -> LeaseSummary:
     """The lease's run: convert the GGUF, answer until ``--generate-seconds``, train."""
     from safetensors.torch import load_file
 
-    from eaglequant.devtools.toy import save_draft
-    from eaglequant.examples.smollm2 import convert
+    from eaglequant_examples.smollm2 import convert
+    from eaglequant_examples.toy import save_draft
 
     began = time.monotonic()
     out, work = Path(args.out), Path(args.work)
@@ -271,7 +271,7 @@ def reproduce_on_device(
     the draft and ``recipe.json`` in ``out``."""
     from safetensors.torch import load_file
 
-    from eaglequant.devtools.toy import save_draft
+    from eaglequant_examples.toy import save_draft
 
     began = time.monotonic()
     work.mkdir(parents=True, exist_ok=True)
@@ -310,8 +310,8 @@ def recipe_record(
     machine: str,
 ) -> AcceleratedRecipe:
     """What ``recipe.json`` holds for a draft made by this module."""
-    from eaglequant.examples.reproduce import code_commit, target_record
     from eaglequant.io.packaged import file_sha256
+    from eaglequant_examples.reproduce import code_commit, target_record
 
     return {
         "data": asdict(data),

@@ -1,6 +1,6 @@
 """Train an EAGLE-3 draft on the target's own answers, with training-time-test unrolling.
 
-The data are :mod:`eaglequant.examples.selfdistill`'s chunks: prompt and
+The data are :mod:`eaglequant_examples.selfdistill`'s chunks: prompt and
 greedy-answer token ids. The target (transformers, BF16) runs once over every
 sequence for its auxiliary hidden states (vLLM's default layers for its depth),
 kept as BF16 safetensors files beside the data. The draft (``midlayer``,
@@ -31,9 +31,9 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from eaglequant.devtools.synthetic import draft_config
-from eaglequant.examples.records import TrainResult
 from eaglequant.model.eagle3 import Eagle3Draft, scaled_init_
+from eaglequant_examples.records import TrainResult
+from eaglequant_examples.synthetic import draft_config
 
 Log = Callable[[str], None]
 FEATURES_PREFIX = "features-"

@@ -7,7 +7,7 @@ global spec-decode counters). Mean acceptance length is 1 + accepted / verify
 steps (the tokens each step emits). Each set's 95% interval is a bootstrap over
 its prompts.
 
-Run as a child: ``python -m eaglequant.examples.acceptance SPEC OUT`` (SPEC: JSON
+Run as a child: ``python -m eaglequant_examples.acceptance SPEC OUT`` (SPEC: JSON
 with target, draft, sets, k, max_tokens).
 """
 
@@ -20,18 +20,18 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
-from eaglequant.examples.records import (
-    AcceptanceMeasure,
-    AcceptanceRow,
-    CategoryAcceptance,
-    SetAcceptance,
-)
 from eaglequant.validate.engine_run import request_counts, spec_metrics
 from eaglequant.validate.stats import (
     PromptCounts,
     bootstrap_length,
     counts_mismatch,
     pooled_quantities,
+)
+from eaglequant_examples.records import (
+    AcceptanceMeasure,
+    AcceptanceRow,
+    CategoryAcceptance,
+    SetAcceptance,
 )
 
 

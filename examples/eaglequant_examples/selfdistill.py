@@ -20,8 +20,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from eaglequant.errors import InputError
-from eaglequant.examples.records import Disjointness
 from eaglequant.io.output import write_text_atomic
+from eaglequant_examples.records import Disjointness
 
 if TYPE_CHECKING:
     from eaglequant.prompts.source import PromptSet
@@ -41,7 +41,7 @@ class DataRecipe:
     max_answer_tokens: int = 256
     chunk: int = 256
     seed: int = 0
-    generator: str = "vllm"  # or "transformers" (eaglequant.examples.accelerated, any device)
+    generator: str = "vllm"  # or "transformers" (eaglequant_examples.accelerated, any device)
     answered: int = 0  # how many of the kept prompts are answered (0: all)
 
 

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypedDict
 
-from eaglequant.devtools.synthetic import draft_config, write_draft
+from eaglequant_examples.synthetic import draft_config, write_draft
 
 AUX_LAYER_IDS = (1, 2, 3)
 

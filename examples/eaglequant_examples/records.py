@@ -1,6 +1,6 @@
 """The records the example's scripts write and pass on, one type each: the training run's
 summary, the prompts prepared for answering, the held-out sets' overlap, ``recipe.json`` (as
-:mod:`eaglequant.examples.reproduce` and :mod:`eaglequant.examples.accelerated` write it),
+:mod:`eaglequant_examples.reproduce` and :mod:`eaglequant_examples.accelerated` write it),
 the acceptance measure's and the conversion check's results. Torch-free: types only.
 """
 
@@ -24,7 +24,7 @@ class HeldOut(TypedDict):
 
 
 class TrainResult(TypedDict):
-    """What :func:`eaglequant.examples.train_draft.train` returns (``recipe.json``'s
+    """What :func:`eaglequant_examples.train_draft.train` returns (``recipe.json``'s
     ``result``)."""
 
     steps: int
@@ -97,7 +97,7 @@ class ChosenVocabulary(TypedDict):
 
 
 class ReproducedRecipe(TypedDict):
-    """``recipe.json`` as :func:`eaglequant.examples.reproduce.reproduce` writes it."""
+    """``recipe.json`` as :func:`eaglequant_examples.reproduce.reproduce` writes it."""
 
     data: RecipeFields
     train: RecipeFields
@@ -132,7 +132,7 @@ class VocabularySize(TypedDict):
 
 
 class AcceleratedRecipe(TypedDict):
-    """``recipe.json`` as :func:`eaglequant.examples.accelerated.recipe_record` writes it."""
+    """``recipe.json`` as :func:`eaglequant_examples.accelerated.recipe_record` writes it."""
 
     data: RecipeFields
     train: RecipeFields

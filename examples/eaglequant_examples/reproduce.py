@@ -18,17 +18,17 @@ from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
-from eaglequant.devtools.toy import save_draft
-from eaglequant.examples.records import ReproducedRecipe
-from eaglequant.examples.selfdistill import (
+from eaglequant.io.packaged import file_sha256
+from eaglequant.io.writer import write_text
+from eaglequant_examples.records import ReproducedRecipe
+from eaglequant_examples.selfdistill import (
     DataRecipe,
     disjointness,
     generate,
     held_out_sets,
     training_prompts,
 )
-from eaglequant.io.packaged import file_sha256
-from eaglequant.io.writer import write_text
+from eaglequant_examples.toy import save_draft
 
 RECIPE_FILE = "recipe.json"
 VOCAB_SIZES = (4096, 8192, 12288, 16384)  # 16384 rows of lm_head keep the draft under 40 MB
@@ -38,7 +38,7 @@ Log = Callable[[str], None]
 
 
 def read_recipe(path: Path) -> tuple[DataRecipe, Any]:
-    from eaglequant.examples.train_draft import TrainRecipe
+    from eaglequant_examples.train_draft import TrainRecipe
 
     recipe = json.loads(path.read_text())
     return DataRecipe(**recipe["data"]), TrainRecipe(**recipe["train"])
@@ -51,8 +51,8 @@ def reproduce(
     import torch
     from transformers import LlamaForCausalLM
 
-    from eaglequant.examples import train_draft as td
     from eaglequant.target_fit import default_aux_layers
+    from eaglequant_examples import train_draft as td
 
     torch.manual_seed(train.seed)
     torch.set_num_threads(train.threads)

@@ -1,7 +1,7 @@
 """The target's own greedy answers with transformers, on any device, and the prompts they answer.
 
-:mod:`eaglequant.examples.selfdistill` answers with vLLM (the CPU recipe); an
-accelerator lent here has no vLLM, so :mod:`eaglequant.examples.accelerated`
+:mod:`eaglequant_examples.selfdistill` answers with vLLM (the CPU recipe); an
+accelerator lent here has no vLLM, so :mod:`eaglequant_examples.accelerated`
 answers with this module: left-padded batches, a chunk of prompts at a time in
 the prompts' order, each answer cut after its first end-of-turn token (vLLM's
 answers keep that token too). Prompt and answer ids travel and are cached as
@@ -18,8 +18,8 @@ from typing import Any
 
 import torch
 
-from eaglequant.examples.records import PreparedPrompts
-from eaglequant.examples.selfdistill import DataRecipe
+from eaglequant_examples.records import PreparedPrompts
+from eaglequant_examples.selfdistill import DataRecipe
 
 Log = Callable[[str], None]
 
@@ -115,14 +115,14 @@ def prepare_prompts(
     from safetensors.torch import save_file
     from transformers import AutoTokenizer
 
-    from eaglequant.examples.selfdistill import (
+    from eaglequant.io.packaged import file_sha256
+    from eaglequant.prompts.chat import render
+    from eaglequant_examples.selfdistill import (
         disjointness,
         held_out_sets,
         training_prompts,
         without_overlap,
     )
-    from eaglequant.io.packaged import file_sha256
-    from eaglequant.prompts.chat import render
 
     held_out = held_out_sets()
     texts, left_out = without_overlap(training_prompts(data), held_out)

@@ -1,7 +1,7 @@
 """Proof of the conversion: vLLM's greedy tokens from the converted checkpoint against
 transformers' from the GGUF file itself, on chat prompts.
 
-Run as a child (``python -m eaglequant.examples.conversion_check TARGET GGUF OUT``);
+Run as a child (``python -m eaglequant_examples.conversion_check TARGET GGUF OUT``);
 it writes one JSON object to OUT: per prompt, both token lists, the first
 position where they differ (None where equal) and the GGUF's own top-2 logprob
 margin there. Rounding the weights to BF16 may flip a near-tie, so the tokens
@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from eaglequant.examples.records import ConversionCheck, ConversionRow
+from eaglequant_examples.records import ConversionCheck, ConversionRow
 
 PROMPTS = (
     "Write a Python function that checks whether a string is a palindrome.",

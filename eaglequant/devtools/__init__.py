@@ -1,1 +1,0 @@
-"""Developer tools that build test inputs: the toy pair and synthetic drafts (torch allowed)."""

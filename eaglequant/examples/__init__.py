@@ -1,1 +1,0 @@
-"""Real example pairs made from pinned registry packages (no model hub needed)."""
