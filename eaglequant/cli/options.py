@@ -237,3 +237,26 @@ def engine_choice(option: str, what: str) -> Any:
         help=f"Engine that runs the target for {what} (default: vllm where installed, else "
         "transformers).",
     )
+
+
+class SectionedCommand(click.Command):
+    """A command whose ``--help`` lists its options under headings (``sections``: heading ->
+    parameter names), in that order; an option no section names is listed under "Other
+    options", with ``--help``. Defaults are shown wherever an option has one."""
+
+    def __init__(self, *args: Any, sections: dict[str, tuple[str, ...]], **kwargs: Any) -> None:
+        kwargs.setdefault("context_settings", {}).setdefault("show_default", True)
+        super().__init__(*args, **kwargs)
+        self.sections = sections
+
+    def format_options(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        records = {
+            param.name: record
+            for param in self.get_params(ctx)
+            if (record := param.get_help_record(ctx)) is not None
+        }
+        for heading, names in [*self.sections.items(), ("Other options", tuple(records))]:
+            rows = [records.pop(name) for name in names if name in records]
+            if rows:
+                with formatter.section(heading):
+                    formatter.write_dl(rows)

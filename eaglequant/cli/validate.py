@@ -13,6 +13,7 @@ from eaglequant.cli.options import (
     PATH,
     PROMPTS,
     SETS_HELP,
+    SectionedCommand,
     draft_kv_cache_option,
     engine_choice,
     engine_options,
@@ -28,8 +29,35 @@ from eaglequant.errors import InputError
 if TYPE_CHECKING:
     from eaglequant.prompts.source import PromptSource
 
+# validate --help lists its options by what they are for.
+SECTIONS = {
+    "What to validate": ("target", "draft", "baseline", "k", "recipe"),
+    "Prompts": ("prompts", "no_chat_template", "max_tokens", "temperature", "seeds"),
+    "Engine": (
+        "tensor_parallel_size",
+        "engine_args",
+        "max_model_len",
+        "engine_timeout",
+        "draft_kv_cache_dtype",
+        "draft_attention_backend",
+        "engine_per_draft",
+        "reference_engine",
+        "capture_engine",
+        "hidden_states",
+    ),
+    "Judging": (
+        "lossless",
+        "tie_margin",
+        "tie_steps",
+        "min_acceptance_ratio",
+        "scale_tolerance",
+        "against",
+    ),
+    "Output": ("json_path", "markdown_path", "junit_path"),
+}
 
-@click.command()
+
+@click.command(cls=SectionedCommand, sections=SECTIONS)
 @click.option("--target", type=PATH, required=True, help="Target model folder.")
 @click.option("--draft", type=PATH, required=True, help="The FP8 draft to validate.")
 @click.option("--baseline", type=PATH, required=True, help="The BF16 draft it was exported from.")
