@@ -7,7 +7,6 @@ well under a second on a multi-GB checkpoint and never imports torch.
 from __future__ import annotations
 
 import math
-import struct
 from collections import Counter
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
@@ -35,7 +34,7 @@ from eaglequant.io.safetensors_header import FLOAT_DTYPES
 from eaglequant.quantization import METHODS, QuantMethod, method_of
 from eaglequant.quantization.base import block_refusal
 from eaglequant.recipe import E8M0_NAN
-from eaglequant.vocab_maps import vocab_map_problems
+from eaglequant.vocab_maps import read_floats, vocab_map_problems
 
 
 @dataclass(frozen=True)
@@ -162,13 +161,13 @@ def _quant_summary(qcfg: QuantizationConfig | None) -> QuantSummary | None:
 
 
 def read_scales(ckpt: Checkpoint) -> dict[str, list[float]]:
-    """Values of every float32 ``*_scale`` tensor (a few bytes each), read without torch."""
-    scales = {}
-    for name, info in sorted(ckpt.tensors.items()):
-        if name.endswith("_scale") and info.dtype == "F32":
-            raw = ckpt.read_raw(name)
-            scales[name] = list(struct.unpack(f"<{len(raw) // 4}f", raw))
-    return scales
+    """Values of every float ``*_scale`` tensor (a few bytes each; float32, or BF16 as
+    llm-compressor writes them), read without torch."""
+    return {
+        name: read_floats(ckpt, name)
+        for name, info in sorted(ckpt.tensors.items())
+        if name.endswith("_scale") and info.dtype in FLOAT_DTYPES
+    }
 
 
 def quantization_problems(
@@ -374,7 +373,7 @@ def _scale_problems(
             problems.append(
                 Problem(
                     f"{ckpt.tensors[name].file}: tensor '{ckpt.tensors[name].name}'",
-                    "must hold finite positive float32 scales",
+                    "must hold finite positive scales",
                     "re-export the draft",
                 )
             )

@@ -76,7 +76,7 @@ def read_ints(ckpt: Checkpoint, name: str) -> list[int]:
 
 
 def read_floats(ckpt: Checkpoint, name: str) -> list[float]:
-    """A float-cast map's values, as stored."""
+    """A float tensor's values as stored (a float-cast map, a scale), read without torch."""
     dtype, raw = ckpt.tensors[name].dtype, ckpt.read_raw(name)
     if dtype == "BF16":
         halves = struct.unpack(f"<{len(raw) // 2}H", raw)
