@@ -16,6 +16,7 @@ from typing import Any
 import click
 
 from eaglequant import __version__
+from eaglequant.cli.acceptance import acceptance
 from eaglequant.cli.capture import capture
 from eaglequant.cli.card import card
 from eaglequant.cli.compare import compare
@@ -66,7 +67,7 @@ def main() -> None:
 
 
 _COMMANDS = (inspect, fix_config_command, card, toy, export, capture, validate, tune, publish)
-for _command in (*_COMMANDS, prompts, compare, example):
+for _command in (*_COMMANDS, prompts, compare, acceptance, example):
     main.add_command(_command)
 
 if __name__ == "__main__":
