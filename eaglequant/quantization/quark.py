@@ -89,6 +89,7 @@ class Quark(QuantMethod):
             LINEAR_METHOD,
             "uint8" if mx == "mxfp4" else FP8,
             static_input=scheme.endswith("static"),
+            cpu=cpu_path(scheme, mx),
         )
 
     def describe(self, qcfg: QuantizationConfig) -> str:
@@ -111,6 +112,18 @@ class Quark(QuantMethod):
 
     def entry_for(self, vllm_name: str) -> str:
         return entry_for(vllm_name)
+
+
+def cpu_path(scheme: str, mx: str | None) -> str:
+    """What vLLM's CPU engine runs for this scheme here, with eaglequant's CPU plugin loaded."""
+    if mx is not None:
+        return "vLLM's MX emulation on dequantized weights, with eaglequant's CPU MX kernels"
+    if scheme == "fp8 w:per_tensor a:per_tensor static":
+        return (
+            "eaglequant's FP8 kernel on AVX512-BF16 CPUs, else vLLM's CPU FP8 GEMM over inputs "
+            "quantized by eaglequant's plugin"
+        )
+    return "vLLM's CPU FP8 GEMM over inputs quantized by eaglequant's plugin (torch-native)"
 
 
 def layer_config(vllm_name: str, qcfg: QuantizationConfig) -> LayerQuantConfig:

@@ -160,6 +160,10 @@ def test_quark_is_unchanged_by_the_room() -> None:
     found = fates(qcfg)
     assert found["model.fc"].quantized and found["model.fc"].vllm_scheme == "QuarkW8A8Fp8"
     assert not found["lm_head"].quantized
+    assert found[QKV].cpu == (
+        "eaglequant's FP8 kernel on AVX512-BF16 CPUs, else vLLM's CPU FP8 GEMM over inputs "
+        "quantized by eaglequant's plugin"
+    )
 
 
 @pytest.mark.parametrize(
