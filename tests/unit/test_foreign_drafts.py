@@ -268,3 +268,24 @@ def test_a_quantized_draft_where_a_bf16_one_belongs_is_refused_naming_its_method
         code, output = invoke(args)
         assert code == 2, (role, output)
         assert output.strip().splitlines()[-1] == _refusal(fp8, role), output
+
+
+def test_the_real_pairs_draft_in_128_blocks_is_refused_in_vllms_words(tmp_path: Path) -> None:
+    """SmolLM2's draft (hidden 576: q_proj 576 wide) as llm-compressor's FP8_BLOCK lays it out."""
+    from tests.conftest import REPO
+
+    draft = shutil.copytree(REPO / "examples" / "smollm2" / "draft", tmp_path / "block")
+    (draft / "recipe.json").unlink()
+    quantize_layers(draft, MIDLAYER, weights="block", block=(128, 128))
+    weights = fp8_args("block", False, block_structure=[128, 128])
+    ignore = ["lm_head", "re:.*fc.*", "re:.*embed_tokens.*"]
+    set_quantization_config(
+        draft, compressed_tensors_config(ignore, weights, fp8_args("group", True))
+    )
+    code, found = problems(draft)
+    assert code == 1
+    assert found == [
+        'model.layers.32.self_attn.qkv_proj: vLLM would refuse it: "Weight output_partition_size '
+        '= 576 is not divisible by weight quantization block_n = 128."; quantize with a block '
+        "size that divides every shard, or per-channel weights"
+    ]
