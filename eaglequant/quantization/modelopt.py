@@ -30,6 +30,10 @@ ALGOS = {
     "FP8_PER_CHANNEL_PER_TOKEN": ("fp8 w:per_channel a:per_token dynamic", False),
     "FP8_PB_WO": ("fp8 w:block 128x128 a:per_block dynamic", False),
 }
+# vLLM's other ModelOpt algorithms (its QUANT_ALGOS, in order), served by the modelopt_fp4,
+# modelopt_mxfp8 and modelopt_mixed configs.
+OTHER_CONFIGS_ALGOS = ("NVFP4", "W4A16_NVFP4", "MXFP8", "MIXED_PRECISION")
+VLLM_QUANT_ALGOS = [*ALGOS, *OTHER_CONFIGS_ALGOS]
 
 
 def quant_algo(qcfg: QuantizationConfig) -> str:
@@ -95,10 +99,16 @@ class ModelOpt(QuantMethod):
         algo = quant_algo(qcfg)
         if not algo:
             return "vLLM refuses it: Missing 'quant_algo' in quantization config"
+        if algo in OTHER_CONFIGS_ALGOS:
+            return (
+                f"quant_algo {algo} is served by another of vLLM's ModelOpt configs, whose "
+                "layers eaglequant does not predict"
+            )
         if algo not in ALGOS:
             return (
-                "vLLM refuses it: Unsupported ModelOpt FP8 quant_algo for vLLM: "
-                f"{algo}. Supported: {' / '.join(ALGOS)}."
+                f"vLLM refuses it: ModelOpt currently only supports: {VLLM_QUANT_ALGOS} "
+                "quantizations in vLLM. Please check the `hf_quant_config.json` file for your "
+                "model's quant configuration."
             )
         return None
 

@@ -121,7 +121,9 @@ def test_modelopt_per_channel_per_token_and_unknown_algorithms() -> None:
     assert pcpt.scheme == "fp8 w:per_channel a:per_token dynamic" and not pcpt.static_input
     refused = fates(modelopt_config([], "INT8_SQ"))[QKV]
     assert refused.scheme == "error"
-    assert "Unsupported ModelOpt FP8 quant_algo for vLLM: INT8_SQ" in refused.reason
+    assert refused.reason.startswith("vLLM refuses it: ModelOpt currently only supports: ['FP8'")
+    nvfp4 = fates(modelopt_config([], "NVFP4"))[QKV]
+    assert nvfp4.scheme == "error" and "eaglequant does not predict" in nvfp4.reason
 
 
 def test_modelopt_matching_rules() -> None:
