@@ -24,6 +24,7 @@ from eaglequant.environment import EnvironmentRecord
 from eaglequant.errors import InputError
 from eaglequant.manifest import field_values, read_json_object
 from eaglequant.spec_counts import AcceptanceRecord
+from eaglequant.workload import AcceptanceWorkload, concurrency_of
 
 if TYPE_CHECKING:  # Python 3.11's; annotations stay strings at run time (3.10 too)
     from typing import NotRequired
@@ -323,6 +324,23 @@ class ValidationReport:
     def undecided_categories(self) -> list[str]:
         """The category checks left INCONCLUSIVE (they do not hold the verdict back)."""
         return [str(c.name) for c in self.checks if c.counted != c.verdict]
+
+    def workload(self, *, sampled: bool = False) -> AcceptanceWorkload:
+        """What the engines' acceptance was measured on (their greedy runs; ``sampled``: the
+        runs checks 2 and 5 judged at the report's temperature)."""
+        config = next((e.engine_config for e in self.engines.values() if e.engine_config), None)
+        sampling = sampled and self.temperature > 0
+        return AcceptanceWorkload(
+            prompt_set=self.prompt_set["source"] if self.prompt_set else "prompts",
+            prompts=self.prompts,
+            chat_template=self.chat_template,
+            k=self.k,
+            max_tokens=self.max_tokens,
+            ignore_eos=True,  # every engine run generates to max_tokens
+            temperature=self.temperature if sampling else 0.0,
+            seeds=tuple(self.sampling_seeds) if sampling else (),
+            concurrency=concurrency_of(config["llm"]) if config else None,
+        )
 
     def check(self, name: CheckId) -> Check | None:
         """The check of that name (None: the report has none, e.g. after an engine failed)."""

@@ -13,6 +13,7 @@ from eaglequant.render.validation_tables import (
     acceptance_rows,
     category_rows,
     prompts_line,
+    workload_line,
 )
 from eaglequant.validation_report import ValidationReport
 
@@ -153,6 +154,7 @@ def print_validation(report: ValidationReport) -> None:
     for row in acceptance_rows(report):
         table.add_row(*row)
     console.print(table)
+    console.print(workload_line(report))
     categories = category_rows(report.categories)
     if categories:
         by_category = Table(title="By prompt category")

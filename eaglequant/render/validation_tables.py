@@ -48,6 +48,14 @@ def acceptance_rows(report: ValidationReport) -> list[tuple[str, str, str, str]]
     return rows
 
 
+def workload_line(report: ValidationReport) -> str:
+    """The workload the acceptance rows were measured on (and checks 2 and 5's, if sampled)."""
+    line = f"Acceptance workload: {report.workload().describe()}"
+    if report.temperature:
+        line += f"; checks 2 and 5: {report.workload(sampled=True).describe()}"
+    return line + "."
+
+
 def _or_dash(value: object) -> str:
     return "-" if value is None else str(value)
 
@@ -231,7 +239,8 @@ def validation_markdown(
     lines += [f"| draft | {run}mean acceptance length | {run}acceptance by position | engine |"]
     lines += ["|---|---|---|---|"]
     lines += [f"| {a} | {b} | {c} | {d} |" for a, b, c, d in acceptance_rows(report)]
-    lines += ["", *category_markdown(report.categories, report.min_category_drafts)]
+    lines += ["", workload_line(report), ""]
+    lines += [*category_markdown(report.categories, report.min_category_drafts)]
     lines += ["| check | result | detail |", "|---|---|---|"]
     for check in report.checks:
         detail = check.detail.replace("|", "\\|")

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
+from eaglequant.validation_report import EngineSummary, ValidationReport
 from eaglequant.workload import AcceptanceWorkload, concurrency_of
 
 pytestmark = pytest.mark.unit
@@ -86,3 +89,40 @@ def test_impossible_workloads_are_refused(changes: dict[str, float]) -> None:
 def test_concurrency_is_max_num_seqs() -> None:
     assert concurrency_of({}) is None
     assert concurrency_of({"max_num_seqs": 1, "enforce_eager": True}) == 1
+
+
+def _report(**changes: object) -> ValidationReport:
+    config = {"llm": {"max_num_seqs": 1}, "env": {}, "vllm": "0.32.0", "serve_line": "vllm serve t"}
+    report = ValidationReport(
+        target="t", draft="d", baseline="b", k=3, prompts=32, max_tokens=48, backend="cpu",
+        plugin_active=False, checks=[], prompts_sha256="", chat_template=True,
+        prompt_set={"source": "mt-bench", "sha256": "ab", "prompts": 32},
+        engines={"bf16": EngineSummary(True, 0, False, 1.0, engine_config=config)},
+    )  # fmt: skip
+    return replace(report, **changes)  # type: ignore[arg-type]
+
+
+GREEDY = "mt-bench (32 prompts), chat template, k=3, 48 tokens (EOS ignored), greedy, concurrency 1"
+
+
+def test_a_validation_report_labels_its_acceptance() -> None:
+    from eaglequant.render.terminal import console, print_validation
+    from eaglequant.render.validation_tables import validation_markdown
+
+    assert f"\nAcceptance workload: {GREEDY}.\n" in validation_markdown(_report())
+    with console.capture() as captured:
+        print_validation(_report())
+    assert f"Acceptance workload: {GREEDY}." in " ".join(captured.get().split())
+
+
+def test_a_sampled_report_labels_both_runs() -> None:
+    from eaglequant.render.validation_tables import validation_markdown
+
+    sampled = _report(temperature=0.7, sampling_seeds=[0, 1])
+    assert sampled.workload().temperature == 0.0
+    assert sampled.workload(sampled=True).seeds == (0, 1)
+    line = (
+        f"Acceptance workload: {GREEDY}; checks 2 and 5: mt-bench (32 prompts), chat template, "
+        "k=3, 48 tokens (EOS ignored), temperature 0.7 (seeds 0,1), concurrency 1."
+    )
+    assert f"\n{line}\n" in validation_markdown(sampled)
