@@ -18,6 +18,7 @@ from eaglequant.validation_report import (
     categories_from_json,
     categories_json,
 )
+from eaglequant.workload import AcceptanceWorkload
 
 COMPARE_JSON, COMPARE_MD = "compare.json", "compare.md"  # in ``eaglequant compare --out``
 COMPARE_SCHEMA_VERSION = 3  # compare.json
@@ -62,6 +63,7 @@ class PromptSetSummary:
     prompts: int
     baseline_mean_acceptance: float | None
     baseline_per_position: list[float]
+    workload: AcceptanceWorkload | None = None  # what the acceptance was measured on
 
 
 @dataclass(frozen=True)
@@ -92,15 +94,20 @@ class CompareReport:
         """The report :meth:`to_json` wrote (its schema checked by the caller)."""
         try:
             fields_ = field_values(cls, data)
-            fields_["prompt_sets"] = [
-                PromptSetSummary(**field_values(PromptSetSummary, s)) for s in data["prompt_sets"]
-            ]
+            fields_["prompt_sets"] = [_set_summary(s) for s in data["prompt_sets"]]
             fields_["rows"] = [_candidate_row(r) for r in data["rows"]]
             return cls(**fields_)
         except (KeyError, TypeError) as exc:
             raise InputError(
                 f"{where}: not a complete comparison ({exc}); {RERUN_COMPARE}"
             ) from exc
+
+
+def _set_summary(data: Mapping[str, Any]) -> PromptSetSummary:
+    values = field_values(PromptSetSummary, data)
+    if values.get("workload") is not None:
+        values["workload"] = AcceptanceWorkload.from_json(values["workload"])
+    return PromptSetSummary(**values)
 
 
 def _candidate_row(data: Mapping[str, Any]) -> CandidateRow:

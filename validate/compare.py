@@ -55,6 +55,7 @@ from eaglequant.validate.run_slices import slice_run
 from eaglequant.validate.single_engine import EngineRuns, run_per_draft, run_single
 from eaglequant.validate.validation import run_engine, validate_draft
 from eaglequant.validation_report import PASS, Check, CheckId, ValidationReport
+from eaglequant.workload import AcceptanceWorkload, concurrency_of
 
 BF16_ROLE, TARGET_ROLE = "bf16", "target"
 CAPTURE_DIR, CANDIDATES_DIR = "capture", "candidates"
@@ -219,7 +220,7 @@ def compare(
     for prompt_set in request.prompt_sets:
         stop = start + len(prompt_set.prompts)
         engines = {role: _part(run, start, stop, request) for role, run in runs.engines.items()}
-        sets.append(_set_summary(prompt_set, engines[BF16_ROLE]))
+        sets.append(_set_summary(prompt_set, engines[BF16_ROLE], request))
         for recipe in request.recipes:
             started = time.perf_counter()
             label = f"candidate {recipe.name}" + (
@@ -254,7 +255,9 @@ def _part(run: EngineRun, start: int, stop: int, request: CompareRequest) -> Eng
     return run if len(request.prompt_sets) == 1 else slice_run(run, start, stop)
 
 
-def _set_summary(prompt_set: PromptSet, bf16_run: EngineRun) -> PromptSetSummary:
+def _set_summary(
+    prompt_set: PromptSet, bf16_run: EngineRun, request: CompareRequest
+) -> PromptSetSummary:
     result = bf16_run.get("result")
     bf16 = SpecDecodeCounts.from_vllm(result["metrics"] if result else {}).acceptance()
     return PromptSetSummary(
@@ -263,6 +266,15 @@ def _set_summary(prompt_set: PromptSet, bf16_run: EngineRun) -> PromptSetSummary
         prompts=len(prompt_set.prompts),
         baseline_mean_acceptance=bf16.mean_length,
         baseline_per_position=list(bf16.per_position),
+        workload=AcceptanceWorkload(
+            prompt_set=prompt_set.source,
+            prompts=len(prompt_set.prompts),
+            chat_template=request.chat_template,
+            k=request.k,
+            max_tokens=request.max_tokens,
+            ignore_eos=True,  # every engine run generates to max_tokens
+            concurrency=concurrency_of(request.engine.engine_args),
+        ),
     )
 
 

@@ -3,9 +3,12 @@ per candidate against the BF16 draft, each candidate's categories, the recommend
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from eaglequant.compare_report import CandidateRow, CompareReport, PromptSetSummary
 from eaglequant.render.reports import folder_name, number_text
 from eaglequant.render.validation_tables import category_markdown
+from eaglequant.workload import AcceptanceWorkload
 
 
 def compare_markdown(report: CompareReport, heading: str = "##") -> str:
@@ -41,6 +44,11 @@ def compare_markdown(report: CompareReport, heading: str = "##") -> str:
     return "\n".join([*lines, "", closing, ""])
 
 
+def _workload_text(workload: AcceptanceWorkload | None, name: str) -> str:
+    """The acceptance's workload label (a file by its name), or nothing for an older report."""
+    return f"; workload: {replace(workload, prompt_set=name).describe()}" if workload else ""
+
+
 def _compare_set(prompt_set: PromptSetSummary, rows: list[CandidateRow]) -> list[str]:
     """One prompt set's table, and its candidates' category tables."""
     bf16_pos = " / ".join(f"{p:.3f}" for p in prompt_set.baseline_per_position) or "-"
@@ -48,7 +56,8 @@ def _compare_set(prompt_set: PromptSetSummary, rows: list[CandidateRow]) -> list
     lines = [
         f"Prompts `{name}` ({prompt_set.prompts} prompts, sha256 "
         f"`{prompt_set.sha256[:16]}`): BF16 mean acceptance length "
-        f"{number_text(prompt_set.baseline_mean_acceptance)}, by position {bf16_pos}.",
+        f"{number_text(prompt_set.baseline_mean_acceptance)}, by position {bf16_pos}"
+        f"{_workload_text(prompt_set.workload, name)}.",
         "",
         "| recipe | format | draft KV cache | bytes | vs BF16 | params quantized | lossless "
         "| mean acceptance | by position | vs BF16 | verdict |",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from dataclasses import replace
 
 import pytest
@@ -126,3 +127,32 @@ def test_a_sampled_report_labels_both_runs() -> None:
         "k=3, 48 tokens (EOS ignored), temperature 0.7 (seeds 0,1), concurrency 1."
     )
     assert f"\n{line}\n" in validation_markdown(sampled)
+
+
+def test_a_comparison_labels_each_prompt_sets_acceptance() -> None:
+    from eaglequant.compare_report import (
+        COMPARE_SCHEMA_VERSION,
+        CompareReport,
+        PromptSetSummary,
+    )
+    from eaglequant.render.compare_tables import compare_markdown
+
+    workload = AcceptanceWorkload(
+        prompt_set="/data/p.jsonl", prompts=8, chat_template=True, k=3, max_tokens=24
+    )
+    labelled = PromptSetSummary("/data/p.jsonl", "ab" * 32, 8, 3.214, [0.8, 0.6, 0.4], workload)
+    older = replace(labelled, workload=None)
+    report = CompareReport(
+        schema_version=COMPARE_SCHEMA_VERSION, baseline="bf16", target="t", k=3, max_tokens=24,
+        baseline_bytes=1, prompt_sets=[labelled, older], rows=[], recommended=None,
+        timings_s={}, engine_mode="single", target_loads=1, engine_fallback=None,
+    )  # fmt: skip
+    data = json.loads(json.dumps(report.to_json()))
+    assert data["prompt_sets"][0]["workload"] == workload.to_json()
+    assert CompareReport.from_json(data) == report
+    text = compare_markdown(report)
+    assert (
+        "by position 0.800 / 0.600 / 0.400; workload: p.jsonl (8 prompts), chat template, k=3, "
+        "24 tokens (EOS ignored), greedy, concurrency all." in text
+    )
+    assert "by position 0.800 / 0.600 / 0.400." in text  # an older report: no label
