@@ -13,6 +13,7 @@ import json
 import platform
 from pathlib import Path
 
+from eaglequant.workload import AcceptanceWorkload
 from eaglequant_examples.acceptance import measure
 
 
@@ -38,6 +39,13 @@ def main() -> None:
     if args.out:
         args.out.write_text(text)
     print(text)
+    for name, result in report["sets"].items():
+        low, high = result["interval_95"]
+        label = AcceptanceWorkload.from_json(result["workload"]).describe()
+        print(
+            f"{name}: mean acceptance length {result['mean_acceptance_length']:.3f} "
+            f"[{low:.3f}, {high:.3f}]; workload: {label}"
+        )
 
 
 if __name__ == "__main__":

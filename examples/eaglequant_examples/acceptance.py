@@ -27,6 +27,7 @@ from eaglequant.validate.stats import (
     counts_mismatch,
     pooled_quantities,
 )
+from eaglequant.workload import AcceptanceWorkload
 from eaglequant_examples.records import (
     AcceptanceMeasure,
     AcceptanceRow,
@@ -89,6 +90,15 @@ def measure(
             per_prompt += counts
         every += per_prompt
         interval = bootstrap_length(per_prompt)
+        workload = AcceptanceWorkload(
+            prompt_set=name,
+            prompts=len(per_prompt),
+            chat_template=True,
+            k=k,
+            max_tokens=max_tokens,
+            ignore_eos=False,  # answers stop at EOS
+            concurrency=max(len(texts) for texts in by_category.values()),  # a category a time
+        )
         results[name] = {
             **row(per_prompt, k),
             "interval_95": [round(interval.low, 4), round(interval.high, 4)],
@@ -97,6 +107,7 @@ def measure(
             "generated_tokens": tokens,
             "seconds": round(time.monotonic() - first, 1),
             "categories": categories,
+            "workload": workload.to_json(),
         }
     mismatch = counts_mismatch(every, spec_metrics(llm))
     if mismatch:  # the per-prompt counts must be vLLM's own counting, all of it

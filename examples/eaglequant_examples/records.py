@@ -11,6 +11,8 @@ from typing import TYPE_CHECKING, TypedDict
 if TYPE_CHECKING:  # Python 3.11's; annotations stay strings at run time (3.10 too)
     from typing import NotRequired
 
+    from eaglequant.workload import WorkloadJson
+
 # A ``DataRecipe`` or ``TrainRecipe`` as ``dataclasses.asdict`` writes it
 RecipeFields = dict[str, str | int | float]
 
@@ -171,6 +173,7 @@ class SetAcceptance(AcceptanceRow):
     generated_tokens: int
     seconds: float
     categories: dict[str, CategoryAcceptance]
+    workload: WorkloadJson  # what the acceptance was measured on (eaglequant.workload)
 
 
 class AcceptanceMeasure(TypedDict):
