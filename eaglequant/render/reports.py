@@ -23,6 +23,7 @@ from eaglequant.tune.summary import (
     as_sweep,
     check_summary,
 )
+from eaglequant.workload import AcceptanceWorkload
 
 PLOTS = ("throughput.png", "speedup.png", "acceptance.png")
 
@@ -69,7 +70,17 @@ def sweep_markdown(summary: SweepSummary) -> str:
         mean = sum(length for length, _ in rows) / len(rows)
         per_pos = mean_positions([positions for _, positions in rows])
         lines.append(f"| {k} | {mean:.3f} | {' / '.join(f'{p:.3f}' for p in per_pos)} |")
+    lines += _workload_lines(summary)
     return "\n".join(lines) + "\n"
+
+
+def _workload_lines(summary: SweepSummary) -> list[str]:
+    """The workload of every run averaged into the acceptance table (none in older results)."""
+    labels = [w for r in summary["results"] if (w := r.get("workload"))]
+    if not labels:
+        return []
+    lines = ["", "Each row is the mean over its concurrencies; the runs' acceptance workloads:", ""]
+    return lines + [f"- {AcceptanceWorkload.from_json(w).describe()}" for w in labels]
 
 
 def config_name(k: int) -> str:

@@ -28,6 +28,7 @@ from eaglequant.errors import CheckFailed
 from eaglequant.spec_counts import SpecDecodeCounts
 from eaglequant.tune.metrics import bench_problem, parse_counters
 from eaglequant.tune.request import TuneRequest, dataset_name
+from eaglequant.workload import AcceptanceWorkload
 
 if TYPE_CHECKING:  # Python 3.11's; annotations stay strings at run time (3.10 too)
     from typing import Required
@@ -83,6 +84,22 @@ WARMUP_IDS = 1000
 
 def num_prompts(request: TuneRequest, concurrency: int) -> int:
     return request.num_prompts or max(2 * concurrency, 8)
+
+
+def acceptance_workload(request: TuneRequest, k: int, concurrency: int) -> AcceptanceWorkload:
+    """What one measurement's acceptance is measured on: the bench's prompts (each repeat),
+    never chat-templated, OSL tokens (the random dataset ignores EOS), greedy."""
+    name = dataset_name(request)
+    source = request.prompts_source or (str(request.prompts) if request.prompts else None)
+    return AcceptanceWorkload(
+        prompt_set=source or f"random {request.isl}-token prompts",
+        prompts=num_prompts(request, concurrency),
+        chat_template=False,  # vllm bench serve's completions (custom: --skip-chat-template)
+        k=k,
+        max_tokens=request.osl,
+        ignore_eos=name == "random",
+        concurrency=concurrency,
+    )
 
 
 def bench_command(

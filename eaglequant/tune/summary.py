@@ -17,6 +17,8 @@ from eaglequant.errors import InputError
 if TYPE_CHECKING:
     from typing import NotRequired
 
+    from eaglequant.workload import WorkloadJson
+
 SCHEMA_VERSION = 2
 SWEEP: Literal["sweep"] = "sweep"
 COMPARISON: Literal["comparison"] = "comparison"
@@ -135,6 +137,8 @@ class SweepRow(TypedDict):
     throughput_min: float
     throughput_max: float
     speedup: float | None
+    # What its acceptance was measured on (a single k's rows; absent from older results).
+    workload: NotRequired[WorkloadJson | None]
 
 
 class SweepSchedule(TypedDict):
@@ -179,6 +183,16 @@ class PredictedPoint(TypedDict):
     fitted: bool
 
 
+class AcceptanceCheck(TypedDict):
+    """``tune --predict``: at a k served besides the fit, the tokens per verify step the
+    largest k's counters predicted there against what that k's own counters measured."""
+
+    k: int
+    concurrency: int
+    predicted_length: float
+    measured_length: float | None
+
+
 class PredictionRecord(TypedDict):
     """``tune --predict``'s block: the ks fitted on, every point, the predicted winner at each
     concurrency, the best single k and the schedule predicted, what one confirmation server
@@ -193,6 +207,7 @@ class PredictionRecord(TypedDict):
     schedule: list[list[int]] | None
     confirmed: str | None
     noisy_measured: list[int]
+    acceptance_checks: list[AcceptanceCheck]
     median_abs_error: float | None
     server_starts: int
     full_sweep_server_starts: int

@@ -33,7 +33,13 @@ from eaglequant.environment import EnvironmentRecord, environment
 from eaglequant.progress import Progress, quiet
 from eaglequant.spec_counts import SpecDecodeCounts
 from eaglequant.speculative import SpeculativeDict, schedule_config, speculative_config
-from eaglequant.tune.bench import BenchClient, BenchResult, counted_run, warm_up
+from eaglequant.tune.bench import (
+    BenchClient,
+    BenchResult,
+    acceptance_workload,
+    counted_run,
+    warm_up,
+)
 from eaglequant.tune.choice import (
     Runs,
     Schedule,
@@ -47,6 +53,7 @@ from eaglequant.tune.predict import (
     Point,
     Prediction,
     acceptance_by_position,
+    expected_length,
     median_error,
     plan,
     predict,
@@ -65,6 +72,7 @@ from eaglequant.tune.request import (
 from eaglequant.tune.summary import (
     SCHEMA_VERSION,
     SWEEP,
+    AcceptanceCheck,
     PredictionRecord,
     SweepRecommendation,
     SweepRow,
@@ -286,6 +294,17 @@ def prediction_block(
         for p in forecast.predictions
     ]
     chosen = forecast.plan
+    largest = {r.concurrency: r.per_position for r in results if r.k == max(request.ks)}
+    checks: list[AcceptanceCheck] = [
+        {
+            "k": r.k,
+            "concurrency": r.concurrency,
+            "predicted_length": expected_length(largest[r.concurrency], r.k),
+            "measured_length": r.acceptance_length,
+        }
+        for r in results
+        if not r.schedule and r.k not in fitted and r.acceptance_length is not None
+    ]
     return {
         "fitted_on": sorted(fitted),
         "points": rows,
@@ -294,6 +313,7 @@ def prediction_block(
         "schedule": None if chosen.schedule is None else [list(r) for r in chosen.schedule],
         "confirmed": forecast.confirmed,
         "noisy_measured": forecast.noisy_measured,
+        "acceptance_checks": checks,
         "median_abs_error": median_error(rows),
         "server_starts": len({(r.k, r.schedule) for r in results}),
         "full_sweep_server_starts": 1 + len(request.ks),
@@ -351,7 +371,7 @@ def summarize(
         "schema_version": SCHEMA_VERSION,
         "kind": SWEEP,
         **workload(request, max_len),
-        "results": [_row(r, sweep) for r in results if not r.schedule],
+        "results": [_row(r, sweep, request) for r in results if not r.schedule],
         "recommended_k": {str(c): winner(runs) for c, runs in sweep.items()},
         "best_single_k": best_single(sweep, request.ks),
         "schedule": {
@@ -359,7 +379,7 @@ def summarize(
             "given": request.schedule is not None,
             "measured": bool(scheduled),
             "not_measured_because": skipped,
-            "results": [_row(r, sweep) for r in scheduled],
+            "results": [_row(r, sweep, request) for r in scheduled],
             "serve_command": serve_line(
                 request, schedule_config(draft, ranges, request.draft_kv_cache_dtype), max_len
             )
@@ -421,8 +441,9 @@ def _name(k: int) -> str:
     return f"k={k}" if k else "no speculation"
 
 
-def _row(r: TuneResult, sweep: dict[int, dict[int, Runs]]) -> SweepRow:
+def _row(r: TuneResult, sweep: dict[int, dict[int, Runs]], request: TuneRequest) -> SweepRow:
     baseline = fmean(sweep[r.concurrency][0])
+    single = r.k and not r.schedule
     return {
         "k": r.k,
         "concurrency": r.concurrency,
@@ -435,4 +456,7 @@ def _row(r: TuneResult, sweep: dict[int, dict[int, Runs]]) -> SweepRow:
         "throughput_min": min(r.runs),
         "throughput_max": max(r.runs),
         "speedup": r.output_throughput / baseline if baseline else None,
+        "workload": (
+            acceptance_workload(request, r.k, r.concurrency).to_json() if single else None
+        ),
     }

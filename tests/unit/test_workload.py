@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import json
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 
 from eaglequant.validation_report import EngineSummary, ValidationReport
 from eaglequant.workload import AcceptanceWorkload, concurrency_of
+from tests.conftest import TOY
 
 pytestmark = pytest.mark.unit
 
@@ -156,3 +158,31 @@ def test_a_comparison_labels_each_prompt_sets_acceptance() -> None:
         "24 tokens (EOS ignored), greedy, concurrency all." in text
     )
     assert "by position 0.800 / 0.600 / 0.400." in text  # an older report: no label
+
+
+def test_tune_labels_each_speculative_runs_acceptance(tmp_path: Path) -> None:
+    from eaglequant.render.reports import sweep_markdown
+    from eaglequant.tune.request import TuneRequest
+    from eaglequant.tune.sweep import TuneResult, summarize
+
+    prompts = tmp_path / "mt.jsonl"
+    request = TuneRequest(
+        target=TOY / "target", draft=TOY / "draft", ks=(3,), concurrencies=(1, 8), osl=128,
+        prompts=prompts, prompts_source="mt-bench", num_prompts=80,
+    )  # fmt: skip
+    results = [
+        TuneResult(k=k, concurrency=c, runs=[100.0 + k], mean_tpot_ms=None,
+                   acceptance_length=2.0 if k else None, per_position=[0.5] * k)
+        for c in (1, 8) for k in (0, 3)
+    ]  # fmt: skip
+    summary = summarize(request, results, 512)
+    labels = [r.get("workload") for r in summary["results"]]
+    assert [w is None for w in labels] == [True, False, True, False]  # no speculation: none
+    one = AcceptanceWorkload.from_json(labels[1] or {})
+    assert one == AcceptanceWorkload(
+        prompt_set="mt-bench", prompts=80, chat_template=False, k=3, max_tokens=128,
+        ignore_eos=False, concurrency=1,
+    )  # fmt: skip
+    text = sweep_markdown(summary)
+    label = "mt-bench (80 prompts), no chat template, k=3, up to 128 tokens (stops at EOS), greedy"
+    assert f"\n- {label}, concurrency 1\n- {label}, concurrency 8\n" in text
