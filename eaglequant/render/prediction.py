@@ -54,6 +54,14 @@ def prediction_markdown(prediction: PredictionRecord) -> str:
     if prediction["noisy_measured"]:
         ks = ", ".join(_name(k) for k in prediction["noisy_measured"])
         lines += ["", f"Too noisy to predict, so measured instead: {ks}."]
+    checks = [
+        f"k={c['k']} at {c['concurrency']}: {c['predicted_length']:.2f} predicted, "
+        f"{c['measured_length']:.2f} measured"
+        for c in prediction.get("acceptance_checks", [])
+        if c["measured_length"] is not None
+    ]
+    if checks:
+        lines += ["", "Tokens per verify step from the largest k's counters: " + "; ".join(checks)]
     return "\n".join([*lines, "", *points_table(prediction["points"])]) + "\n"
 
 

@@ -158,9 +158,10 @@ def _served(tmp_path: Path, ks: tuple[int, ...], spread: float = 1.0) -> tuple[l
                 mean = fmean(r["runs"])
                 runs = [mean + (x - mean) * spread for x in r["runs"]]
                 counts = _counts(r["per_position"]) if k else None
-                found.append(
-                    TuneResult(k, r["concurrency"], runs, None, None, [], config.schedule, counts)
-                )
+                length = counts.mean_acceptance_length if counts else None
+                rates = counts.per_position_rates if counts else []
+                c = r["concurrency"]
+                found.append(TuneResult(k, c, runs, None, length, rates, config.schedule, counts))
         return found
 
     request = TuneRequest(target=tmp_path, draft=tmp_path, ks=ks, concurrencies=(1, 4, 8))
@@ -197,3 +198,9 @@ def test_a_noisy_run_measures_what_it_cannot_predict(tmp_path: Path) -> None:
     for p in block["points"]:
         if p["k"] in block["noisy_measured"]:
             assert p["measured"] is not None
+    # k=2's own counters against k=3's cut to 2 positions (recorded: 2.488 and 2.485)
+    checks = block["acceptance_checks"]
+    assert {c["k"] for c in checks} == {2} and len(checks) == 3
+    assert all(
+        c["predicted_length"] == pytest.approx(c["measured_length"], abs=0.01) for c in checks
+    )
