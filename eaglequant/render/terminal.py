@@ -71,7 +71,7 @@ def print_inspect(report: InspectReport) -> None:
         )
     table = Table(title="How vLLM will build each draft linear (on a GPU)")
     for column in ("vLLM module", "checkpoint", "linear method", "scheme", "weights", "why"):
-        table.add_column(column)
+        table.add_column(column, overflow="fold")
     for fate in report.fates:
         table.add_row(
             fate.vllm_name,
