@@ -289,3 +289,18 @@ def test_the_real_pairs_draft_in_128_blocks_is_refused_in_vllms_words(tmp_path: 
         '= 576 is not divisible by weight quantization block_n = 128."; quantize with a block '
         "size that divides every shard, or per-channel weights"
     ]
+
+
+def test_d2t_restored_in_place_leaves_no_temporary_file(tmp_path: Path) -> None:
+    source = write_random_draft(tmp_path / "bf16", draft_config(), seed=3)
+    draft = modelopt_fp8_draft(shutil.copytree(source, tmp_path / "fp8"), cast_maps=True)
+    code, output = invoke(["fix-config", str(draft), "--d2t-from", str(source)])
+    assert code == 0, output
+    assert output.splitlines() == [
+        f"already correct, unchanged: ignore ['*lm_head*', '*embed_tokens*'] in {draft}",
+        f"restored d2t, t2d from {source} in {draft}",
+    ]
+    assert sorted(p.name for p in draft.iterdir()) == ["config.json", "model.safetensors"]
+    assert problems(draft) == (0, [])
+    code, output = invoke(["fix-config", str(draft), "--d2t-from", str(source)])
+    assert code == 2 and "nothing to restore, drop --d2t-from" in output
