@@ -23,12 +23,11 @@ checks, each reported with its numbers:
 5. per-position acceptance: each position's FP8/BF16 acceptance-rate ratio,
    judged as check 2 against the recipe's per-position ratio (checks 2 and 5, with a
    ``temperature``, on runs sampled after each greedy one: ``acceptance.judged_counts``);
-6. scale plausibility, outside vLLM: the BF16 draft run on the target's
-   hidden states (captured with the chosen engine on the validation sequences,
-   or read from a capture folder) gives each layer's input range;
-   ``input_scale`` x 448 and ``weight_scale`` x 448 must lie within the
-   recipe's factor of the measured ranges, and no scale may be missing (OCP
-   MX weights: each 32-element block's E8M0 scale against the block's amax);
+6. scale plausibility, outside vLLM (``plausibility.py``): every quantized weight
+   dequantized against the BF16 baseline's, and every static input and K/V scale on the
+   values the BF16 draft's linears see in its engine (else captured and replayed),
+   each against what a calibrated scale does to the same values: fails on clipping,
+   underflow or weight error beyond the recipe's factor, or on a missing scale;
 7. regression (``--against`` an earlier report): this FP8 run's acceptance
    against the earlier one's (``regression.py``).
 
@@ -53,7 +52,7 @@ from eaglequant.engine.result import (
     read_engine_result,
 )
 from eaglequant.environment import environment
-from eaglequant.errors import EngineFailed
+from eaglequant.errors import EngineFailed, InputError
 from eaglequant.progress import Progress, quiet
 from eaglequant.prompts.chat import RenderedPrompts
 from eaglequant.prompts.format import read_prompts as read_prompts
@@ -150,15 +149,18 @@ def validate_draft(
         progress(f"{unscored}: a target-alone engine for check 1 instead")
         runs.engines["target"] = engines["target"] = run_one(None)
         runs.target_loads += 1
-    checks = _engine_checks(request, checked, engines)
+    checks = _fail_closed(ENGINE_CHECKS, lambda: _engine_checks(request, checked, engines))
     categories = _categories(request, engines)
     if categories is not None:
-        checks += category_checks(categories)
+        checks += _fail_closed(CATEGORY_CHECKS, lambda: category_checks(categories))
     progress("scale plausibility ...")
-    plausibility = scale_plausibility(request, checked, engines, rendered, progress)
+    [plausibility] = _fail_closed(
+        (CheckId.SCALES,),
+        lambda: [scale_plausibility(request, checked, engines, rendered, progress)],
+    )
     checks.append(plausibility)
     if request.against is not None:
-        checks += _regression(request, engines["fp8"])
+        checks += _fail_closed((REGRESSION,), lambda: _regression(request, engines["fp8"]))
     fp8 = engines["fp8"].get("result")
     return ValidationReport(
         target=str(request.target),
@@ -191,6 +193,29 @@ def validate_draft(
         temperature=request.temperature,
         sampling_seeds=list(request.sampling_seeds),
     )
+
+
+ENGINE_CHECKS = (
+    CheckId.LOSSLESS,
+    CheckId.ACCEPTANCE,
+    CheckId.LAYERS,
+    CheckId.ENGINE_LOG,
+    CheckId.PER_POSITION,
+)
+CATEGORY_CHECKS = (CheckId.ACCEPTANCE_BY_CATEGORY, CheckId.PER_POSITION_BY_CATEGORY)
+
+
+def _fail_closed(names: tuple[CheckId, ...], make: Callable[[], list[Check]]) -> list[Check]:
+    """``make``'s checks; where it raises unexpectedly, each of ``names`` FAILs with the
+    reason, so the report (and its JUnit file) is still written. Bad input still stops the
+    run (exit 2)."""
+    try:
+        return make()
+    except InputError:
+        raise
+    except Exception as exc:
+        reason = f"could not be judged: unexpected {type(exc).__name__}: {exc}"
+        return [Check(name, False, reason) for name in names]
 
 
 def _categories(
