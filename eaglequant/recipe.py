@@ -85,7 +85,7 @@ class ValidationSpec:
     """
 
     min_acceptance_ratio: float = 0.98
-    scale_tolerance: float = 4.0
+    scale_tolerance: float = 1.25  # check 6: RMS error at most this x a calibrated scale's
     min_position_ratio: float = 0.95
     max_regression: float = 0.02
     min_category_drafts: int = 256  # a prompt category is judged from this many draft tokens

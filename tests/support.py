@@ -71,6 +71,7 @@ def calib_args(pair: dict[str, Path]) -> list[str]:
 def check6(pair: dict[str, Path], draft: Path) -> tuple[list[str], dict[str, Any]]:
     """Check 6 (scale plausibility) of ``draft`` against the tiny pair, on one prompt."""
     from eaglequant.capture.run import CaptureEngine
+    from eaglequant.recipe import ValidationSpec
     from eaglequant.validate.plausibility import PlausibilityInputs, plausibility_problems
 
     inputs = PlausibilityInputs(
@@ -80,7 +81,7 @@ def check6(pair: dict[str, Path], draft: Path) -> tuple[list[str], dict[str, Any
         prompts=["def function_3(x):\n    return x * 3 + 3\n"],
         generated=None,
         k=3,
-        tolerance=4.0,
+        tolerance=ValidationSpec.scale_tolerance,
         capture=CaptureEngine(name="transformers"),
     )
     return plausibility_problems(inputs)

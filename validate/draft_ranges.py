@@ -6,6 +6,8 @@ ranges are those of the draft exactly as vLLM runs it, on the validation prompts
 same speculative engine that validate runs anyway (no capture, no second target load).
 vLLM fuses projections (``qkv_proj``, ``gate_up_proj``): a fused linear's input is each
 part's input, and its output is split by vLLM's own partition sizes into each part's output.
+Beside the ranges, each floating-point input and each K/V projection's output parts are summed
+into histograms of |x| (``scale_effects.Magnitudes``), on which check 6 judges the scales.
 
 :func:`checkpoint_ranges` maps them to the checkpoint's linear names. A linear it cannot
 map, or one the hooks never saw called (a draft run under CUDA graphs replays without
@@ -34,6 +36,7 @@ FUSED = {
 CHECKPOINT_LAYER = re.compile(r"^(?:midlayer|(?:model\.)?layers\.(\d+))\.(.+)$")
 VLLM_LAYER = re.compile(r"^(?:model\.)?layers\.(\d+)\.(.+)$")
 Ranges = dict[str, LinearRange]  # by vLLM's linear name
+KV_PROJECTIONS = ("qkv_proj", "k_proj", "v_proj")  # whose output parts K/V scales quantize
 
 
 def watch(worker: Any) -> int:
@@ -41,29 +44,43 @@ def watch(worker: Any) -> int:
     import torch
 
     stats: Ranges = {}
+    magnitudes: dict[str, Histograms] = {}
     handles = []
     for name, module in vllm_internals.draft_model(worker).named_modules():
         weight = getattr(module, "weight", None)
         if getattr(module, "quant_method", None) is None or not isinstance(weight, torch.Tensor):
             continue
         parts = [int(p) for p in getattr(module, "output_partition_sizes", None) or []]
-        handles.append(module.register_forward_hook(_recorder(name, parts, stats)))
+        record = _recorder(name, parts, stats, magnitudes)
+        handles.append(module.register_forward_hook(record))
     collect(worker)
-    setattr(worker, WATCH_ATTRIBUTE, (handles, stats))
+    setattr(worker, WATCH_ATTRIBUTE, (handles, stats, magnitudes))
     return len(handles)
 
 
 def collect(worker: Any) -> Ranges:
     """On the worker: the ranges seen since :func:`watch`, its hooks removed."""
-    handles, stats = getattr(worker, WATCH_ATTRIBUTE, ([], {}))
+    handles, stats, magnitudes = getattr(worker, WATCH_ATTRIBUTE, ([], {}, {}))
     for handle in handles:
         handle.remove()
     if hasattr(worker, WATCH_ATTRIBUTE):
         delattr(worker, WATCH_ATTRIBUTE)
+    for name, (inputs, outputs) in magnitudes.items():
+        stats[name]["input_magnitudes"] = inputs.to_json()
+        if outputs:
+            stats[name]["output_magnitudes"] = [part.to_json() for part in outputs]
     return stats
 
 
-def _recorder(name: str, parts: list[int], stats: Ranges) -> Any:
+# A linear's histograms: of its input, and of each output part (K/V projections only).
+Histograms = tuple[Any, list[Any]]
+
+
+def _recorder(name: str, parts: list[int], stats: Ranges, magnitudes: dict[str, Any]) -> Any:
+    from eaglequant.validate.scale_effects import Magnitudes
+
+    outputs_too = name.rpartition(".")[2] in KV_PROJECTIONS
+
     def record(_module: Any, args: tuple[Any, ...], output: Any) -> None:
         out = output[0] if isinstance(output, tuple) else output
         entry = stats.setdefault(name, {"calls": 0, "input_amax": 0.0, "output_amax": []})
@@ -73,6 +90,14 @@ def _recorder(name: str, parts: list[int], stats: Ranges) -> Any:
         seen = [float(p.detach().abs().max()) if p.numel() else 0.0 for p in pieces]
         before = entry["output_amax"] or [0.0] * len(seen)
         entry["output_amax"] = [max(a, b) for a, b in zip(before, seen, strict=True)]
+        if not args[0].is_floating_point():
+            return  # an embedding's token ids
+        inputs, outputs = magnitudes.setdefault(name, (Magnitudes(), []))
+        inputs.add(args[0])
+        if outputs_too:
+            outputs += [Magnitudes() for _ in pieces[len(outputs) :]]
+            for histogram, piece in zip(outputs, pieces, strict=False):
+                histogram.add(piece)
 
     return record
 
@@ -81,27 +106,43 @@ def checkpoint_ranges(
     ranges: Mapping[str, LinearRange], linears: tuple[str, ...]
 ) -> tuple[dict[str, float], dict[str, float]] | str:
     """Each checkpoint linear's (input amax, output amax) from vLLM's ranges, or why not."""
+    found = checkpoint_entries(ranges, linears)
+    if isinstance(found, str):
+        return found
+    inputs = {linear: float(entry["input_amax"]) for linear, (entry, _) in found.items()}
+    outputs = {linear: float(entry["output_amax"][part]) for linear, (entry, part) in found.items()}
+    return inputs, outputs
+
+
+def checkpoint_entries(
+    ranges: Mapping[str, LinearRange], linears: tuple[str, ...]
+) -> dict[str, tuple[LinearRange, int]] | str:
+    """Each checkpoint linear's entry in vLLM's ranges and its part of that linear's output
+    (a decoder-layer linear by layer ordinal and vLLM's fused name; ``fc`` as ``model.fc``),
+    or why one cannot be found."""
     layers: dict[int, dict[str, LinearRange]] = {}
     for name, entry in ranges.items():
         match = VLLM_LAYER.match(name)
         if match:
             layers.setdefault(int(match[1]), {})[match[2]] = entry
     ordered = [layers[i] for i in sorted(layers)]
-    inputs: dict[str, float] = {}
-    outputs: dict[str, float] = {}
+    entries: dict[str, tuple[LinearRange, int]] = {}
     for linear in linears:
         match = CHECKPOINT_LAYER.match(linear)
         if match is None:
-            return f"{linear}: not a decoder-layer linear name vLLM's ranges can be matched to"
-        ordinal, within = int(match[1] or 0), match[2]
-        fused, part = FUSED.get(within, (within, 0))
-        found = ordered[ordinal].get(fused) if ordinal < len(ordered) else None
-        if found is None:
-            return f"vLLM's draft has no {fused} in its decoder layer {ordinal} (for {linear})"
+            fused, part = linear, 0
+            found = ranges.get(f"model.{linear}", ranges.get(linear))
+            if found is None:
+                return f"{linear}: vLLM's draft has no linear model.{linear} or {linear}"
+        else:
+            ordinal, within = int(match[1] or 0), match[2]
+            fused, part = FUSED.get(within, (within, 0))
+            found = ordered[ordinal].get(fused) if ordinal < len(ordered) else None
+            if found is None:
+                return f"vLLM's draft has no {fused} in its decoder layer {ordinal} (for {linear})"
         if not found["calls"]:
             return f"vLLM's {fused} was never seen running (for {linear})"
-        amax = found["output_amax"]
-        if len(amax) <= part:
+        if len(found["output_amax"]) <= part:
             return f"vLLM's {fused} output could not be split into its parts (for {linear})"
-        inputs[linear], outputs[linear] = float(found["input_amax"]), float(amax[part])
-    return inputs, outputs
+        entries[linear] = (found, part)
+    return entries

@@ -65,13 +65,35 @@ class RequestCounts(TypedDict):
     num_draft_tokens: int
 
 
+class MagnitudesJson(TypedDict):
+    """A histogram of |x| (``eaglequant.validate.scale_effects.Magnitudes``): bins from
+    ``first`` on, ``bins_per_binade`` equal bins per power of two from 2^``first_binade``;
+    each bin's count, and its count, sum and squares weighted by 1 / the row's power."""
+
+    bins_per_binade: int
+    first_binade: int
+    first: int
+    count: list[float]
+    weights: list[float]
+    sum: list[float]
+    sum_squares: list[float]
+    row_amax: list[float]  # rows (tokens) by the bin of their largest |x|
+    rows: int
+    zeros: int
+    nonfinite: int
+    amax: float
+
+
 class LinearRange(TypedDict):
     """One draft linear as vLLM ran it (``eaglequant.validate.draft_ranges``): calls, largest
-    |input|, and largest |output| of each fused part."""
+    |input|, and largest |output| of each fused part; the histograms of |input| and (K and V
+    projections) of each part's |output| that check 6 judges scales on."""
 
     calls: int
     input_amax: float
     output_amax: list[float]
+    input_magnitudes: NotRequired[MagnitudesJson]
+    output_magnitudes: NotRequired[list[MagnitudesJson]]
 
 
 class SpecMetrics(TypedDict, total=False):

@@ -271,27 +271,34 @@ def test_bare_exclude_fails_acceptance_layers_and_log(
 
 
 @pytest.mark.parametrize(
-    ("label", "edit"),
+    ("label", "edit", "named"),
     [
         (
             "input_scale x1000",
             lambda t: [
                 t.__setitem__(k, v * 1000) for k, v in list(t.items()) if k.endswith("input_scale")
             ],
+            "midlayer.mlp.down_proj.input_scale = {}: underflow, ",
         ),
         (
             "input_scale /1000",
             lambda t: [
                 t.__setitem__(k, v / 1000) for k, v in list(t.items()) if k.endswith("input_scale")
             ],
+            "midlayer.self_attn.o_proj.input_scale = {}: clipping, 100.0% of the tokens",
         ),
         (
             "weight_scale x10",
             lambda t: [
                 t.__setitem__(k, v * 10) for k, v in list(t.items()) if k.endswith("weight_scale")
             ],
+            "midlayer.mlp.down_proj.weight (per-tensor scales): relative error 9",
         ),
-        ("input_scale removed", lambda t: t.pop("midlayer.mlp.down_proj.input_scale")),
+        (
+            "input_scale removed",
+            lambda t: t.pop("midlayer.mlp.down_proj.input_scale"),
+            "midlayer.mlp.down_proj.input_scale is missing (vLLM would load",
+        ),
     ],
 )
 @pytest.mark.parametrize("source", ["engine", "hidden_states"])
@@ -302,18 +309,24 @@ def test_corrupted_scales_fail_plausibility(
     tmp_path: Path,
     label: str,
     edit: Any,
+    named: str,
     source: str,
 ) -> None:
     """Check 6 fed by the BF16 draft's linears as vLLM ran them in validate's own engine (no
     capture), and by the vLLM capture of the validation sequences replayed through the draft
     module; the check reads the scales from the files, so no FP8 engine is run for each
-    variant (that vLLM serves such a draft without complaint is the point of check 6)."""
+    variant (that vLLM serves such a draft without complaint is the point of check 6). Each
+    fails naming the tensor and the cause (clipping, underflow, the weight's error)."""
     variant = _variant(good_fp8, tmp_path, edit)
     states = validation_states if source == "hidden_states" else None
     request = _request(variant, hidden_states=states)
-    check = scale_plausibility(request, _read(request), shared_engines, engine_prompts(request))
+    checked = _read(request)
+    check = scale_plausibility(request, checked, shared_engines, engine_prompts(request))
     assert check.name.startswith("6") and not check.passed, (label, check.detail)
     assert check.numbers["ranges_from"] == source
+    tensor = named.split(" ", 1)[0]
+    scale = checked.draft.load_tensor(tensor).item() if "{}" in named else None
+    assert named.format(f"{scale:.4g}") in check.detail, check.detail
 
 
 def test_random_weight_draft_has_acceptance_near_one(tmp_path: Path) -> None:

@@ -88,7 +88,7 @@ per_tensor_inputs_in_channelwise_mm()
 expected = (A.float() @ W.float().t()) * 0.5 * Bs.t()
 print("with:", torch.allclose(Kernel.apply_scaled_mm(None, **args), expected, rtol=1e-5))
 """
-ELEMENT_MAX = {"mxfp4": 6, "mxfp8": 448}  # the largest element, as check 6 names it
+MX_DTYPE = {"mxfp4": "mxfp4", "mxfp8": "mxfp8_e4m3"}  # each recipe's, as check 6 names it
 RECIPES = {  # recipe -> the Quark scheme vLLM builds its layers with
     "mxfp8": "QuarkOCP_MX",
     "mxfp4": "QuarkOCP_MX",
@@ -132,9 +132,9 @@ def test_mx_scales_pass_check6_and_a_corrupted_one_fails(
 
     good = exports[recipe]
     assert problems(good) == []
-    last = MIDLAYER_LINEARS[-1]
+    last, mx_dtype = MIDLAYER_LINEARS[-1], MX_DTYPE[recipe]
     for name, corrupt, expected in [
-        ("scaled", lambda e: e.add_(6), f"{last}.weight_scale[0, 0] x {ELEMENT_MAX[recipe]} = "),
+        ("scaled", lambda e: e.add_(6), f"{last}.weight ({mx_dtype} scales): relative error "),
         ("nan", lambda e: e.fill_(255), f"{last}.weight_scale holds the E8M0 NaN exponent 255"),
     ]:
         bad = shutil.copytree(good, tmp_path / name)

@@ -56,16 +56,24 @@ def test_kv_scales_are_written_where_vllm_reads_them(kv_export: Path) -> None:
 def test_kv_scales_pass_check6_and_a_corrupted_one_fails(
     pair: dict[str, Path], kv_export: Path, tmp_path: Path
 ) -> None:
+    """Check 6 judges each K/V scale by what it does to its projection's outputs: 100x too
+    large only moves small values into E4M3's subnormals (FP8 is floating point) and passes;
+    100x too small clips the V cache and fails, naming the scale and the cause."""
     found, numbers = check6(pair, kv_export)
     assert found == [], found
-    row = numbers["layers"]["midlayer.self_attn.k_proj"]
-    assert row["kv_scale_x448"] > 0 and row["output_amax"] > 0
-    bad = shutil.copytree(kv_export, tmp_path / "bad")
-    tensors = load_file(str(bad / "model.safetensors"))
-    tensors[V] = tensors[V] * 100
-    save_file(tensors, str(bad / "model.safetensors"), metadata={"format": "pt"})
-    found, _ = check6(pair, bad)
-    assert len(found) == 1 and found[0].startswith("midlayer.self_attn.attn.v_scale x 448 = ")
+    kv = numbers["layers"]["midlayer.self_attn.v_proj"]["kv"]
+    assert kv["tokens_clipped"] == 0 and kv["sqnr_db"] > 25
+    for factor, passes in ((100, True), (0.01, False)):
+        bad = shutil.copytree(kv_export, tmp_path / f"x{factor}")
+        tensors = load_file(str(bad / "model.safetensors"))
+        tensors[V] = tensors[V] * factor
+        save_file(tensors, str(bad / "model.safetensors"), metadata={"format": "pt"})
+        found, _ = check6(pair, bad)
+        if passes:
+            assert found == [], found
+        else:
+            assert len(found) == 1 and found[0].startswith(f"{V} = "), found
+            assert ": clipping, " in found[0]
 
 
 def test_vllm_refuses_an_fp8_kv_cache_on_an_avx2_cpu() -> None:

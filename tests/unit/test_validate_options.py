@@ -46,7 +46,7 @@ def test_out_of_range_thresholds_are_refused_not_replaced(
 
 
 def test_thresholds_come_from_the_recipe_the_draft_was_exported_with(tmp_path: Path) -> None:
-    assert validation_spec(tmp_path, None) == ValidationSpec(0.98, 4.0)  # fp8-static's block
+    assert validation_spec(tmp_path, None) == ValidationSpec(0.98, 1.25)  # fp8-static's block
     recipe = {"name": "custom", "validation": {"min_acceptance_ratio": 0.9, "scale_tolerance": 8}}
     (tmp_path / MANIFEST_FILE).write_text(json.dumps(MANIFEST_HEAD | {"recipe": recipe}))
     assert validation_spec(tmp_path, None) == ValidationSpec(0.9, 8)
