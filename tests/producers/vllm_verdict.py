@@ -2,7 +2,7 @@
 
 Runs in eaglequant's full venv (vLLM installed), one engine at a time:
 
-    flock /tmp/eaglequant-heavy.lock .venv/bin/python tests/producers/vllm_verdict.py \
+    flock LOCKFILE .venv/bin/python tests/producers/vllm_verdict.py \
         --target examples/toy/target --drafts tests/producers/toy --json OUT.json [NAME ...]
 
 For every draft folder (and the BF16 draft given by ``--baseline``), in a child process:
