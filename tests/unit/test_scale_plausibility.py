@@ -247,3 +247,31 @@ def test_an_unexpected_error_in_a_check_is_its_fail_and_bad_input_still_stops() 
 
     with pytest.raises(InputError):
         _fail_closed((CheckId.SCALES,), bad_input)
+
+
+@pytest.mark.unit
+def test_the_engine_hooks_histograms_reach_check_6_by_checkpoint_name() -> None:
+    """What validate's worker records on a fused qkv_proj (inputs, and the K and V parts of
+    its output), through JSON, found again for the checkpoint's k_proj and v_proj."""
+    from eaglequant.validate import draft_ranges
+    from eaglequant.validate.plausibility import _engine_magnitudes
+
+    layer = torch.nn.Linear(8, 4 + 2 + 2, bias=False)
+    stats: dict[str, Any] = {}
+    magnitudes: dict[str, Any] = {}
+    name = "model.layers.0.self_attn.qkv_proj"
+    handle = layer.register_forward_hook(draft_ranges._recorder(name, [4, 2, 2], stats, magnitudes))
+    worker = type("Worker", (), {})()
+    setattr(worker, draft_ranges.WATCH_ATTRIBUTE, ([handle], stats, magnitudes))
+    x = torch.randn(5, 8)
+    with torch.no_grad():
+        out = layer(x)
+    ranges = json.loads(json.dumps(draft_ranges.collect(worker)))
+    linears = ["midlayer.self_attn.k_proj", "midlayer.self_attn.v_proj"]
+    measured = _engine_magnitudes(ranges, linears)
+    assert not isinstance(measured, str), measured
+    k, v = (measured.outputs[n] for n in linears)
+    assert k["amax"] == pytest.approx(float(out[:, 4:6].abs().max()))
+    assert v["amax"] == pytest.approx(float(out[:, 6:].abs().max()))
+    assert measured.inputs[linears[0]]["amax"] == pytest.approx(float(x.abs().max()))
+    assert measured.inputs[linears[0]]["rows"] == 5 and sum(k["count"]) == 10
