@@ -226,7 +226,8 @@ def _judge_weight(
     if stored.dtype == "U8":  # OCP MX: E8M0 exponents per 32 input elements
         dtype = "mxfp4" if fp8.tensors[key].dtype == "U8" else "mxfp8_e4m3"
         exponents = fp8.load_tensor(f"{name}.weight_scale").view(torch.uint8)
-        wrong = effects.mx_block_check(*bf16.shape, tuple(exponents.shape))
+        rows, cols = bf16.shape
+        wrong = effects.mx_block_check(rows, cols, tuple(exponents.shape))
         if wrong is not None:
             return [f"{name}.weight_scale {wrong}"]
         if bool((exponents == E8M0_NAN).any()):
