@@ -37,7 +37,7 @@ CHILD_TIMEOUT_S = 240
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--target", type=Path, required=True)
-    parser.add_argument("--drafts", type=Path, required=True, help="folder of draft folders")
+    parser.add_argument("--drafts", type=Path, help="folder of draft folders (required)")
     parser.add_argument("--baseline", type=Path, help="the BF16 draft, run first")
     parser.add_argument("--prompts", type=Path, default=Path("examples/toy/prompts.jsonl"))
     parser.add_argument("--json", type=Path, required=True)
@@ -49,6 +49,8 @@ def main() -> int:
     args = parser.parse_args()
     if args.child:
         return _child(args.target, Path(args.names[0]), args.prompts)
+    if args.drafts is None:
+        parser.error("the following arguments are required: --drafts")
     folders = sorted(p for p in args.drafts.iterdir() if (p / "config.json").is_file())
     if args.names:  # in the order given
         by_name = {p.name: p for p in folders}
