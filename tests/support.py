@@ -231,3 +231,25 @@ def finished_engine(result: EngineResult) -> EngineRun:
         "log": "",
         "result": result,
     }
+
+
+def tune_summary(draft: Path) -> Any:
+    """A recorded two-point tune sweep (no speculation and k=2 at concurrency 1) of ``draft``
+    on the toy target, summarized as tune writes it."""
+    from eaglequant.tune.sweep import TuneRequest, TuneResult, summarize
+
+    request = TuneRequest(
+        target=TOY / "target", draft=draft, ks=(2,), concurrencies=(1,), isl=64, osl=32
+    )
+    results = [
+        TuneResult(
+            k=k,
+            concurrency=1,
+            runs=runs,
+            mean_tpot_ms=None,
+            acceptance_length=2.5 if k else None,
+            per_position=[0.8, 0.7][:k],
+        )
+        for k, runs in ((0, [243.3, 221.3, 266.6]), (2, [210.6, 205.0, 215.1]))
+    ]
+    return summarize(request, results, 200)

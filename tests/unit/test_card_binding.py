@@ -17,11 +17,11 @@ from eaglequant.provenance import command_string, machine_paths
 from eaglequant.render.card import card_record
 from eaglequant.render.reports import PLOTS
 from eaglequant.tune.report import write_reports
-from eaglequant.tune.sweep import TuneRequest, TuneResult, summarize
 from eaglequant.validate.request import ValidateRequest, check_inputs
 from eaglequant.validation_report import ValidationReport
 from tests.conftest import TOY
 from tests.exported import LOCAL_NAMES, Exported, flip_byte, make_exported
+from tests.support import tune_summary
 
 REPO_ID = "example/toy-eagle3-fp8"
 
@@ -159,21 +159,7 @@ def test_card_embeds_recorded_tune_results_without_their_paths(
     exported: Exported, tmp_path: Path
 ) -> None:
     tune_dir = tmp_path / "tune-local"
-    request = TuneRequest(
-        target=TOY / "target", draft=exported.folder, ks=(2,), concurrencies=(1,), isl=64, osl=32
-    )
-    results = [
-        TuneResult(
-            k=k,
-            concurrency=1,
-            runs=runs,
-            mean_tpot_ms=None,
-            acceptance_length=2.5 if k else None,
-            per_position=[0.8, 0.7][:k],
-        )
-        for k, runs in ((0, [243.3, 221.3, 266.6]), (2, [210.6, 205.0, 215.1]))
-    ]
-    summary = summarize(request, results, 200)
+    summary = tune_summary(exported.folder)
     tune_dir.mkdir()
     write_reports(tune_dir, summary)
     assert summary["target"].startswith("/")  # recorded on this machine, absolute

@@ -10,26 +10,8 @@ import pytest
 
 from eaglequant.render.reports import PLOTS
 from eaglequant.tune import report
-from eaglequant.tune.sweep import TuneRequest, TuneResult, summarize
 from tests.conftest import TOY
-
-
-def _summary(tmp_path: Path) -> object:
-    request = TuneRequest(
-        target=TOY / "target", draft=TOY / "draft", ks=(2,), concurrencies=(1,), isl=64, osl=32
-    )
-    results = [
-        TuneResult(
-            k=k,
-            concurrency=1,
-            runs=runs,
-            mean_tpot_ms=None,
-            acceptance_length=2.5 if k else None,
-            per_position=[0.8, 0.7][:k],
-        )
-        for k, runs in ((0, [243.3, 221.3]), (2, [210.6, 205.0]))
-    ]
-    return summarize(request, results, 200)
+from tests.support import tune_summary
 
 
 def test_without_matplotlib_tune_writes_its_tables_and_names_the_extra(
@@ -39,7 +21,7 @@ def test_without_matplotlib_tune_writes_its_tables_and_names_the_extra(
     monkeypatch.setattr(
         importlib.util, "find_spec", lambda name, *a: None if name == "matplotlib" else found(name)
     )
-    report.write_reports(tmp_path, _summary(tmp_path))  # type: ignore[arg-type]
+    report.write_reports(tmp_path, tune_summary(TOY / "draft"))  # type: ignore[arg-type]
     assert (tmp_path / "results.json").is_file() and (tmp_path / "results.md").is_file()
     assert not any((tmp_path / name).exists() for name in PLOTS)
     assert capsys.readouterr().err.splitlines() == [report.PLOTS_SKIPPED]
@@ -47,5 +29,5 @@ def test_without_matplotlib_tune_writes_its_tables_and_names_the_extra(
 
 def test_with_matplotlib_tune_draws_its_plots(tmp_path: Path) -> None:
     pytest.importorskip("matplotlib")
-    report.write_reports(tmp_path, _summary(tmp_path))  # type: ignore[arg-type]
+    report.write_reports(tmp_path, tune_summary(TOY / "draft"))  # type: ignore[arg-type]
     assert all((tmp_path / name).read_bytes()[:4] == b"\x89PNG" for name in PLOTS)
