@@ -1,5 +1,5 @@
 """Committed files speak of the project: no path of the machine a result was made on, no
-history told by working session.
+history dated other than by date, commit or version.
 
 Every text file git tracks is read line by line. A line fails when it holds an absolute
 path of a machine (a home folder, a temporary folder, a work tree, this checkout's own
