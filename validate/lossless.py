@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 from eaglequant.validation_report import Check, CheckId
@@ -70,6 +70,8 @@ class Divergence:
     verdict: str  # "tie", "paired" or "noise" (allowed), or "fail"
     ranked: bool = True  # the target run recorded its top logprobs there
     steps: float | None = None  # the margin in BF16 rounding steps of the best raw logit
+    # the control (paired mode's reference run) generated the same prefix and token there
+    shared: bool | None = None
 
 
 def first_difference(reference: Sequence[int], got: Sequence[int]) -> int | None:
@@ -200,34 +202,82 @@ def teacher_forced_check(
                     continue  # the best, or tied exactly with it: a greedy choice either way
                 best = int(ranked[0][0]) if ranked else None
                 steps = _steps(ranked, margin) if tie_steps is not None else None
-                verdict = _verdict(margin, mode, tie_margin)
-                if verdict == "fail" and mode != "strict" and steps is not None and tie_steps:
-                    verdict = "tie" if steps <= tie_steps else "fail"
-                if verdict == "fail" and control is not None:
-                    if draft == reference:
-                        verdict = "noise"
-                    elif _shared(_nth(control[0], prompt), tokens, position):
-                        verdict = "paired"
+                shared = control is not None and _shared(_nth(control[0], prompt), tokens, position)
                 divergences.append(
-                    Divergence(draft, prompt, position, best, token, margin, verdict, True, steps)
+                    Divergence(
+                        draft, prompt, position, best, token, margin, "", True, steps, shared
+                    )
                 )
-    failed = [d for d in divergences if d.verdict == "fail"]
-    noise = [d.margin for d in divergences if d.verdict == "noise" and d.margin is not None]
     numbers: dict[str, Any] = {
         "mode": mode,
         "paired_with": reference if control is not None else None,
-        "reference_noise": {"flips": len(noise), "largest_margin": max(noise, default=None)},
         "tie_margin": tie_margin,
         "tie_steps": tie_steps,
         "scores": RAW_LOGITS if tie_steps is not None else "logprobs",
         "reference": "teacher-forced",
         "positions": positions,
         "smallest_top2_margin": closest,
-        "divergences": [asdict(d) for d in divergences],
     }
-    if not failed and positions == 0:
+    return judge_flips(divergences, numbers)
+
+
+def judge_flips(divergences: Sequence[Divergence], numbers: dict[str, Any]) -> Check:
+    """Check 1's verdict on the teacher-forced flips (``divergences``) of every run, by the
+    mode, margin and control that ``numbers`` records (see :func:`teacher_forced_check`)."""
+    mode, tie_margin, tie_steps = numbers["mode"], numbers["tie_margin"], numbers["tie_steps"]
+    reference = numbers.get("paired_with")
+    judged = [
+        d
+        if _unscored(d)
+        else replace(d, verdict=_flip_verdict(d, mode, tie_margin, tie_steps, reference))
+        for d in divergences
+    ]
+    failed = [d for d in judged if d.verdict == "fail"]
+    noise = [d.margin for d in judged if d.verdict == "noise" and d.margin is not None]
+    numbers = {
+        **numbers,
+        "reference_noise": {"flips": len(noise), "largest_margin": max(noise, default=None)},
+        "divergences": [asdict(d) for d in judged],
+    }
+    if not failed and numbers["positions"] == 0:
         return Check(CheckId.LOSSLESS, False, "no generated token was scored", numbers)
-    return Check(CheckId.LOSSLESS, not failed, _forced_detail(divergences, failed, mode), numbers)
+    return Check(CheckId.LOSSLESS, not failed, _forced_detail(judged, failed, mode), numbers)
+
+
+def _unscored(d: Divergence) -> bool:
+    """A run without outputs or scores to judge (always a failure)."""
+    return d.prompt < 0 or not d.ranked
+
+
+def _flip_verdict(
+    d: Divergence, mode: str, tie_margin: float, tie_steps: float | None, reference: str | None
+) -> str:
+    """One teacher-forced flip's verdict: "tie", "noise" (the control's own), "paired" or
+    "fail"."""
+    verdict = _verdict(d.margin, mode, tie_margin)
+    if verdict == "fail" and mode != "strict" and d.steps is not None and tie_steps:
+        verdict = "tie" if d.steps <= tie_steps else "fail"
+    if verdict == "fail" and mode == "paired" and reference is not None:
+        if d.draft == reference:
+            verdict = "noise"
+        elif d.shared:
+            verdict = "paired"
+    return verdict
+
+
+def rejudge(numbers: Mapping[str, Any]) -> Check:
+    """Check 1 judged again, by the rule installed now, from a teacher-forced check's recorded
+    ``numbers`` (a report's): the same flips, margins and controls (a flip recorded before
+    ``shared`` was recorded is shared when it was judged "paired")."""
+    fields_ = set(Divergence.__dataclass_fields__)
+    flips = []
+    for raw in numbers["divergences"]:
+        kept = {k: v for k, v in raw.items() if k in fields_}
+        if kept.get("shared") is None:
+            kept["shared"] = raw.get("verdict") == "paired"
+        flips.append(Divergence(**kept))
+    kept_numbers = {k: v for k, v in numbers.items() if k not in ("divergences", "reference_noise")}
+    return judge_flips(flips, kept_numbers)
 
 
 def bf16_step(value: float) -> float:

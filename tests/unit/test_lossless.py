@@ -44,6 +44,7 @@ def test_divergence_at_a_near_tie_passes_and_is_reported() -> None:
         "verdict": "tie",
         "ranked": True,
         "steps": None,  # against a target-alone run: logprobs, judged in nats only
+        "shared": None,  # no control run there
     }
     assert check.detail == (
         "equal to the target alone except 1 near-tie flip(s): "
