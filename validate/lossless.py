@@ -47,6 +47,14 @@ DEFAULT_TIE_MARGIN = 0.1
 # on SmolLM2-135M most prefill-against-decode flips were 1-2 steps, but one was 10 (0.156 at a
 # logit of 2-4): the noise follows the hidden state, not the logit's size (docs/known-issues.md).
 DEFAULT_TIE_STEPS = 0.0
+# Paired mode judges a candidate's flips that the control's run does not share as one
+# population against the control's: the engine's noise makes as many flips in either run (the
+# target is the same; a draft cannot change what the verify pass accepts), so a candidate with
+# significantly more flips above the tie margin than its control (one-sided binomial test over
+# the flips of both, at FLIP_EXCESS_ALPHA) fails, each of them named. A flip of more than
+# NOISE_CEILING nats is no tie in any run, the control's included.
+FLIP_EXCESS_ALPHA = 0.001
+NOISE_CEILING = 1.0
 RAW_LOGITS = "raw_logits"  # the engine result's teacher_forced_scores when they are logits
 BF16_MANTISSA_BITS = 7
 TOP_LOGPROBS = 5
@@ -183,8 +191,10 @@ def teacher_forced_check(
     divergences: list[Divergence] = []
     closest: dict[str, float | None] = {}
     positions = 0
+    by_draft: dict[str, int] = {}
     for draft, (outputs, scores) in runs.items():
         closest[draft] = None
+        by_draft[draft] = sum(len(tokens) for tokens in outputs)
         if len(scores) != len(outputs):
             divergences.append(Divergence(draft, -1, -1, None, None, None, "fail"))
             continue
@@ -216,6 +226,7 @@ def teacher_forced_check(
         "scores": RAW_LOGITS if tie_steps is not None else "logprobs",
         "reference": "teacher-forced",
         "positions": positions,
+        "positions_by_draft": by_draft,
         "smallest_top2_margin": closest,
     }
     return judge_flips(divergences, numbers)
@@ -232,16 +243,84 @@ def judge_flips(divergences: Sequence[Divergence], numbers: dict[str, Any]) -> C
         else replace(d, verdict=_flip_verdict(d, mode, tie_margin, tie_steps, reference))
         for d in divergences
     ]
+    populations: dict[str, FlipPopulation] = {}
+    if mode == "paired" and reference is not None:
+        judged, populations = _against_control(judged, reference, _positions(numbers, judged))
     failed = [d for d in judged if d.verdict == "fail"]
     noise = [d.margin for d in judged if d.verdict == "noise" and d.margin is not None]
     numbers = {
         **numbers,
         "reference_noise": {"flips": len(noise), "largest_margin": max(noise, default=None)},
+        "noise_ceiling": NOISE_CEILING,
+        "flip_populations": {draft: asdict(p) for draft, p in populations.items()},
         "divergences": [asdict(d) for d in judged],
     }
     if not failed and numbers["positions"] == 0:
         return Check(CheckId.LOSSLESS, False, "no generated token was scored", numbers)
-    return Check(CheckId.LOSSLESS, not failed, _forced_detail(judged, failed, mode), numbers)
+    detail = _forced_detail(judged, failed, mode, populations)
+    return Check(CheckId.LOSSLESS, not failed, detail, numbers)
+
+
+@dataclass(frozen=True)
+class FlipPopulation:
+    """One candidate run's flips above the tie margin against its control's, over the
+    positions each scored, and whether the candidate's count is within the engine's noise."""
+
+    flips: int
+    control_flips: int
+    positions: int
+    control_positions: int
+    p_value: float  # P(as many candidate flips or more | both counts' sum, equal rates)
+    excess: bool  # p_value < FLIP_EXCESS_ALPHA
+
+
+def _positions(numbers: Mapping[str, Any], judged: Sequence[Divergence]) -> dict[str, int]:
+    """Scored positions per run (recorded since they are; before, the total split evenly)."""
+    recorded = numbers.get("positions_by_draft")
+    if recorded:
+        return dict(recorded)
+    drafts = {d.draft for d in judged} | {numbers.get("paired_with")}
+    drafts.discard(None)
+    return {draft: numbers["positions"] // max(len(drafts), 1) for draft in drafts}
+
+
+def _against_control(
+    judged: list[Divergence], reference: str, positions: Mapping[str, int]
+) -> tuple[list[Divergence], dict[str, FlipPopulation]]:
+    """Paired mode's population step: each candidate's flips the control does not share
+    ("fail" so far, within the noise ceiling) are "unpaired" when the candidate's count of
+    flips above the tie margin is within the control's (a one-sided binomial test), else
+    they stay "fail"."""
+    above = ("noise", "paired", "fail", "unpaired")
+    control = sum(d.draft == reference and d.verdict in above for d in judged)
+    populations: dict[str, FlipPopulation] = {}
+    for draft in sorted({d.draft for d in judged} - {reference}):
+        flips = sum(d.draft == draft and d.verdict in above and not _unscored(d) for d in judged)
+        mine, theirs = positions.get(draft, 0), positions.get(reference, 0)
+        share = mine / (mine + theirs) if mine + theirs else 0.5
+        p_value = binomial_tail(flips, flips + control, share)
+        populations[draft] = FlipPopulation(
+            flips, control, mine, theirs, p_value, p_value < FLIP_EXCESS_ALPHA
+        )
+    unpaired = [
+        replace(d, verdict="unpaired")
+        if d.verdict == "fail"
+        and not _unscored(d)
+        and d.draft in populations
+        and not populations[d.draft].excess
+        and d.margin is not None
+        and d.margin <= NOISE_CEILING
+        else d
+        for d in judged
+    ]
+    return unpaired, populations
+
+
+def binomial_tail(k: int, n: int, p: float) -> float:
+    """P(X >= k) for X ~ Binomial(n, p)."""
+    if k <= 0:
+        return 1.0
+    return min(1.0, sum(math.comb(n, i) * p**i * (1 - p) ** (n - i) for i in range(k, n + 1)))
 
 
 def _unscored(d: Divergence) -> bool:
@@ -252,12 +331,13 @@ def _unscored(d: Divergence) -> bool:
 def _flip_verdict(
     d: Divergence, mode: str, tie_margin: float, tie_steps: float | None, reference: str | None
 ) -> str:
-    """One teacher-forced flip's verdict: "tie", "noise" (the control's own), "paired" or
-    "fail"."""
+    """One teacher-forced flip's verdict: "tie", "noise" (the control's own), "paired" (the
+    control's run made it too) or "fail" (paired mode may then call it "unpaired")."""
     verdict = _verdict(d.margin, mode, tie_margin)
     if verdict == "fail" and mode != "strict" and d.steps is not None and tie_steps:
         verdict = "tie" if d.steps <= tie_steps else "fail"
-    if verdict == "fail" and mode == "paired" and reference is not None:
+    beyond = d.margin is None or d.margin > NOISE_CEILING
+    if verdict == "fail" and mode == "paired" and reference is not None and not beyond:
         if d.draft == reference:
             verdict = "noise"
         elif d.shared:
@@ -276,7 +356,8 @@ def rejudge(numbers: Mapping[str, Any]) -> Check:
         if kept.get("shared") is None:
             kept["shared"] = raw.get("verdict") == "paired"
         flips.append(Divergence(**kept))
-    kept_numbers = {k: v for k, v in numbers.items() if k not in ("divergences", "reference_noise")}
+    derived = ("divergences", "reference_noise", "noise_ceiling", "flip_populations")
+    kept_numbers = {k: v for k, v in numbers.items() if k not in derived}
     return judge_flips(flips, kept_numbers)
 
 
@@ -301,17 +382,31 @@ def _top2_gap(ranked: Sequence[Sequence[float]]) -> float | None:
     return values[0] - values[1] if len(values) > 1 else None
 
 
-def _forced_detail(divergences: list[Divergence], failed: list[Divergence], mode: str) -> str:
+def _forced_detail(
+    divergences: list[Divergence],
+    failed: list[Divergence],
+    mode: str,
+    populations: Mapping[str, FlipPopulation],
+) -> str:
     if not divergences:
         return (
             "every generated token of target + each draft is the target's greedy choice "
             "(teacher-forced in the same engine)"
         )
+    counted = "; ".join(
+        f"{draft}: {p.flips} flip(s) above the tie margin against the reference draft's "
+        f"{p.control_flips} (binomial p = {p.p_value:.2g}"
+        + (f" < {FLIP_EXCESS_ALPHA}: more than the engine's noise)" if p.excess else ")")
+        for draft, p in populations.items()
+    )
     if failed:
         count = len(failed)
         listed = _listed(failed)
-        return f"{count} generated token(s) not the target's greedy choice ({mode}): {listed}"
-    kinds = {v: sum(d.verdict == v for d in divergences) for v in ("tie", "paired", "noise")}
+        excess = [f"{d}" for d, p in populations.items() if p.excess]
+        why = f" [{counted}]" if excess else ""
+        return f"{count} generated token(s) not the target's greedy choice ({mode}){why}: {listed}"
+    verdicts = ("tie", "paired", "unpaired", "noise")
+    kinds = {v: sum(d.verdict == v for d in divergences) for v in verdicts}
     parts = [f"{kinds['tie']} near-tie(s)"] if kinds["tie"] else []
     if kinds["noise"]:
         largest = max(d.margin or 0.0 for d in divergences if d.verdict == "noise")
@@ -321,6 +416,11 @@ def _forced_detail(divergences: list[Divergence], failed: list[Divergence], mode
         )
     if kinds["paired"]:
         parts.append(f"{kinds['paired']} flip(s) the reference draft's run makes too")
+    if kinds["unpaired"]:
+        parts.append(
+            f"{kinds['unpaired']} flip(s) after prefixes the reference draft's run did not "
+            f"generate, as many as its own noise ({counted})"
+        )
     shown = [d for d in divergences if d.verdict != "noise"] or divergences
     return f"the target's greedy choice except {'; '.join(parts)}: {_listed(shown)}"
 

@@ -141,9 +141,10 @@ SECTIONS = {
     default="paired",  # validate.lossless.DEFAULT_MODE
     show_default=True,
     help="strict: outputs must equal the target's exactly; near-tie: a token within "
-    "--tie-margin of the target's best passes; paired: also one the BF16 draft's own run "
-    "chose after the same prefix (the target's verify-against-prefill noise; teacher-forced "
-    "check 1 only).",
+    "--tie-margin of the target's best passes; paired: the BF16 draft's run is the control "
+    "(the target's verify-against-prefill noise): a flip it made too after the same prefix "
+    "passes, and other flips pass while the FP8 run flips no more often than the control "
+    "(one-sided binomial test at 0.001) and none is over 1 nat (teacher-forced check 1 only).",
 )
 @tie_margin_option
 @engine_per_draft_option

@@ -207,11 +207,16 @@ def test_raw_logits_judge_a_near_tie_in_bf16_steps_of_the_best_logit() -> None:
 
 # The paired mode: prompt 1's position 2 scored 1.1 nats below the best (token 1 for 3)
 FLIPPED = [TARGET[0], [1, 2, 1, 4]]
+# ... and scored 0.5 below it, a flip the size of the engine's noise
+NOISY = [TARGET[0], [[1, -0.1], [2, -5.0]], [[2, -0.3], [12, -1.9]], [[3, -0.4], [1, -0.9]]]
+NOISY_TOP = [TOP[0], [*NOISY[1:], TOP[1][3]]]
 
 
-def _paired(bf16: list[list[int]], fp8: list[list[int]], reference: str | None = "bf16"):
+def _paired(
+    bf16: list[list[int]], fp8: list[list[int]], reference: str | None = "bf16", top=NOISY_TOP
+):
     return teacher_forced_check(
-        {"bf16": (bf16, TOP), "fp8": (fp8, TOP)}, mode="paired", tie_margin=0.1,
+        {"bf16": (bf16, top), "fp8": (fp8, top)}, mode="paired", tie_margin=0.1,
         reference=reference,
     )  # fmt: skip
 
@@ -220,30 +225,94 @@ def test_paired_passes_a_flip_the_reference_run_makes_too_and_records_its_noise(
     check = _paired(FLIPPED, FLIPPED)
     assert check.passed, check.detail
     noise, paired = check.numbers["divergences"]
-    assert (noise["draft"], noise["verdict"], noise["margin"]) == ("bf16", "noise", 1.1)
+    assert (noise["draft"], noise["verdict"], noise["margin"]) == ("bf16", "noise", 0.5)
     assert (paired["draft"], paired["prompt"], paired["position"]) == ("fp8", 1, 2)
-    assert paired["verdict"] == "paired"
+    assert paired["verdict"] == "paired" and paired["shared"]
     assert check.numbers["paired_with"] == "bf16"
-    assert check.numbers["reference_noise"] == {"flips": 1, "largest_margin": 1.1}
+    assert check.numbers["reference_noise"] == {"flips": 1, "largest_margin": 0.5}
+    assert check.numbers["positions_by_draft"] == {"bf16": 8, "fp8": 8}
     assert "1 flip(s) the reference draft's run makes too" in check.detail
-    assert "margins up to 1.1" in check.detail
+    assert "margins up to 0.5" in check.detail
 
 
-def test_paired_fails_a_flip_the_reference_run_does_not_make() -> None:
+def test_paired_passes_an_unshared_flip_while_the_candidate_flips_no_more_than_its_control() -> (
+    None
+):
+    """The candidate's flip after a prefix the control's run did not generate is the engine's
+    noise while the candidate's flips are as many as the control's (here 1 against 0: a
+    binomial p of 0.5)."""
     check = _paired(TARGET, FLIPPED)
+    assert check.passed, check.detail
+    (unpaired,) = check.numbers["divergences"]
+    assert (unpaired["draft"], unpaired["verdict"], unpaired["shared"]) == (
+        "fp8",
+        "unpaired",
+        False,
+    )
+    population = check.numbers["flip_populations"]["fp8"]
+    assert (population["flips"], population["control_flips"]) == (1, 0)
+    assert population["p_value"] == 0.5 and not population["excess"]
+    assert "1 flip(s) after prefixes the reference draft's run did not generate" in check.detail
+
+
+def _many(count: int, flipped: set[int]) -> tuple[list[list[int]], list]:
+    """``count`` one-token prompts (best token 1, token 2 0.25 below); ``flipped`` generate 2."""
+    top = [[[[1, -0.5], [2, -0.75]]] for _ in range(count)]
+    return [[2] if n in flipped else [1] for n in range(count)], top
+
+
+def test_paired_fails_every_unshared_flip_of_a_candidate_that_flips_beyond_its_control() -> None:
+    """A draft cannot make the verify pass accept another token, so a candidate whose run
+    flips far more often than its control's (12 against 0 over as many positions: p = 2.4e-4)
+    carries something that reached the target (an FP8 KV cache, say): each flip fails."""
+    control, top = _many(40, set())
+    candidate, _ = _many(40, set(range(12)))
+    runs = {"bf16": (control, top), "fp8": (candidate, top)}
+    check = teacher_forced_check(runs, mode="paired", tie_margin=0.1, reference="bf16")
     assert not check.passed
-    (failed,) = check.numbers["divergences"]
-    assert (failed["draft"], failed["verdict"]) == ("fp8", "fail")
-    assert check.numbers["reference_noise"] == {"flips": 0, "largest_margin": None}
+    assert [d["verdict"] for d in check.numbers["divergences"]] == ["fail"] * 12
+    assert check.numbers["flip_populations"]["fp8"]["excess"]
+    assert "more than the engine's noise" in check.detail
+    # as many flips in the control's run (after other prefixes): within the noise, passes
+    control, _ = _many(40, set(range(20, 31)))
+    check = teacher_forced_check(
+        {"bf16": (control, top), "fp8": (candidate, top)}, "paired", 0.1, reference="bf16"
+    )
+    assert check.passed, check.detail
+    assert {d["verdict"] for d in check.numbers["divergences"]} == {"noise", "unpaired"}
+
+
+def test_paired_fails_a_flip_beyond_the_noise_ceiling_in_any_run() -> None:
+    """1.1 nats below the target's best is no tie in any run, the control's own included."""
+    check = _paired(FLIPPED, FLIPPED, top=TOP)
+    assert not check.passed
+    assert [(d["draft"], d["verdict"]) for d in check.numbers["divergences"]] == [
+        ("bf16", "fail"),
+        ("fp8", "fail"),
+    ]
 
 
 def test_paired_needs_the_same_prefix_not_only_the_same_token() -> None:
     """The reference flipped the same token at the same position, after another prefix: no
-    pairing (its context differed), so the candidate's flip is judged on its own."""
+    pairing (its context differed), so the candidate's flip is judged with the population."""
     other_prefix = [TARGET[0], [1, 12, 1, 4]]
     check = _paired(other_prefix, FLIPPED)
-    assert not check.passed
-    assert [d["verdict"] for d in check.numbers["divergences"] if d["draft"] == "fp8"] == ["fail"]
+    assert [d["verdict"] for d in check.numbers["divergences"] if d["draft"] == "fp8"] == [
+        "unpaired"
+    ]
+
+
+def test_rejudge_gives_a_recorded_check_its_verdict_again() -> None:
+    from eaglequant.validate.lossless import rejudge
+
+    for check in (
+        _paired(FLIPPED, FLIPPED),
+        _paired(TARGET, FLIPPED),
+        _paired(FLIPPED, FLIPPED, top=TOP),
+    ):
+        again = rejudge(check.numbers)
+        assert (again.passed, again.detail) == (check.passed, check.detail)
+        assert again.numbers["divergences"] == check.numbers["divergences"]
 
 
 def test_paired_without_a_reference_run_judges_as_near_tie() -> None:
