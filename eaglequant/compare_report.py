@@ -29,7 +29,8 @@ SIZE_MARGIN = 0.05  # a passing candidate this much smaller than the default is 
 @dataclass(frozen=True)
 class CandidateRow:
     """One candidate's measured outcome on one prompt set (``passed``: all six checks under
-    its recipe, by category too where the set has categories)."""
+    its recipe, a ready-made draft's under the default recipe's, by category too where the set
+    has categories)."""
 
     recipe: str
     scheme: str
@@ -52,6 +53,7 @@ class CandidateRow:
     # FP8/BF16 with the intervals checks 2 and 5 judged (absent from files before they were)
     acceptance_interval: RatioInterval | None = None
     position_intervals: tuple[RatioInterval, ...] = ()
+    ready_made: bool = False  # a quantized draft compared as given (``recipe``: its name)
 
 
 @dataclass(frozen=True)

@@ -1,16 +1,19 @@
 """``eaglequant compare``: which format to ship — every candidate recipe exported from one
-calibration capture and validated in vLLM against the BF16 draft; the card's recipe
-recommended when it passes, unless a passing candidate is 5% smaller or decidedly better in
-acceptance (``compare_report.recommend``), with the reason.
+calibration capture, and every ready-made quantized draft given (another tool's, or an
+earlier export), validated in vLLM against the BF16 draft; the card's recipe recommended
+when it passes, unless a passing candidate is 5% smaller or decidedly better in acceptance
+(``compare_report.recommend``), with the reason.
 
-check (recipes, inputs, output; nothing heavy) -> capture the target's hidden states once
-(or take a capture folder) -> export each candidate from that capture in this process (the
-module-flow recipes share one Quark import) -> the engines, on every prompt set's prompts
+check (recipes, ready-made drafts, inputs, output; nothing heavy) -> capture the target's
+hidden states once (or take a capture folder; none when there is no recipe and no folder)
+-> export each recipe from that capture in this process (the module-flow recipes share one
+Quark import) -> the engines, on every prompt set's prompts
 at once: the BF16 draft and every candidate swapped into one engine, each run's output scored
 teacher-forced in it for check 1 (``validate.single_engine``; a candidate with its own draft
 KV-cache dtype, or ``engine_per_draft``, gets an engine of its own; ``reference_engine`` adds
 the target alone in one more) -> per prompt set, each run's part of it
-and the six checks under each candidate's recipe thresholds (check 6 on the same capture)
+and the six checks under each candidate's recipe thresholds (a ready-made draft's: the
+default recipe's; check 6 on the same capture, or on the engines' own ranges without one)
 -> one row per candidate and prompt set -> ``compare.json`` and ``compare.md``.
 """
 
@@ -33,18 +36,27 @@ from eaglequant.compare_report import (
     PromptSetSummary,
     recommend,
 )
-from eaglequant.draft import require_bf16_draft
+from eaglequant.draft import (
+    DraftDims,
+    dims_from_config,
+    quantized_tensors,
+    require_bf16_draft,
+    structure_problems,
+)
 from eaglequant.engine.config import EngineOptions, check_kv_cache_dtype, probe_vllm
+from eaglequant.engine.request import ControlTokens
 from eaglequant.engine.result import EngineRun
 from eaglequant.errors import InputError
+from eaglequant.exclusions import predict_fates
 from eaglequant.inspection import size_summary
 from eaglequant.io.checkpoint import read_checkpoint
 from eaglequant.io.output import check_output_path, write_text_atomic
 from eaglequant.progress import Progress
 from eaglequant.prompts.chat import render_for_target
 from eaglequant.prompts.source import PromptSet
+from eaglequant.quantization import method_of
 from eaglequant.quantize.sources import CalibrationSource
-from eaglequant.recipe import Recipe
+from eaglequant.recipe import DEFAULT_RECIPE, Recipe, ValidationSpec, load_recipe
 from eaglequant.spec_counts import SpecDecodeCounts
 from eaglequant.speculative import SCALED_KV_CACHE_DTYPE, draft_kv_cache_dtype
 from eaglequant.validate.acceptance import ACCEPTANCE, PER_POSITION
@@ -52,7 +64,12 @@ from eaglequant.validate.lossless import DEFAULT_TIE_MARGIN, DEFAULT_TIE_STEPS
 from eaglequant.validate.prompt_lengths import check_prompt_lengths
 from eaglequant.validate.request import ValidateRequest, engine_prompts, require_layer_inspection
 from eaglequant.validate.run_slices import slice_run
-from eaglequant.validate.single_engine import EngineRuns, run_per_draft, run_single
+from eaglequant.validate.single_engine import (
+    EngineRuns,
+    control_tokens,
+    run_per_draft,
+    run_single,
+)
 from eaglequant.validate.validation import run_engine, validate_draft
 from eaglequant.validation_report import PASS, Check, CheckId, ValidationReport
 from eaglequant.workload import AcceptanceWorkload, concurrency_of
@@ -60,6 +77,26 @@ from eaglequant.workload import AcceptanceWorkload, concurrency_of
 BF16_ROLE, TARGET_ROLE = "bf16", "target"
 CAPTURE_DIR, CANDIDATES_DIR = "capture", "candidates"
 FAILURE_CHARS = 600
+NAME_PATTERN = r"[A-Za-z0-9][A-Za-z0-9._+-]*"  # a ready-made draft's name: a role and a row
+
+
+@dataclass(frozen=True, kw_only=True)
+class ReadyDraft:
+    """A quantized draft compared as it is (never exported): its name in the rows, its folder."""
+
+    name: str
+    draft: Path
+
+
+@dataclass(frozen=True)
+class _Candidate:
+    """What each row is measured on: a recipe's export or a ready-made draft."""
+
+    name: str
+    draft: Path
+    scheme: str
+    validation: ValidationSpec  # the thresholds its checks are judged by
+    ready_made: bool
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -69,6 +106,7 @@ class CompareRequest:
     prompt_sets: tuple[PromptSet, ...]  # each reported on its own
     recipes: tuple[Recipe, ...]
     out: Path
+    ready_made: tuple[ReadyDraft, ...] = ()  # validated as they are, beside the recipes
     calib_data: Path | None = None  # with the target: capture once from this text
     hidden_states: Path | None = None  # or a capture folder from `eaglequant capture`
     k: int = 3
@@ -112,10 +150,10 @@ def run_engines(
     rendered = engine_prompts(base)
     by_draft = {base.baseline: base} | {c.draft: c for c in candidates.values()}
 
-    def run_one(draft: Path | None) -> EngineRun:
+    def run_one(draft: Path | None, control: ControlTokens | None) -> EngineRun:
         request = by_draft.get(draft, base) if draft is not None else base
         kv = request.draft_kv_cache_dtype if draft == request.draft else None
-        return run_engine(request, draft, rendered, kv)
+        return run_engine(request, draft, rendered, kv, control)
 
     roles: list[tuple[str, Path | None]] = [(TARGET_ROLE, None), (BF16_ROLE, base.baseline)]
     if not base.reference_engine:
@@ -130,7 +168,8 @@ def run_engines(
     runs = run_single(base, rendered, [*roles, *swapped], run_one, progress)
     if own_kv:
         progress("a draft KV-cache dtype is set: its own engine (a swap keeps the KV cache)")
-        others = run_per_draft(own_kv, run_one, progress)
+        control = control_tokens(runs.engines.get(BF16_ROLE))
+        others = run_per_draft(own_kv, run_one, progress, control)
         runs.engines |= others.engines
         runs.target_loads += others.target_loads
     return runs
@@ -138,8 +177,10 @@ def run_engines(
 
 def check_request(request: CompareRequest) -> None:
     """Everything checked before any heavy work."""
-    if not request.recipes:
-        raise InputError("no recipes to compare; pass --recipes NAME[,NAME...]")
+    if not request.recipes and not request.ready_made:
+        raise InputError(
+            "nothing to compare; name a recipe (fp8-static,mxfp4) or give a ready-made draft"
+        )
     sources = [p.source for p in request.prompt_sets]
     if not sources:
         raise InputError("no prompts to compare on; pass --prompts FILE|SET (repeatable)")
@@ -148,14 +189,21 @@ def check_request(request: CompareRequest) -> None:
     names = [r.name for r in request.recipes]
     if len(set(names)) != len(names):
         raise InputError(f"recipes {names}: each recipe may be compared once")
-    require_bf16_draft(read_checkpoint(request.baseline), "compare's baseline")
+    dims = require_bf16_draft(read_checkpoint(request.baseline), "compare's baseline")
+    _check_ready_made(request, dims)
     if not request.target.is_dir():
         raise InputError(f"{request.target}: no such target folder")
-    check_output_path(request.out, [request.baseline, request.target], request.overwrite)
-    if (request.calib_data is None) == (request.hidden_states is None):
+    inputs = [request.baseline, request.target, *(d.draft for d in request.ready_made)]
+    check_output_path(request.out, inputs, request.overwrite)
+    if request.recipes and (request.calib_data is None) == (request.hidden_states is None):
         raise InputError(
             "compare calibrates every candidate from one capture: pass --calib-data FILE "
             "(captured from --target) or --calib-hidden-states DIR"
+        )
+    if not request.recipes and request.calib_data is not None:
+        raise InputError(
+            f"{request.calib_data}: no recipe to calibrate (only ready-made drafts); pass a "
+            "capture folder for check 6 (--calib-hidden-states DIR) or neither"
         )
     if request.calib_data is not None and not request.calib_data.is_file():
         raise InputError(f"{request.calib_data}: no such calibration data file")
@@ -181,6 +229,57 @@ def check_request(request: CompareRequest) -> None:
         )
 
 
+def _check_ready_made(request: CompareRequest, baseline: DraftDims) -> None:
+    """Each ready-made draft: a name no recipe, role or other draft has, and a quantized draft
+    of the BF16 draft's shapes (InputError naming it otherwise)."""
+    import re
+
+    taken = {r.name for r in request.recipes} | {BF16_ROLE, TARGET_ROLE, DEFAULT_RECIPE}
+    folders: set[Path] = set()
+    for ready in request.ready_made:
+        where = f"{ready.draft}: ready-made draft '{ready.name}'"
+        if not re.fullmatch(NAME_PATTERN, ready.name):
+            raise InputError(f"{where}: a name of letters, digits, '.', '_', '+', '-'; name it")
+        if ready.name in taken:
+            raise InputError(
+                f"{where}: the name is taken (by a recipe, an engine role or another draft); "
+                "give it another name"
+            )
+        taken.add(ready.name)
+        if ready.draft.resolve() in folders:
+            raise InputError(f"{where}: this folder is given twice; give it once")
+        folders.add(ready.draft.resolve())
+        if not (ready.draft / "config.json").is_file():
+            raise InputError(f"{where}: no config.json there; pass a quantized draft's folder")
+        ckpt = read_checkpoint(ready.draft)
+        problems = structure_problems(ckpt)
+        if problems:
+            raise InputError(f"{where}: {problems[0]}")
+        if ckpt.flat_config.get("quantization_config") is None and not quantized_tensors(ckpt):
+            raise InputError(
+                f"{where}: not quantized (no quantization_config, no quantized tensor); pass "
+                "an FP8 draft made from the BF16 draft"
+            )
+        dims = dims_from_config(ckpt.flat_config, str(ready.draft / "config.json"))
+        differs = _first_difference(dims, baseline)
+        if differs:
+            raise InputError(
+                f"{where}: not a draft of the BF16 draft's shapes ({differs}); pass one "
+                f"quantized from {request.baseline}"
+            )
+
+
+def _first_difference(dims: DraftDims, baseline: DraftDims) -> str | None:
+    """``hidden 576, the BF16 draft's 256`` for the first dimension that differs."""
+    import dataclasses
+
+    for item in dataclasses.fields(DraftDims):
+        mine, theirs = getattr(dims, item.name), getattr(baseline, item.name)
+        if mine != theirs:
+            return f"{item.name} {mine}, the BF16 draft's {theirs}"
+    return None
+
+
 def compare(
     request: CompareRequest,
     progress: Progress = lambda _m: None,
@@ -191,51 +290,59 @@ def compare(
 
     check_request(request)
     timings: dict[str, float] = {}
-    (request.out / CANDIDATES_DIR).mkdir(parents=True, exist_ok=True)
-    started = time.perf_counter()
-    capture = _capture_once(request, progress)
-    timings["capture"] = round(time.perf_counter() - started, 3)
-    drafts: dict[str, Path] = {}
-    for recipe in request.recipes:
+    capture = request.hidden_states
+    candidates: list[_Candidate] = []
+    request.out.mkdir(parents=True, exist_ok=True)
+    if request.recipes:
+        (request.out / CANDIDATES_DIR).mkdir(exist_ok=True)
         started = time.perf_counter()
-        progress(f"candidate {recipe.name}: export ...")
-        drafts[recipe.name] = _export(request, recipe, capture, progress)
-        timings[f"export.{recipe.name}"] = round(time.perf_counter() - started, 3)
+        capture = calibration = _capture_once(request, progress)
+        timings["capture"] = round(time.perf_counter() - started, 3)
+        for recipe in request.recipes:
+            started = time.perf_counter()
+            progress(f"candidate {recipe.name}: export ...")
+            draft = _export(request, recipe, calibration, progress)
+            candidates.append(
+                _Candidate(recipe.name, draft, recipe.scheme(), recipe.validation, False)
+            )
+            timings[f"export.{recipe.name}"] = round(time.perf_counter() - started, 3)
+    if request.ready_made:
+        default = load_recipe(DEFAULT_RECIPE).validation
+        candidates += [
+            _Candidate(d.name, d.draft, ready_scheme(d.draft), default, True)
+            for d in request.ready_made
+        ]
     every = PromptSet(
         source="+".join(p.source for p in request.prompt_sets),
         sha256="",
         prompts=[prompt for p in request.prompt_sets for prompt in p.prompts],
     )
-    first = request.recipes[0]
-    base = _validate_request(request, first, drafts[first.name], capture, every)
-    candidates = {
-        r.name: _validate_request(request, r, drafts[r.name], capture, every)
-        for r in request.recipes
-    }
+    base = _validate_request(request, candidates[0], capture, every)
+    requests = {c.name: _validate_request(request, c, capture, every) for c in candidates}
     started = time.perf_counter()
     runner = runner or partial(run_engines, per_draft=request.engine_per_draft)
-    runs = runner(base, candidates, progress)
+    runs = runner(base, requests, progress)
     timings["engines"] = round(time.perf_counter() - started, 3)
     rows, sets, start = [], [], 0
     for prompt_set in request.prompt_sets:
         stop = start + len(prompt_set.prompts)
         engines = {role: _part(run, start, stop, request) for role, run in runs.engines.items()}
         sets.append(_set_summary(prompt_set, engines[BF16_ROLE], request))
-        for recipe in request.recipes:
+        for candidate in candidates:
             started = time.perf_counter()
-            label = f"candidate {recipe.name}" + (
+            label = f"candidate {candidate.name}" + (
                 f" on {prompt_set.source}" if len(request.prompt_sets) > 1 else ""
             )
             progress(f"{label}: checks ...")
-            checked = _validate_request(request, recipe, drafts[recipe.name], capture, prompt_set)
+            checked = _validate_request(request, candidate, capture, prompt_set)
             report = validate_draft(
                 checked,
                 progress=_labelled(progress, label),
                 reuse={role: engines[role] for role in (TARGET_ROLE, BF16_ROLE) if role in engines}
-                | {"fp8": engines[recipe.name]},
+                | {"fp8": engines[candidate.name]},
             )
-            rows.append(_row(request, recipe, checked, report))
-            key = f"validate.{recipe.name}" + (
+            rows.append(_row(request, candidate, checked, report))
+            key = f"validate.{candidate.name}" + (
                 f".{prompt_set.source}" if len(request.prompt_sets) > 1 else ""
             )
             timings[key] = round(time.perf_counter() - started, 3)
@@ -243,6 +350,24 @@ def compare(
     result = _report(request, rows, sets, runs, timings)
     _write(request.out, result)
     return result
+
+
+def ready_scheme(draft: Path) -> str:
+    """A ready-made draft's format in one line, from what its config declares and vLLM would
+    build: ``NVIDIA ModelOpt: fp8 w:per_tensor a:per_tensor static; BF16: lm_head``."""
+    ckpt = read_checkpoint(draft)
+    qcfg = ckpt.flat_config.get("quantization_config")
+    method = method_of(qcfg)
+    if method is None:
+        declared = qcfg.get("quant_method") if isinstance(qcfg, dict) else None
+        return (
+            f"quant_method {declared!r} (not predicted)" if declared else "no quantization_config"
+        )
+    fates = predict_fates(ckpt.flat_config)
+    schemes = list(dict.fromkeys(f.scheme for f in fates if f.quantized))
+    kept = [f.vllm_name.rsplit(".", 1)[-1] for f in fates if not f.quantized]
+    bf16 = f"; BF16: {', '.join(dict.fromkeys(kept))}" if kept else ""
+    return f"{method.label}: {' + '.join(schemes) or 'nothing quantized'}{bf16}"
 
 
 def _labelled(progress: Progress, label: str) -> Progress:
@@ -325,28 +450,29 @@ def _export(request: CompareRequest, recipe: Recipe, capture: Path, progress: Pr
 
 
 def _validate_request(
-    request: CompareRequest, recipe: Recipe, draft: Path, capture: Path, prompt_set: PromptSet
+    request: CompareRequest, candidate: _Candidate, capture: Path | None, prompt_set: PromptSet
 ) -> ValidateRequest:
+    thresholds = candidate.validation
     return ValidateRequest(
         target=request.target,
-        draft=draft,
+        draft=candidate.draft,
         baseline=request.baseline,
         prompts=prompt_set.texts,
         categories=prompt_set.categories,
         prompt_set=prompt_set.describe(),
         chat_template=request.chat_template,
-        min_category_drafts=recipe.validation.min_category_drafts,
+        min_category_drafts=thresholds.min_category_drafts,
         k=request.k,
         max_tokens=request.max_tokens,
-        min_acceptance_ratio=recipe.validation.min_acceptance_ratio,
-        min_position_ratio=recipe.validation.min_position_ratio,
-        scale_tolerance=recipe.validation.scale_tolerance,
+        min_acceptance_ratio=thresholds.min_acceptance_ratio,
+        min_position_ratio=thresholds.min_position_ratio,
+        scale_tolerance=thresholds.scale_tolerance,
         engine_timeout_s=request.engine_timeout_s,
         engine=request.engine,
         capture=request.capture,
         hidden_states=capture,
         draft_kv_cache_dtype=draft_kv_cache_dtype(
-            request.draft_kv_cache_dtype, read_checkpoint(draft).flat_config
+            request.draft_kv_cache_dtype, read_checkpoint(candidate.draft).flat_config
         ),
         reference_engine=request.reference_engine,
         tie_margin=request.tie_margin,
@@ -362,7 +488,10 @@ def _kv_cache(request: CompareRequest, kv: str | None) -> str:
 
 
 def _row(
-    request: CompareRequest, recipe: Recipe, checked: ValidateRequest, report: ValidationReport
+    request: CompareRequest,
+    candidate: _Candidate,
+    checked: ValidateRequest,
+    report: ValidationReport,
 ) -> CandidateRow:
     acceptance = report.check(ACCEPTANCE)  # None when an engine failed: "engines" alone
     per_position = report.check(PER_POSITION)
@@ -371,8 +500,8 @@ def _row(
     size = size_summary(read_checkpoint(checked.draft))
     baseline_bytes = read_checkpoint(request.baseline).total_bytes
     return CandidateRow(
-        recipe=recipe.name,
-        scheme=recipe.scheme(),
+        recipe=candidate.name,
+        scheme=candidate.scheme,
         kv_cache_dtype=_kv_cache(request, checked.draft_kv_cache_dtype),
         bytes_on_disk=size.bytes_on_disk,
         bytes_ratio=round(size.bytes_on_disk / baseline_bytes, 4),
@@ -381,7 +510,7 @@ def _row(
         mean_acceptance=acceptance.fp8_values[0] if acceptance and acceptance.fp8_values else None,
         per_position=list(per_position.fp8_values if per_position else ()),
         acceptance_ratio=judged[0].point if judged else None,
-        min_acceptance_ratio=recipe.validation.min_acceptance_ratio,
+        min_acceptance_ratio=candidate.validation.min_acceptance_ratio,
         passed=report.passed,
         failed_checks=[str(c.name) for c in report.checks if c.counted != PASS],
         failure=_failure(report.checks),
@@ -391,6 +520,7 @@ def _row(
         min_category_drafts=report.min_category_drafts,
         acceptance_interval=judged[0] if judged else None,
         position_intervals=per_position.intervals if per_position else (),
+        ready_made=candidate.ready_made,
     )
 
 

@@ -25,6 +25,7 @@ from eaglequant.errors import InputError
 
 if TYPE_CHECKING:
     from eaglequant.prompts.source import PromptSource
+    from eaglequant.validate.compare import ReadyDraft
 
 
 @click.command()
@@ -45,8 +46,16 @@ if TYPE_CHECKING:
 )
 @click.option(
     "--recipes",
-    required=True,
-    help="Comma-separated candidate recipes, e.g. fp8-static,ptpc-fp8,mxfp8,mxfp4.",
+    help="Comma-separated candidate recipes, e.g. fp8-static,ptpc-fp8,mxfp8,mxfp4; 'none' (or "
+    "left out, with --candidate) exports nothing and needs no calibration.",
+)
+@click.option(
+    "--candidate",
+    "candidates",
+    multiple=True,
+    metavar="[NAME=]DIR",
+    help="A ready-made quantized draft of BASELINE (another tool's, or an earlier export), "
+    "validated as it is beside the recipes, named by its folder or NAME; repeatable.",
 )
 @click.option("--calib-data", type=PATH, help="Calibration text, captured once from --target.")
 @click.option("--calib-hidden-states", type=PATH, help="A folder written by `eaglequant capture`.")
@@ -69,7 +78,8 @@ def compare(
     target: Path,
     prompts: tuple[PromptSource, ...],
     no_chat_template: bool,
-    recipes: str,
+    recipes: str | None,
+    candidates: tuple[str, ...],
     calib_data: Path | None,
     calib_hidden_states: Path | None,
     out: Path,
@@ -87,7 +97,8 @@ def compare(
     capture_engine: str | None,
     overwrite: bool,
 ) -> None:
-    """Export BASELINE with every recipe from one capture, validate each in vLLM, recommend one.
+    """Export BASELINE with every recipe from one capture, validate each (and each ready-made
+    --candidate) in vLLM, recommend one.
 
     Exit 0 when a candidate passes (the default fp8-static is recommended when it passes,
     unless another is 5% smaller or decidedly better in acceptance; the reason is printed),
@@ -99,15 +110,20 @@ def compare(
     from eaglequant.validate.compare import CompareRequest
     from eaglequant.validate.compare import compare as run
 
-    names = [name.strip() for name in recipes.split(",") if name.strip()]
-    if not names:
-        raise InputError("--recipes: name at least one recipe, e.g. fp8-static,mxfp4")
+    names = [name.strip() for name in (recipes or "").split(",") if name.strip()]
+    if names == ["none"]:
+        names = []
+    if not names and not candidates:
+        raise InputError(
+            "--recipes: name at least one recipe, e.g. fp8-static,mxfp4, or pass --candidate DIR"
+        )
     request = CompareRequest(
         baseline=baseline,
         target=target,
         prompt_sets=tuple(load_prompts(source) for source in prompts),
         chat_template=not no_chat_template,
         recipes=tuple(load_recipe(name) for name in names),
+        ready_made=tuple(ready_draft(value) for value in candidates),
         out=out,
         calib_data=calib_data,
         hidden_states=calib_hidden_states,
@@ -128,3 +144,16 @@ def compare(
     report = run(request, progress=lambda m: click.echo(f"[eaglequant] {m}", err=True))
     click.echo((out / COMPARE_MD).read_text())
     sys.exit(0 if report.recommended else 1)
+
+
+def ready_draft(value: str) -> ReadyDraft:
+    """``--candidate [NAME=]DIR``: named NAME, else by its folder's name."""
+    from eaglequant.validate.compare import ReadyDraft
+
+    name, sep, folder = value.partition("=")
+    if not sep or "/" in name:  # a path that holds '=' is a folder
+        name, folder = "", value
+    if not folder:
+        raise InputError(f"--candidate {value}: name a folder, NAME=DIR or DIR")
+    path = Path(folder)
+    return ReadyDraft(name=name or path.resolve().name, draft=path)

@@ -59,7 +59,7 @@ def _compare_set(prompt_set: PromptSetSummary, rows: list[CandidateRow]) -> list
         f"{number_text(prompt_set.baseline_mean_acceptance)}, by position {bf16_pos}"
         f"{_workload_text(prompt_set.workload, name)}.",
         "",
-        "| recipe | format | draft KV cache | bytes | vs BF16 | params quantized | lossless "
+        "| candidate | format | draft KV cache | bytes | vs BF16 | params quantized | lossless "
         "| mean acceptance | by position | vs BF16 | verdict |",
         "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
@@ -74,8 +74,9 @@ def _compare_set(prompt_set: PromptSetSummary, rows: list[CandidateRow]) -> list
         )
         verdict = "PASS" if row.passed else row.verdict
         verdict += "" if row.passed else " (" + ", ".join(row.failed_checks) + ")"
+        made = " (ready-made)" if row.ready_made else ""
         lines.append(
-            f"| `{row.recipe}` | {row.scheme} | {row.kv_cache_dtype} | "
+            f"| `{row.recipe}`{made} | {row.scheme} | {row.kv_cache_dtype} | "
             f"{row.bytes_on_disk} | {row.bytes_ratio:.3f} | "
             f"{row.quantized_fraction:.1%} | {'yes' if row.lossless else 'NO'} | "
             f"{number_text(row.mean_acceptance)} | {per_pos} | {ratio} "

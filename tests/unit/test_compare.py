@@ -257,7 +257,7 @@ def test_markdown_has_a_table_per_prompt_set_and_each_candidates_categories() ->
     text = compare_markdown(report)
     assert "/data/sets" not in text  # a file by its name: the table goes into cards
     assert "- `mxfp4` on `mt-bench.jsonl`: 2 failed" in text
-    assert text.count("| recipe | format |") == 2 and text.count("\n| `") == 4
+    assert text.count("| candidate | format |") == 2 and text.count("\n| `") == 4
     assert text.index("Prompts `p.jsonl`") < text.index("Prompts `mt-bench.jsonl` (80 prompts")
     assert "`mxfp4` on `mt-bench.jsonl` by category:" in text
     assert "| math | 4 | 300 / 310 | 3.000 | 2.400 | 0.800 | 0.700:0.900 |" in text
