@@ -1,8 +1,10 @@
 """The prompts file format and the prompt record every source yields.
 
 ``.jsonl``: one object a line with the prompt in ``text``, ``prompt`` or
-``turns`` (a list of strings: a multi-turn question, of which the first turn
-is sent), and optionally ``category`` (a string). ``.txt``: one prompt a line.
+``turns`` (a list of strings: a multi-turn question; the first turn is the prompt, the
+second is kept as its ``followup``, asked after the model's own answer where a command measures
+second turns; later turns are not read), and optionally ``category`` (a string). ``.txt``: one
+prompt a line.
 """
 
 from __future__ import annotations
@@ -20,10 +22,12 @@ TEXT_HASH_CHARS = 16
 
 @dataclass(frozen=True)
 class Prompt:
-    """One prompt: its text (the first turn of a multi-turn record) and its category."""
+    """One prompt: its text (the first turn of a multi-turn record), its category, and the
+    record's second turn (None: a single-turn prompt)."""
 
     text: str
     category: str | None = None
+    followup: str | None = None
 
 
 def text_hash(text: str) -> str:
@@ -46,17 +50,19 @@ def read_prompt_file(path: Path) -> list[Prompt]:
 def prompt_record(where: str, record: dict[str, Any]) -> Prompt:
     """One record's prompt; ``where`` (file:line) names it in the error."""
     text = record.get("text", record.get("prompt"))
+    followup = None
     if text is None and "turns" in record:
         turns = record["turns"]
         if not isinstance(turns, list) or not turns or not all(isinstance(t, str) for t in turns):
             raise InputError(f"{where}: 'turns' must be a non-empty list of strings")
         text = turns[0]
+        followup = turns[1] if len(turns) > 1 and turns[1].strip() else None
     if not isinstance(text, str):
         raise InputError(f"{where}: needs a 'text' or 'prompt' string or a 'turns' list")
     category = record.get("category")
     if category is not None and not isinstance(category, str):
         raise InputError(f"{where}: 'category' must be a string, got {category!r}")
-    return Prompt(text, category)
+    return Prompt(text, category, followup)
 
 
 def read_prompts(path: Path) -> list[str]:

@@ -27,7 +27,8 @@ class PromptSetSpec(PinnedMember):
 
 
 def _mt_bench(data: bytes, where: str) -> list[Prompt]:
-    """FastChat's question.jsonl: ``category`` and two ``turns``, the first one sent."""
+    """FastChat's question.jsonl: ``category`` and two ``turns``: the first is the prompt, the
+    second its ``followup``."""
     records = [json.loads(line) for line in data.decode("utf-8").splitlines() if line.strip()]
     return [prompt_record(f"{where}:{n}", r) for n, r in enumerate(records, 1)]
 
@@ -84,7 +85,8 @@ SETS: dict[str, PromptSetSpec] = {
             sha256="119565adbab82227089cefdb44c8d7e2cf04dc0a0ec233634c82e7d4e2a944f7",
             size=48929,
             license="Apache-2.0",
-            description="MT-Bench: 80 two-turn questions, 8 categories of 10 (first turn sent)",
+            description="MT-Bench: 80 two-turn questions, 8 categories of 10 (first turn sent; "
+            "the second with validate --second-turns)",
             parse=_mt_bench,
         ),
         PromptSetSpec(

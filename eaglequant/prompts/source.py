@@ -53,6 +53,13 @@ class PromptSet:
             return None
         return [p.category or "uncategorised" for p in self.prompts]
 
+    @property
+    def followups(self) -> list[str | None] | None:
+        """Each prompt's second turn (None where it has none), or None when no prompt has one."""
+        if all(p.followup is None for p in self.prompts):
+            return None
+        return [p.followup for p in self.prompts]
+
     def describe(self) -> PromptSetRecord:
         return {"source": self.source, "sha256": self.sha256, "prompts": len(self.prompts)}
 

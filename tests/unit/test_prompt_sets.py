@@ -84,7 +84,7 @@ def test_non_string_category_names_file_and_line(tmp_path: Path) -> None:
     assert _one_error_line(result) == f"error: {prompts}:3: 'category' must be a string, got 3"
 
 
-def test_prompt_file_categories_and_first_turns(tmp_path: Path) -> None:
+def test_prompt_file_categories_and_turns(tmp_path: Path) -> None:
     path = tmp_path / "p.jsonl"
     records = [
         {"turns": ["first question", "follow-up"], "category": "math"},
@@ -93,12 +93,13 @@ def test_prompt_file_categories_and_first_turns(tmp_path: Path) -> None:
     ]
     path.write_text("".join(json.dumps(r) + "\n" for r in records))
     assert read_prompt_file(path) == [
-        Prompt("first question", "math"),
+        Prompt("first question", "math", followup="follow-up"),
         Prompt("plain", None),
         Prompt("coded", "code"),
     ]
     loaded = load_prompts(parse_source(str(path)))
     assert loaded.categories == ["math", "uncategorised", "code"]
+    assert loaded.followups == ["follow-up", None, None]
     assert loaded.sha256 == hashlib.sha256(path.read_bytes()).hexdigest()
     path.write_text(json.dumps({"turns": ["ok", 2]}) + "\n")
     with pytest.raises(InputError, match=r"p.jsonl:1: 'turns' must be a non-empty list"):
