@@ -23,6 +23,7 @@ from eaglequant.engine.result import EngineRecord, RequestCounts, SpecMetrics
 from eaglequant.environment import EnvironmentRecord
 from eaglequant.errors import InputError
 from eaglequant.manifest import field_values, read_json_object
+from eaglequant.prompts.turns import SecondTurnsRecord
 from eaglequant.spec_counts import AcceptanceRecord
 from eaglequant.workload import AcceptanceWorkload, concurrency_of
 
@@ -311,6 +312,7 @@ class ValidationReport:
     score_s: float = 0.0  # of generate_s: check 1's teacher-forced scoring
     temperature: float = 0.0  # checks 2 and 5's runs: greedy, or sampled with these seeds
     sampling_seeds: list[int] = field(default_factory=list)
+    second_turns: SecondTurnsRecord | None = None  # which prompts are second turns, their context
 
     @property
     def passed(self) -> bool:

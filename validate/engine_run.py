@@ -7,8 +7,9 @@ SPEC is a JSON file: ``llm`` (the ``vllm.LLM`` keyword arguments from
 adds special tokens (not for chat-templated prompts), max_tokens and the
 number of top logprobs to record (None for none). The process applies the platform's
 defaults (CPU only: eager mode, KV cache space, thread binding), starts an
-offline ``vllm.LLM`` (greedy), generates (then, when asked, once per sampling seed at a
-temperature), and writes OUT (an
+offline ``vllm.LLM`` (greedy), answers the first turns of any second turns it is asked
+(``second_turns``: measured after the prompts), generates (then, when asked, once per
+sampling seed at a temperature), and writes OUT (an
 :class:`~eaglequant.engine.result.EngineResult`, with its schema version) with the token ids
 (and top logprobs), the spec-decode counters from ``LLM.get_metrics()`` and,
 for a speculative run, each prompt's own (``per_request``: vLLM's
@@ -177,16 +178,26 @@ class DraftInspector:
 
 def run(spec: EngineRequestJson) -> EngineResult:
     """In the engine child: the engine ``spec`` asks for (an :class:`EngineRequest`), its run."""
+    from eaglequant.validate.second_turns import answer_first_turns
+
     request = EngineRequest.from_json(spec)
     started = time.perf_counter()
     llm, kwargs = open_llm(request)
     loaded = time.perf_counter()
+    request, answered = answer_first_turns(llm, request, kwargs)
+    answered_metrics = spec_metrics(llm) if answered else {}
+    began = time.perf_counter()
     result = generate(llm, request, kwargs)
-    return {
+    if answered:  # the answers' counts are not the measured run's
+        result["metrics"] = metrics_delta(result["metrics"], answered_metrics)
+    finished: EngineResult = {
         **result,
         "load_s": round(loaded - started, 2),
-        "generate_s": round(time.perf_counter() - loaded, 2),
+        "generate_s": round(time.perf_counter() - began, 2),
     }
+    if answered:
+        finished["second_turns"] = answered
+    return finished
 
 
 def require_cpu_patches() -> None:

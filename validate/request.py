@@ -4,7 +4,7 @@ can be made before any engine starts (``check_inputs``); the prompts as the engi
 from __future__ import annotations
 
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from eaglequant.binding import Binding, binding
@@ -24,6 +24,7 @@ from eaglequant.io.checkpoint import Checkpoint, read_checkpoint
 from eaglequant.manifest import MANIFEST_FILE, read_json_object, read_manifest
 from eaglequant.prompts.chat import RenderedPrompts, render_for_target
 from eaglequant.prompts.source import text_hashes
+from eaglequant.prompts.turns import SecondTurns, SecondTurnsJson, asked_turns
 from eaglequant.recipe import ValidationSpec, load_recipe
 from eaglequant.speculative import kv_source
 from eaglequant.target_fit import check_target_fits
@@ -55,6 +56,9 @@ class ValidateRequest:
     draft_kv_cache_dtype: str | None = None  # the validated draft's KV cache (the BF16 one: auto)
     draft_attention_backend: str | None = None  # both drafts' (vLLM's name); None: vLLM picks
     categories: list[str] | None = None  # one per prompt
+    # One per prompt: its second turn, measured after the target's own answer to the prompt
+    # (None where it has none); None: first turns only.
+    followups: list[str | None] | None = None
     min_category_drafts: int = ValidationSpec.min_category_drafts
     prompt_set: PromptSetRecord | None = None  # the prompts' source and sha256
     chat_template: bool = True  # render with the target's chat template when it has one
@@ -111,6 +115,11 @@ def check_inputs(request: ValidateRequest) -> CheckedInputs:
             f"{len(request.categories)} categories for {len(request.prompts)} prompts; "
             "give one category per prompt"
         )
+    if request.followups is not None and len(request.followups) != len(request.prompts):
+        raise InputError(
+            f"{len(request.followups)} second turns for {len(request.prompts)} prompts; "
+            "give one per prompt (None where a prompt has none)"
+        )
     files = {"draft": binding(request.draft), "baseline": binding(request.baseline)}
     dims, read = {}, {}
     for folder in (request.draft, request.baseline):
@@ -164,8 +173,19 @@ def require_layer_inspection(install: VllmInstall, command: str) -> None:
 
 
 def engine_prompts(request: ValidateRequest) -> RenderedPrompts:
-    """The prompts as every engine gets them: through the target's chat template, if asked."""
-    return render_for_target(request.target, request.prompts, request.chat_template)
+    """The prompts as every engine gets them: through the target's chat template, if asked;
+    with ``followups``, their second turns asked of the first engine that runs."""
+    rendered = render_for_target(request.target, request.prompts, request.chat_template)
+    if not request.followups:
+        return rendered
+    asked: SecondTurnsJson = {
+        "turns": asked_turns(request.prompts, request.followups),
+        "chat_template": rendered.chat_template,
+        "tokenizer": str(request.target),
+        "trust_remote_code": False,  # as the first turns were rendered
+        "max_tokens": request.max_tokens,
+    }
+    return replace(rendered, second_turns=SecondTurns(asked))
 
 
 def calibration_overlap(draft: Path, prompts: list[str]) -> CalibrationOverlap | None:

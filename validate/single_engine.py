@@ -4,9 +4,12 @@
 SPEC OUT``) with the first draft, generates, then for each next draft swaps it in
 through the worker extension (``eaglequant.engine.swap``), resets the prefix
 cache so no block the previous draft computed is read again, and generates
-again. Each draft's result is an ``EngineResult`` (:mod:`eaglequant.engine.result`) as
-``engine_run.run`` gives a fresh engine's, with the spec-decode counters taken as the
-difference over its own run and its engine configuration naming its own draft.
+again. Asked for second turns (``EngineRequest.second_turns``), the engine first answers
+the first turns with the first draft (``second_turns.answer_first_turns``) and every draft
+measures the same conversations after the prompts. Each draft's result is an
+``EngineResult`` (:mod:`eaglequant.engine.result`) as ``engine_run.run`` gives a fresh
+engine's, with the spec-decode counters taken as the difference over its own run and its
+engine configuration naming its own draft.
 
 The target-alone reference still gets its own engine: vLLM has no per-request or
 runtime switch that turns speculation off in an engine built with it (its only
@@ -155,6 +158,8 @@ def run_shared(
     # The engine ended (a crash, a timeout) during a draft: the runs before it stand.
     done, kept = outcome.result, outcome.partial
     runs = (done or kept or {"runs": []})["runs"]
+    if rendered.second_turns is not None and runs:
+        rendered.second_turns.adopt(runs[0])  # every later engine measures its conversations
     engines: dict[str, EngineRun] = {}
     for index, (role, _) in enumerate(drafts):
         engine: EngineRun = {
@@ -191,13 +196,14 @@ def shared_spec(
     return EngineRequest(
         llm=llm_kwargs(request.engine, str(request.target), speculative[0]),
         drafts=speculative,
-        prompts=rendered.texts,
+        prompts=rendered.for_engine(),
         add_special_tokens=rendered.add_special_tokens,
         max_tokens=request.max_tokens,
         teacher_forced=None if request.reference_engine else TEACHER_FORCED_RANKS,
         draft_ranges=request.hidden_states is None,  # check 6 from these runs
         sample_temperature=request.temperature,
         sample_seeds=list(request.sampling_seeds),
+        second_turns=rendered.second_turns.pending() if rendered.second_turns else None,
     )
 
 
@@ -212,13 +218,16 @@ def run(spec: EngineRequestJson) -> SharedRuns:
     """In the engine child: each of the request's drafts in turn, swapped into one engine."""
     from eaglequant.engine.introspection import engine_record
     from eaglequant.validate.engine_run import generate, open_llm, spec_metrics
+    from eaglequant.validate.second_turns import answer_first_turns
 
     request = EngineRequest.from_json(spec)
     started = time.perf_counter()
     llm, kwargs = open_llm(request)
     ready = time.perf_counter()
+    # The first draft's engine answers the first turns, once for every draft.
+    request, answered = answer_first_turns(llm, request, kwargs)
     runs: list[EngineResult] = []
-    before: SpecMetrics = {}
+    before: SpecMetrics = spec_metrics(llm) if answered else {}
     for index, speculative in enumerate(request.drafts):
         load_s = ready - started
         if index:
@@ -238,6 +247,8 @@ def run(spec: EngineRequestJson) -> SharedRuns:
             "generate_s": round(time.perf_counter() - began, 2),
             "swapped": bool(index),
         }
+        if answered and not index:
+            result["second_turns"] = answered
         before = spec_metrics(llm) if generated.get("sampled") else cumulative
         runs.append(result)
         if request.partial_path:  # where the parent reads them should the engine end early

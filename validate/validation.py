@@ -94,6 +94,7 @@ from eaglequant.validate.request import (
     check_inputs,
     engine_prompts,
 )
+from eaglequant.validate.second_turns import check_second_turn_lengths, measured_request
 from eaglequant.validate.single_engine import run_per_draft, run_single
 from eaglequant.validation_report import (
     CategoryRow,
@@ -125,6 +126,16 @@ def validate_draft(
         install=probe_vllm(sys.executable),
         source=request.prompt_set["source"] if request.prompt_set else "the prompts",
     )
+    if rendered.second_turns is not None:
+        check_second_turn_lengths(
+            request.target,
+            rendered,
+            max_tokens=request.max_tokens,
+            engine=request.engine,
+            install=probe_vllm(sys.executable),
+            source=request.prompt_set["source"] if request.prompt_set else "the prompts",
+        )
+    first_turns = request.prompts
     engines: dict[str, EngineRun] = dict(reuse or {})
 
     def run_one(draft: Path | None) -> EngineRun:
@@ -149,6 +160,7 @@ def validate_draft(
         progress(f"{unscored}: a target-alone engine for check 1 instead")
         runs.engines["target"] = engines["target"] = run_one(None)
         runs.target_loads += 1
+    request = measured_request(request, rendered)  # the answered second turns after the prompts
     checks = _fail_closed(ENGINE_CHECKS, lambda: _engine_checks(request, checked, engines))
     categories = _categories(request, engines)
     if categories is not None:
@@ -156,7 +168,7 @@ def validate_draft(
     progress("scale plausibility ...")
     [plausibility] = _fail_closed(
         (CheckId.SCALES,),
-        lambda: [scale_plausibility(request, checked, engines, rendered, progress)],
+        lambda: [scale_plausibility(request, checked, engines, rendered.measured(), progress)],
     )
     checks.append(plausibility)
     if request.against is not None:
@@ -180,7 +192,7 @@ def validate_draft(
         environment=environment(),
         chat_template=rendered.chat_template,
         prompt_set=request.prompt_set,
-        calibration_overlap=calibration_overlap(request.draft, request.prompts),
+        calibration_overlap=calibration_overlap(request.draft, first_turns),
         categories=categories,
         min_category_drafts=request.min_category_drafts if request.categories else None,
         prompt_categories=request.categories,
@@ -192,6 +204,9 @@ def validate_draft(
         score_s=_total(runs.engines, "score_s"),
         temperature=request.temperature,
         sampling_seeds=list(request.sampling_seeds),
+        second_turns=rendered.second_turns.record(len(first_turns))
+        if rendered.second_turns
+        else None,
     )
 
 
@@ -271,7 +286,7 @@ def run_engine(
         )
     spec = EngineRequest(
         llm=llm_kwargs(request.engine, str(request.target), speculative),
-        prompts=rendered.texts,
+        prompts=rendered.for_engine(),
         add_special_tokens=rendered.add_special_tokens,
         max_tokens=request.max_tokens,
         logprobs=None if draft else TOP_LOGPROBS,
@@ -279,6 +294,7 @@ def run_engine(
         draft_ranges=bool(draft) and request.hidden_states is None,  # check 6
         sample_temperature=request.temperature if draft else 0.0,
         sample_seeds=list(request.sampling_seeds) if draft else [],
+        second_turns=rendered.second_turns.pending() if rendered.second_turns else None,
     )
     outcome = run_engine_child(
         "eaglequant.validate.engine_run",
@@ -295,6 +311,8 @@ def run_engine(
     }
     if outcome.result is not None:
         engine["result"] = outcome.result
+        if rendered.second_turns is not None:  # every later engine measures its conversations
+            rendered.second_turns.adopt(outcome.result)
     return engine
 
 

@@ -32,7 +32,14 @@ if TYPE_CHECKING:
 # validate --help lists its options by what they are for.
 SECTIONS = {
     "What to validate": ("target", "draft", "baseline", "k", "recipe"),
-    "Prompts": ("prompts", "no_chat_template", "max_tokens", "temperature", "seeds"),
+    "Prompts": (
+        "prompts",
+        "no_chat_template",
+        "second_turns",
+        "max_tokens",
+        "temperature",
+        "seeds",
+    ),
     "Engine": (
         "tensor_parallel_size",
         "engine_args",
@@ -75,6 +82,14 @@ SECTIONS = {
     "--no-chat-template",
     is_flag=True,
     help="Send the prompts raw, not through the target's chat template (used when it has one).",
+)
+@click.option(
+    "--second-turns",
+    is_flag=True,
+    help="Also measure each prompt's second turn (MT-Bench's, a .jsonl record's second of "
+    "'turns'), asked after the target's own greedy answer to the first (generated once, "
+    "before the measured runs, stopping at EOS or --max-tokens) through its chat template, and "
+    "counted in the prompt's category; prompts without one are measured as they are.",
 )
 @click.option("--max-tokens", type=click.IntRange(min=1), default=48, show_default=True)
 @click.option(
@@ -167,6 +182,7 @@ def validate(
     k: int,
     prompts: PromptSource,
     no_chat_template: bool,
+    second_turns: bool,
     max_tokens: int,
     temperature: float,
     seeds: tuple[int, ...],
@@ -210,12 +226,18 @@ def validate(
         check_file_output(path)
     thresholds = validation_spec(draft, recipe)
     prompt_set = load_prompts(prompts)
+    if second_turns and prompt_set.followups is None:
+        raise InputError(
+            f"{prompts}: no prompt has a second turn; --second-turns needs a set with them "
+            "(mt-bench) or a .jsonl whose records have two 'turns'"
+        )
     request = ValidateRequest(
         target=target,
         draft=draft,
         baseline=baseline,
         prompts=prompt_set.texts,
         categories=prompt_set.categories,
+        followups=prompt_set.followups if second_turns else None,
         prompt_set=prompt_set.describe(),
         chat_template=not no_chat_template,
         min_category_drafts=thresholds.min_category_drafts,

@@ -12,6 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any, TypedDict
 
+from eaglequant.prompts.turns import SecondTurnsJson
 from eaglequant.speculative import SpeculativeDict
 
 
@@ -29,6 +30,7 @@ class EngineRequestJson(TypedDict):
     partial_path: str | None
     sample_temperature: float
     sample_seeds: list[int]
+    second_turns: SecondTurnsJson | None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -48,6 +50,9 @@ class EngineRequest:
     # vLLM's rejection sampling), each counted on its own (checks 2 and 5 as served).
     sample_temperature: float = 0.0
     sample_seeds: list[int] = field(default_factory=list)
+    # Before the measured runs: answer these first turns greedily, then measure each rendered
+    # conversation after the prompts (eaglequant.prompts.turns); None: the prompts alone.
+    second_turns: SecondTurnsJson | None = None
 
     def to_json(self) -> EngineRequestJson:
         return {
@@ -62,6 +67,7 @@ class EngineRequest:
             "partial_path": self.partial_path,
             "sample_temperature": self.sample_temperature,
             "sample_seeds": self.sample_seeds,
+            "second_turns": self.second_turns,
         }
 
     @classmethod

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any, Literal, TypedDict, cast
 
 from eaglequant.errors import InputError
 from eaglequant.manifest import read_json_object
+from eaglequant.prompts.turns import AnsweredJson
 
 if TYPE_CHECKING:  # Python 3.11's; annotations stay strings at run time (3.10 too)
     from typing import NotRequired
@@ -163,6 +164,7 @@ class EngineResult(Generated):
     load_s: float
     generate_s: float
     swapped: NotRequired[bool]
+    second_turns: NotRequired[AnsweredJson]  # the engine that answered the first turns
 
 
 class SharedRuns(TypedDict):

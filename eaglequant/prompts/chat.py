@@ -4,7 +4,8 @@ The endpoint renders one user message with ``add_generation_prompt=True`` and
 tokenizes the result without adding special tokens (the template writes its
 own BOS); a raw prompt is tokenized with them, as the completions endpoint and
 ``LLM.generate`` do. :class:`RenderedPrompts` carries both the texts and that
-choice, so every engine and the scale check tokenize the same way.
+choice, so every engine and the scale check tokenize the same way, and the second turns
+asked of the engines (:mod:`eaglequant.prompts.turns`), once answered.
 """
 
 from __future__ import annotations
@@ -13,15 +14,31 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from eaglequant.prompts.turns import SecondTurns
+
 
 @dataclass(frozen=True)
 class RenderedPrompts:
+    """The prompts as rendered; ``second_turns``: their follow-ups, answered in place by the
+    first engine that runs (None: first turns only)."""
+
     texts: list[str]
     chat_template: bool
+    second_turns: SecondTurns | None = None
 
     @property
     def add_special_tokens(self) -> bool:
         return not self.chat_template
+
+    def for_engine(self) -> list[str]:
+        """What the next engine is given: the prompts, then the second turns once answered
+        (until then the engine is asked to answer them: ``second_turns.pending()``)."""
+        answered = self.second_turns.answered if self.second_turns else None
+        return self.texts + (answered["prompts"] if answered else [])
+
+    def measured(self) -> RenderedPrompts:
+        """Every prompt the engines measured, the answered second turns after the first."""
+        return RenderedPrompts(self.for_engine(), self.chat_template)
 
 
 def has_chat_template(tokenizer: Any) -> bool:

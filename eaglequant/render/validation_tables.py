@@ -7,6 +7,7 @@ from collections.abc import Mapping
 
 from eaglequant.engine.result import EngineRecord
 from eaglequant.environment import reproducing_env
+from eaglequant.prompts.turns import describe as describe_second_turns
 from eaglequant.validation_report import (
     ADVISORY_WHEN_UNDECIDED,
     FAIL,
@@ -130,6 +131,8 @@ def prompts_line(report: ValidationReport) -> str:
         )
     elif overlap:
         text += f" None is among the draft's calibration texts (`{overlap['calibration']}`)."
+    if report.second_turns:
+        text += " " + describe_second_turns(report.second_turns)
     return text
 
 
