@@ -281,6 +281,14 @@ def generate(llm: Any, request: EngineRequest, kwargs: dict[str, Any]) -> Genera
         began = time.perf_counter()
         scored["teacher_forced"] = teacher_forced(llm, outputs, request.teacher_forced)
         scored["teacher_forced_scores"] = RAW_LOGITS  # asked of the engine in open_llm
+        scored["prompt_token_ids"] = [list(o.prompt_token_ids) for o in outputs]
+        if request.control is not None:  # the control's tokens, scored by this engine's target
+            scored["control_rescored"] = score_sequences(
+                llm,
+                request.control["prompt_token_ids"],
+                request.control["token_ids"],
+                request.teacher_forced,
+            )
         scored["score_s"] = round(time.perf_counter() - began, 2)
     metrics = spec_metrics(llm)
     if speculative and request.sample_seeds:
@@ -311,6 +319,8 @@ class Scored(TypedDict, total=False):
     draft_ranges: dict[str, LinearRange]
     teacher_forced: list[TopLogprobs]
     teacher_forced_scores: str
+    prompt_token_ids: list[list[int]]
+    control_rescored: list[TopLogprobs]
     score_s: float
     sampled: list[SampledRun]
 
@@ -361,18 +371,27 @@ def teacher_forced(llm: Any, outputs: Any, ranks: int) -> list[TopLogprobs]:
     The prefill is the target's forward pass alone (a draft proposes only after it), so a
     generated token ranked first there is the target's greedy choice given its prefix.
     """
+    prompt_ids = [list(o.prompt_token_ids) for o in outputs]
+    return score_sequences(llm, prompt_ids, [list(o.outputs[0].token_ids) for o in outputs], ranks)
+
+
+def score_sequences(
+    llm: Any, prompt_ids: list[list[int]], output_ids: list[list[int]], ranks: int
+) -> list[TopLogprobs]:
+    """Each prompt's tokens followed by its output's, scored in one prefill of the engine: per
+    output position the target's ``ranks`` best tokens and the output's own, by rank."""
     from vllm import SamplingParams
     from vllm.inputs import TokensPrompt
 
     prompts = [
-        TokensPrompt(prompt_token_ids=[*o.prompt_token_ids, *o.outputs[0].token_ids])
-        for o in outputs
+        TokensPrompt(prompt_token_ids=[*prompt, *output])
+        for prompt, output in zip(prompt_ids, output_ids, strict=True)
     ]
     params = SamplingParams(temperature=0.0, max_tokens=1, prompt_logprobs=ranks)
     scored = llm.generate(prompts, params, use_tqdm=False)
     return [
-        _top_logprobs(s.prompt_logprobs[len(o.prompt_token_ids) :])
-        for o, s in zip(outputs, scored, strict=True)
+        _top_logprobs(s.prompt_logprobs[len(prompt) :])
+        for prompt, s in zip(prompt_ids, scored, strict=True)
     ]
 
 

@@ -55,6 +55,10 @@ DEFAULT_TIE_STEPS = 0.0
 # NOISE_CEILING nats is no tie in any run, the control's included.
 FLIP_EXCESS_ALPHA = 0.001
 NOISE_CEILING = 1.0
+# After a candidate's run its engine scores the control's tokens again: the target must score
+# them as the control's engine did, up to this many BF16 rounding steps of each score (a
+# prefill of the same batch is deterministic; an FP8 KV cache that reached the target is not).
+IDENTITY_STEPS = 1.0
 RAW_LOGITS = "raw_logits"  # the engine result's teacher_forced_scores when they are logits
 BF16_MANTISSA_BITS = 7
 TOP_LOGPROBS = 5
@@ -172,6 +176,7 @@ def teacher_forced_check(
     tie_margin: float = DEFAULT_TIE_MARGIN,
     tie_steps: float | None = None,
     reference: str | None = None,
+    rescored: Mapping[str, Sequence[TopLogprobs | None]] | None = None,
 ) -> Check:
     """Check 1 from teacher-forced scores (``runs``: draft -> (token ids, scores per prompt)):
     every generated token must be the target's argmax given its own prefix, scored by the
@@ -184,6 +189,9 @@ def teacher_forced_check(
     control) records the reference's own flips as the engine's noise and passes a
     candidate's flip that the reference made too; other flips as ``near-tie``.
     A run without a score at some generated position fails: nothing observed passes nothing.
+    ``rescored`` (draft -> scores): the reference's tokens scored again in that draft's engine
+    after its run; they must equal the reference's own scores (:func:`same_target`), else the
+    draft's run was served by another target (something of the draft's reached it).
     """
     control = runs.get(reference) if mode == "paired" and reference else None
     if mode == "paired" and control is None:
@@ -228,6 +236,11 @@ def teacher_forced_check(
         "positions": positions,
         "positions_by_draft": by_draft,
         "smallest_top2_margin": closest,
+        "target_identity": {
+            draft: asdict(same_target(control[1], scores))
+            for draft, scores in (rescored or {}).items()
+            if control is not None and draft != reference
+        },
     }
     return judge_flips(divergences, numbers)
 
@@ -248,6 +261,11 @@ def judge_flips(divergences: Sequence[Divergence], numbers: dict[str, Any]) -> C
         judged, populations = _against_control(judged, reference, _positions(numbers, judged))
     failed = [d for d in judged if d.verdict == "fail"]
     noise = [d.margin for d in judged if d.verdict == "noise" and d.margin is not None]
+    others = {
+        draft: TargetIdentity(**seen)
+        for draft, seen in (numbers.get("target_identity") or {}).items()
+        if not TargetIdentity(**seen).same
+    }
     numbers = {
         **numbers,
         "reference_noise": {"flips": len(noise), "largest_margin": max(noise, default=None)},
@@ -258,7 +276,66 @@ def judge_flips(divergences: Sequence[Divergence], numbers: dict[str, Any]) -> C
     if not failed and numbers["positions"] == 0:
         return Check(CheckId.LOSSLESS, False, "no generated token was scored", numbers)
     detail = _forced_detail(judged, failed, mode, populations)
-    return Check(CheckId.LOSSLESS, not failed, detail, numbers)
+    if others:
+        detail = f"{_other_targets(others, reference)}; {detail}"
+    return Check(CheckId.LOSSLESS, not failed and not others, detail, numbers)
+
+
+@dataclass(frozen=True)
+class TargetIdentity:
+    """The reference run's tokens as another draft's engine scored them, against the
+    reference's own scores: positions compared, how many differ beyond IDENTITY_STEPS, and
+    the largest difference (nats, and BF16 steps of the score)."""
+
+    positions: int
+    differing: int
+    largest: float
+    largest_steps: float
+
+    @property
+    def same(self) -> bool:
+        return self.positions > 0 and self.differing == 0
+
+
+def same_target(
+    own: Sequence[TopLogprobs | None], again: Sequence[TopLogprobs | None]
+) -> TargetIdentity:
+    """Compare two scorings of the same tokens, position by position, on every token both
+    ranked; a missing or mismatched scoring counts its positions as differing."""
+    positions = differing = 0
+    largest = largest_steps = 0.0
+    for first, second in zip(own, again, strict=False):
+        if first is None or second is None or len(first) != len(second):
+            count = len(first or second or [])
+            positions, differing = positions + count, differing + max(count, 1)
+            continue
+        for ranked, reranked in zip(first, second, strict=True):
+            positions += 1
+            scores = {int(token): float(score) for token, score in reranked}
+            worst = 0.0
+            for token, score in ranked:
+                if int(token) not in scores:
+                    worst = math.inf
+                    continue
+                delta = abs(float(score) - scores[int(token)])
+                step = bf16_step(max(abs(float(score)), abs(scores[int(token)])))
+                steps = delta / step if step else (math.inf if delta else 0.0)
+                largest, worst = max(largest, delta), max(worst, steps)
+            largest_steps = max(largest_steps, worst if math.isfinite(worst) else largest_steps)
+            differing += worst > IDENTITY_STEPS
+    if len(own) != len(again):
+        differing += abs(len(own) - len(again))
+    return TargetIdentity(positions, differing, largest, largest_steps)
+
+
+def _other_targets(others: Mapping[str, TargetIdentity], reference: str | None) -> str:
+    return "; ".join(
+        f"{draft}'s engine scored the {reference} run's tokens otherwise than the {reference} "
+        f"engine at {seen.differing} of {seen.positions} positions (up to {seen.largest:.3g} "
+        f"nats, {seen.largest_steps:.3g} BF16 steps): its target is not the same (something "
+        "of the draft's reached it, e.g. an FP8 KV cache)"
+        for draft, seen in others.items()
+    )
 
 
 @dataclass(frozen=True)

@@ -35,7 +35,7 @@ from eaglequant.draft import dims_from_config
 from eaglequant.engine.child import VLLM_PRELOAD
 from eaglequant.engine.config import llm_kwargs
 from eaglequant.engine.process import run_engine_child
-from eaglequant.engine.request import EngineRequest, EngineRequestJson
+from eaglequant.engine.request import ControlTokens, EngineRequest, EngineRequestJson
 from eaglequant.engine.result import (
     ENGINE_RESULT_SCHEMA,
     EngineResult,
@@ -62,7 +62,9 @@ PARTIAL_KEY = "partial_path"  # the spec's file for the runs finished so far
 # Config keys that must agree, besides the dimensions, for two drafts to share an engine.
 SHARED_KEYS = ("architectures", "num_hidden_layers")
 
-RunOne = Callable[[Path | None], EngineRun]
+# One role's engine: its draft (None: the target alone) and the control run's tokens for it to
+# score again (check 1), where a control ran before it.
+RunOne = Callable[[Path | None, ControlTokens | None], EngineRun]
 
 
 @dataclass
@@ -76,16 +78,30 @@ class EngineRuns:
 
 
 def run_per_draft(
-    roles: Sequence[tuple[str, Path | None]], run_one: RunOne, progress: Progress
+    roles: Sequence[tuple[str, Path | None]],
+    run_one: RunOne,
+    progress: Progress,
+    control: ControlTokens | None = None,
 ) -> EngineRuns:
-    """One engine per role, each loading the target."""
+    """One engine per role, each loading the target; every draft's engine after the control's
+    (``control``, else the first draft role's run) scores the control's tokens again."""
     runs = EngineRuns(mode=PER_DRAFT)
     for role, draft in roles:
         progress(f"vLLM engine: {role} ...")
-        runs.engines[role] = run_one(draft)
+        runs.engines[role] = run_one(draft, control if draft is not None else None)
         runs.target_loads += 1
         _done(progress, role, runs.engines[role])
+        if draft is not None and control is None:
+            control = control_tokens(runs.engines[role])
     return runs
+
+
+def control_tokens(engine: EngineRun | None) -> ControlTokens | None:
+    """A control run's prompts and outputs as token ids (None: it has none to score)."""
+    result = (engine or {}).get("result")
+    if result is None or "prompt_token_ids" not in result:
+        return None
+    return {"prompt_token_ids": result["prompt_token_ids"], "token_ids": result["token_ids"]}
 
 
 def run_single(
@@ -117,7 +133,8 @@ def run_single(
         progress(f"single engine refused ({refusal}); separate engines for {names}")
         for role, _ in rest:
             runs.engines.pop(role, None)
-        others = run_per_draft(rest, run_one, progress)
+        first = runs.engines.get(drafts[0][0])
+        others = run_per_draft(rest, run_one, progress, control_tokens(first))
         runs.engines |= others.engines
         runs.target_loads += others.target_loads
         runs.fallback = refusal
@@ -217,7 +234,7 @@ def _done(progress: Progress, role: str, engine: EngineRun) -> None:
 def run(spec: EngineRequestJson) -> SharedRuns:
     """In the engine child: each of the request's drafts in turn, swapped into one engine."""
     from eaglequant.engine.introspection import engine_record
-    from eaglequant.validate.engine_run import generate, open_llm, spec_metrics
+    from eaglequant.validate.engine_run import generate, open_llm, score_sequences, spec_metrics
     from eaglequant.validate.second_turns import answer_first_turns
 
     request = EngineRequest.from_json(spec)
@@ -238,6 +255,11 @@ def run(spec: EngineRequestJson) -> SharedRuns:
         began = time.perf_counter()
         drafted = kwargs | {"speculative_config": speculative}
         generated = generate(llm, request, drafted)
+        if index and request.teacher_forced and "prompt_token_ids" in runs[0]:
+            # check 1: the control's tokens scored again by the target as this draft left it
+            generated["control_rescored"] = score_sequences(
+                llm, runs[0]["prompt_token_ids"], runs[0]["token_ids"], request.teacher_forced
+            )
         cumulative = generated["metrics"]
         result: EngineResult = {
             **generated,

@@ -46,7 +46,7 @@ from typing import Literal
 
 from eaglequant.engine.config import check_kv_cache_dtype, llm_kwargs, probe_vllm
 from eaglequant.engine.process import ChildRun, log_tail, run_engine_child
-from eaglequant.engine.request import EngineRequest
+from eaglequant.engine.request import ControlTokens, EngineRequest
 from eaglequant.engine.result import (
     EngineRun,
     read_engine_result,
@@ -138,9 +138,9 @@ def validate_draft(
     first_turns = request.prompts
     engines: dict[str, EngineRun] = dict(reuse or {})
 
-    def run_one(draft: Path | None) -> EngineRun:
+    def run_one(draft: Path | None, control: ControlTokens | None) -> EngineRun:
         kv = request.draft_kv_cache_dtype if draft == request.draft else None
-        return run_engine(request, draft, rendered, kv)
+        return run_engine(request, draft, rendered, kv, control)
 
     roles = [("target", None), ("bf16", request.baseline), ("fp8", request.draft)]
     if not request.reference_engine and "target" not in engines:
@@ -158,7 +158,7 @@ def validate_draft(
     unscored = _unscored(engines)
     if "target" not in engines and unscored:
         progress(f"{unscored}: a target-alone engine for check 1 instead")
-        runs.engines["target"] = engines["target"] = run_one(None)
+        runs.engines["target"] = engines["target"] = run_one(None, None)
         runs.target_loads += 1
     request = measured_request(request, rendered)  # the answered second turns after the prompts
     checks = _fail_closed(ENGINE_CHECKS, lambda: _engine_checks(request, checked, engines))
@@ -272,9 +272,11 @@ def run_engine(
     draft: Path | None,
     rendered: RenderedPrompts | None = None,
     kv_cache_dtype: str | None = None,
+    control: ControlTokens | None = None,
 ) -> EngineRun:
     """One engine in a child process (own process group), bounded by the timeout; the draft's
-    KV cache in ``kv_cache_dtype`` (None: the target's)."""
+    KV cache in ``kv_cache_dtype`` (None: the target's); ``control``: a control run's tokens
+    for its target to score again after its own run (check 1)."""
     rendered = rendered or engine_prompts(request)
     speculative, scored = None, bool(draft) and not request.reference_engine
     if draft:
@@ -295,6 +297,7 @@ def run_engine(
         sample_temperature=request.temperature if draft else 0.0,
         sample_seeds=list(request.sampling_seeds) if draft else [],
         second_turns=rendered.second_turns.pending() if rendered.second_turns else None,
+        control=control if scored else None,
     )
     outcome = run_engine_child(
         "eaglequant.validate.engine_run",
@@ -340,8 +343,11 @@ def _lossless(request: ValidateRequest, engines: dict[str, EngineRun]) -> Check:
     scored = {role: (r["token_ids"], r.get("teacher_forced", [])) for role, r in results.items()}
     logits = all(r.get("teacher_forced_scores") == RAW_LOGITS for r in results.values())
     steps = request.tie_steps if logits else None
+    rescored = {
+        role: r["control_rescored"] for role, r in results.items() if "control_rescored" in r
+    }
     return teacher_forced_check(
-        scored, request.lossless, request.tie_margin, steps, reference=ROLES[0]
+        scored, request.lossless, request.tie_margin, steps, reference=ROLES[0], rescored=rescored
     )
 
 

@@ -16,6 +16,13 @@ from eaglequant.prompts.turns import SecondTurnsJson
 from eaglequant.speculative import SpeculativeDict
 
 
+class ControlTokens(TypedDict):
+    """The control run's prompts and outputs as token ids (check 1 scores them again)."""
+
+    prompt_token_ids: list[list[int]]
+    token_ids: list[list[int]]
+
+
 class EngineRequestJson(TypedDict):
     """An :class:`EngineRequest` as the child's ``spec.json`` holds it."""
 
@@ -31,6 +38,7 @@ class EngineRequestJson(TypedDict):
     sample_temperature: float
     sample_seeds: list[int]
     second_turns: SecondTurnsJson | None
+    control: ControlTokens | None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -53,6 +61,9 @@ class EngineRequest:
     # Before the measured runs: answer these first turns greedily, then measure each rendered
     # conversation after the prompts (eaglequant.prompts.turns); None: the prompts alone.
     second_turns: SecondTurnsJson | None = None
+    # Check 1: the control run's tokens, scored teacher-forced again by this engine's target
+    # after its own run (the same target must score them alike); None: not asked.
+    control: ControlTokens | None = None
 
     def to_json(self) -> EngineRequestJson:
         return {
@@ -68,6 +79,7 @@ class EngineRequest:
             "sample_temperature": self.sample_temperature,
             "sample_seeds": self.sample_seeds,
             "second_turns": self.second_turns,
+            "control": self.control,
         }
 
     @classmethod

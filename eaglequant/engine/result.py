@@ -152,6 +152,9 @@ class Generated(TypedDict):
     # run's own output are scored in one prefill of the same engine (``prompt_logprobs``).
     teacher_forced: NotRequired[list[TopLogprobs]]
     teacher_forced_scores: NotRequired[str]  # vLLM's logprobs_mode for them ("raw_logits")
+    prompt_token_ids: NotRequired[list[list[int]]]  # each prompt as the engine tokenized it
+    # the control run's tokens scored again by this engine's target, after this run
+    control_rescored: NotRequired[list[TopLogprobs]]
     score_s: NotRequired[float]  # seconds of that scoring
     # Per draft linear as vLLM built it, seen while generating (check 6's ranges).
     draft_ranges: NotRequired[dict[str, LinearRange]]

@@ -14,7 +14,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +24,8 @@ from safetensors.torch import load_file, save_file
 
 from eaglequant.cli import main
 from eaglequant.engine.config import EngineOptions
+from eaglequant.engine.request import ControlTokens
+from eaglequant.engine.result import EngineRun
 from eaglequant.validate.request import ValidateRequest, engine_prompts
 from eaglequant.validate.single_engine import run_shared, run_single, shared_spec
 from eaglequant.validate.validation import read_prompts, run_engine
@@ -151,7 +152,10 @@ def test_a_swap_the_workers_refuse_falls_back_to_its_own_engine(
     lines: list[str] = []
     roles = [("bf16", TOY / "draft"), ("wider", wider)]
     rendered = engine_prompts(request)
-    run_one = partial(run_engine, request, rendered=rendered)
+
+    def run_one(draft: Path | None, control: ControlTokens | None) -> EngineRun:
+        return run_engine(request, draft, rendered, None, control)
+
     runs = run_single(request, rendered, roles, run_one, lines.append)
     reason = "the drafts differ in max_position_embeddings (2048 vs 4096)"
     assert runs.mode == "single" and runs.fallback == reason and runs.target_loads == 2

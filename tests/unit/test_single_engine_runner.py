@@ -103,7 +103,7 @@ def test_an_engine_ending_during_a_draft_keeps_earlier_runs_and_reruns_later_dra
     alone = finished_engine(engine_result({}, None))
     own: list[Path | None] = []
 
-    def run_one(draft: Path | None) -> EngineRun:
+    def run_one(draft: Path | None, control: object) -> EngineRun:
         own.append(draft)
         return alone
 
