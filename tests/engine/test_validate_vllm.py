@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import shutil
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +20,7 @@ from click.testing import CliRunner
 from safetensors.torch import load_file, save_file
 
 from eaglequant.cli import main
+from eaglequant.engine.config import EngineOptions
 from eaglequant.io.checkpoint import read_checkpoint
 from eaglequant.spec_counts import SpecDecodeCounts
 from eaglequant.validate.acceptance import prompt_counts
@@ -26,9 +28,11 @@ from eaglequant.validate.engine_summary import outputs_digest
 from eaglequant.validate.lossless import DEFAULT_TIE_MARGIN, lossless_check
 from eaglequant.validate.regression import RunCounts, read_previous, regression_check
 from eaglequant.validate.request import CheckedInputs, ValidateRequest, engine_prompts
+from eaglequant.validate.single_engine import control_tokens
 from eaglequant.validate.stats import PromptCounts, counts_mismatch
 from eaglequant.validate.validation import (
     ValidationReport,
+    _lossless,
     read_prompts,
     run_engine,
     scale_plausibility,
@@ -157,6 +161,27 @@ def test_good_fp8_draft_passes(good_fp8: Path, good_report: tuple, tp1_runs: Pat
     text = (good_fp8 / "README.md").read_text()
     assert f"| FP8 | {fp8:.3f} |" in text and f"| BF16 | {bf16:.3f} |" in text
     assert "| 6 scale plausibility | PASS |" in text
+
+
+def test_an_fp8_kv_cache_that_reached_the_target_fails_check_one(
+    good_fp8: Path, shared_engines: dict
+) -> None:
+    """A draft whose FP8 reached the target: its engine holds the target's KV cache in FP8 (as
+    a serve line's ``--kv-cache-dtype fp8`` would), the control's does not. Its own tokens stay
+    its own target's greedy choice (the verify pass and the scoring prefill read the same FP8
+    cache: check 1 passed it before the control's tokens were scored again), so only its
+    engine's scores of the control's tokens show it."""
+    request = _request(good_fp8, lossless="paired")
+    control = shared_engines["bf16"]
+    fp8_kv = replace(request, engine=EngineOptions(engine_args={"kv_cache_dtype": "fp8"}))
+    mutant = run_engine(fp8_kv, good_fp8, None, None, control_tokens(control))
+    assert mutant["ok"], mutant["log"][-2000:]
+    check = _lossless(request, {"bf16": control, "fp8": mutant})
+    assert not check.passed
+    identity = check.numbers["target_identity"]["fp8"]
+    assert identity["differing"] > identity["positions"] // 10, identity
+    assert "fp8's engine scored the bf16 run's tokens otherwise" in check.detail
+    assert check.numbers["divergences"] == []  # its own tokens: its own target's choice
 
 
 def test_one_target_load_check_one_teacher_forced_agrees_with_the_target_alone(

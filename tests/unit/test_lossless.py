@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from eaglequant.validate.lossless import first_difference, lossless_check, teacher_forced_check
+from eaglequant.validation_report import Check
 
 TARGET = [[5, 6, 7, 8], [1, 2, 3, 4]]
 # top logprobs of the target run per prompt and position: [[token, logprob], …] by rank
@@ -321,3 +322,31 @@ def test_paired_without_a_reference_run_judges_as_near_tie() -> None:
     assert {d["verdict"] for d in check.numbers["divergences"]} == {"fail"}
     near = _paired([[5, 11, 7, 8], TARGET[1]], [[5, 11, 7, 8], TARGET[1]], reference="absent")
     assert near.passed and {d["verdict"] for d in near.numbers["divergences"]} == {"tie"}
+
+
+def test_the_control_scored_otherwise_by_a_candidates_engine_fails_check_one() -> None:
+    """The control's tokens scored again by the candidate's engine: equal scores (or within a
+    BF16 step) are the same target; one position several steps off is another target."""
+    from eaglequant.validate.lossless import same_target
+
+    again = [[list(map(list, ranked)) for ranked in prompt] for prompt in NOISY_TOP]
+    same = _identity(again)
+    assert same.passed, same.detail
+    assert same.numbers["target_identity"]["fp8"] == {
+        "positions": 8, "differing": 0, "largest": 0.0, "largest_steps": 0.0
+    }  # fmt: skip
+    again[1][2][1][1] = -0.9 - 2**-8  # one step of a score of magnitude 0.5-1: still the same
+    assert _identity(again).passed
+    again[1][2][1][1] = -0.95  # 0.05 nats: 12.8 steps
+    other = _identity(again)
+    assert not other.passed
+    assert "fp8's engine scored the bf16 run's tokens otherwise" in other.detail
+    assert "at 1 of 8 positions" in other.detail
+    assert same_target(NOISY_TOP, NOISY_TOP[:1]).differing == 1  # a prompt not scored again
+
+
+def _identity(again: list) -> Check:
+    return teacher_forced_check(
+        {"bf16": (TARGET, NOISY_TOP), "fp8": (TARGET, NOISY_TOP)}, mode="paired",
+        tie_margin=0.1, reference="bf16", rescored={"fp8": again},
+    )  # fmt: skip
