@@ -68,6 +68,18 @@ if TYPE_CHECKING:
     "--num-prompts", type=click.IntRange(min=1), help="Requests per level (default 2x concurrency)."
 )
 @click.option(
+    "--chat-template",
+    is_flag=True,
+    help="Send --prompts through the target's chat template (vllm bench serve applies it), as "
+    "validate and acceptance send them.",
+)
+@click.option(
+    "--ignore-eos",
+    is_flag=True,
+    help="Generate every answer to --osl tokens, as validate does (the random dataset always "
+    "does).",
+)
+@click.option(
     "--repeats",
     type=click.IntRange(min=1),
     default=3,
@@ -106,6 +118,8 @@ def tune(
     prompts: PromptSource | Path | None,
     dataset: str | None,
     num_prompts: int | None,
+    chat_template: bool,
+    ignore_eos: bool,
     repeats: int,
     schedule: str | None,
     predict: bool,
@@ -130,6 +144,8 @@ def tune(
 
     if keep_servers and baseline is None:
         raise InputError("--keep-servers applies to --baseline; add --baseline or drop it")
+    if chat_template and (prompts is None or (dataset or "custom") != "custom"):
+        raise InputError("--chat-template applies to --prompts sent as the custom dataset")
     request = TuneRequest(
         target=target,
         draft=draft,
@@ -143,6 +159,8 @@ def tune(
         prompts_source=None if prompts is None else str(prompts),
         dataset=dataset,
         num_prompts=num_prompts,
+        chat_template=chat_template,
+        ignore_eos=ignore_eos,
         repeats=repeats,
         schedule=None if schedule is None else _schedule(schedule),
         serve_args=tuple(a for arg in serve_args for a in arg.split()),

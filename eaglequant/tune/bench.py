@@ -88,16 +88,17 @@ def num_prompts(request: TuneRequest, concurrency: int) -> int:
 
 def acceptance_workload(request: TuneRequest, k: int, concurrency: int) -> AcceptanceWorkload:
     """What one measurement's acceptance is measured on: the bench's prompts (each repeat),
-    never chat-templated, OSL tokens (the random dataset ignores EOS), greedy."""
+    chat-templated where asked (custom prompts only), OSL tokens (the random dataset, or where
+    asked, ignoring EOS), greedy."""
     name = dataset_name(request)
     source = request.prompts_source or (str(request.prompts) if request.prompts else None)
     return AcceptanceWorkload(
         prompt_set=source or f"random {request.isl}-token prompts",
         prompts=num_prompts(request, concurrency),
-        chat_template=False,  # vllm bench serve's completions (custom: --skip-chat-template)
+        chat_template=name == "custom" and request.chat_template,
         k=k,
         max_tokens=request.osl,
-        ignore_eos=name == "random",
+        ignore_eos=name == "random" or request.ignore_eos,
         concurrency=concurrency,
     )
 
@@ -121,7 +122,9 @@ def bench_command(
 def dataset_flags(request: TuneRequest) -> list[str]:
     """The workload: random tokens of ISL/OSL, a prompts file, or a ShareGPT file."""
     name = dataset_name(request)
+    eos = ["--ignore-eos"] if request.ignore_eos else []
     if name == "custom":
+        template = [] if request.chat_template else ["--skip-chat-template"]
         return [
             "--dataset-name",
             "custom",
@@ -129,7 +132,8 @@ def dataset_flags(request: TuneRequest) -> list[str]:
             str(request.prompts),
             "--custom-output-len",
             str(request.osl),
-            "--skip-chat-template",
+            *template,
+            *eos,
         ]
     if name == "sharegpt":
         path = str(request.prompts)
@@ -140,6 +144,7 @@ def dataset_flags(request: TuneRequest) -> list[str]:
             path,
             "--sharegpt-output-len",
             str(request.osl),
+            *eos,
         ]
     return [
         "--dataset-name",

@@ -62,6 +62,10 @@ class TuneRequest:
     prompts_source: str | None = None
     # None: custom where prompts are given, else random.
     dataset: str | None = None
+    # The custom prompts through the target's chat template (vLLM's bench applies it), and
+    # every answer generated to OSL tokens: validate's workload, for figures that compare.
+    chat_template: bool = False
+    ignore_eos: bool = False
     num_prompts: int | None = None
     repeats: int = 3
     # Measure this schedule (first batch size, last, k) instead of the one built from the winners.

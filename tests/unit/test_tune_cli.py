@@ -50,7 +50,7 @@ def test_a_schedule_does_not_go_with_a_baseline() -> None:
 
 
 def test_the_dataset_goes_to_vllm_bench_serve_as_its_own_options(tmp_path: Path) -> None:
-    from eaglequant.tune.bench import bench_command
+    from eaglequant.tune.bench import acceptance_workload, bench_command
     from eaglequant.tune.request import TuneRequest
 
     share = tmp_path / "sharegpt.json"
@@ -73,6 +73,16 @@ def test_the_dataset_goes_to_vllm_bench_serve_as_its_own_options(tmp_path: Path)
         "--dataset-name", "sharegpt", "--dataset-path", str(share), "--sharegpt-output-len", "32",
     ]  # fmt: skip
     assert "--max-concurrency" in flags["random"] and "--num-warmups" in flags["random"]
+    assert flags["custom"][-1] == "--skip-chat-template" and "--ignore-eos" not in flags["custom"]
+    # validate's workload: the chat template (vLLM's bench applies it) and EOS ignored
+    as_validate = TuneRequest(**common, prompts=share, chat_template=True, ignore_eos=True)
+    served = bench_command(as_validate, 8000, 1, tmp_path / "r.json")
+    assert "--skip-chat-template" not in served and served[-1] == "--ignore-eos"
+    workload = acceptance_workload(as_validate, 3, 1)
+    assert (workload.chat_template, workload.ignore_eos, workload.max_tokens) == (True, True, 32)
+    assert _error([*BASE, "--chat-template"]) == (
+        "error: --chat-template applies to --prompts sent as the custom dataset"
+    )
     assert _error([*BASE, "--dataset", "sharegpt"]) == (
         "error: the sharegpt dataset reads a file; pass the prompts"
     )
