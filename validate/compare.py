@@ -48,7 +48,7 @@ from eaglequant.engine.request import ControlTokens
 from eaglequant.engine.result import EngineRun
 from eaglequant.errors import InputError
 from eaglequant.exclusions import predict_fates
-from eaglequant.inspection import size_summary
+from eaglequant.inspection import inspect_checkpoint, size_summary
 from eaglequant.io.checkpoint import read_checkpoint
 from eaglequant.io.output import check_output_path, write_text_atomic
 from eaglequant.progress import Progress
@@ -59,6 +59,7 @@ from eaglequant.quantize.sources import CalibrationSource
 from eaglequant.recipe import DEFAULT_RECIPE, Recipe, ValidationSpec, load_recipe
 from eaglequant.spec_counts import SpecDecodeCounts
 from eaglequant.speculative import SCALED_KV_CACHE_DTYPE, draft_kv_cache_dtype
+from eaglequant.target_fit import target_layers
 from eaglequant.validate.acceptance import ACCEPTANCE, PER_POSITION
 from eaglequant.validate.lossless import DEFAULT_TIE_MARGIN, DEFAULT_TIE_STEPS
 from eaglequant.validate.prompt_lengths import check_prompt_lengths
@@ -307,6 +308,7 @@ def compare(
             )
             timings[f"export.{recipe.name}"] = round(time.perf_counter() - started, 3)
     if request.ready_made:
+        _say_problems(request, progress)
         default = load_recipe(DEFAULT_RECIPE).validation
         candidates += [
             _Candidate(d.name, d.draft, ready_scheme(d.draft), default, True)
@@ -350,6 +352,15 @@ def compare(
     result = _report(request, rows, sets, runs, timings)
     _write(request.out, result)
     return result
+
+
+def _say_problems(request: CompareRequest, progress: Progress) -> None:
+    """What ``inspect`` finds wrong with each ready-made draft, one line each: validated all
+    the same (the checks measure what it costs), but the fix is named before the engines."""
+    layers = target_layers(request.target)[1]
+    for ready in request.ready_made:
+        for problem in inspect_checkpoint(ready.draft, layers).problems:
+            progress(f"candidate {ready.name}: inspect: {problem}")
 
 
 def ready_scheme(draft: Path) -> str:

@@ -169,3 +169,26 @@ def test_a_ready_made_row_is_marked_read_back_and_judged_by_the_same_rule(
     del older["rows"][1]["ready_made"]
     path.write_text(json.dumps(older))
     assert not read_compare_report(path).rows[1].ready_made
+
+
+def test_what_inspect_finds_wrong_with_a_ready_made_draft_is_said_before_the_engines(
+    tmp_path: Path,
+) -> None:
+    from eaglequant.validate.compare import CompareRequest, _say_problems
+
+    raw = FIXTURES / "modelopt-fp8"  # d2t and t2d cast to BF16 by ModelOpt's script
+    request = CompareRequest(
+        baseline=TOY / "draft",
+        target=TOY / "target",
+        prompt_sets=(),
+        recipes=(),
+        out=tmp_path / "out",
+        ready_made=(ReadyDraft(name="raw", draft=raw), ReadyDraft(name="good", draft=MODELOPT)),
+    )
+    said: list[str] = []
+    _say_problems(request, said.append)
+    assert [line.split(": tensor ")[0] for line in said] == [
+        f"candidate raw: inspect: {raw / 'model.safetensors'}"
+    ] * 2
+    assert "'d2t': is BF16, not an integer map" in said[0]
+    assert "'t2d': is BF16" in said[1]
