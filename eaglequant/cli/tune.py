@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import signal
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -175,10 +174,6 @@ def tune(
     def progress(message: str) -> None:
         click.echo(f"[eaglequant] {message}", err=True)
 
-    # A SIGTERM (a timeout, a job scheduler) unwinds like Ctrl-C: the running vllm serve's
-    # process group is stopped on the way out instead of being left serving.
-    signal.signal(signal.SIGTERM, _exit_on_sigterm)
-
     if baseline is not None:
         from eaglequant.tune.baseline import compare
 
@@ -194,10 +189,6 @@ def tune(
     click.echo(f"winner by concurrency (0: no speculation): {summary['recommended_k']}")
     click.echo(f"recommended: {recommendation_name(summary)}")
     click.echo(summary["serve_command"])
-
-
-def _exit_on_sigterm(signum: int, frame: object) -> None:
-    raise SystemExit(128 + signum)
 
 
 def _schedule(text: str) -> tuple[tuple[int, int, int], ...]:

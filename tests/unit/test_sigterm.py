@@ -1,0 +1,63 @@
+"""A command stopped by SIGTERM (a CI job's timeout) stops the children it started with it."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.unit
+
+# A command of the real CLI group that waits on a child the way validate waits on an engine.
+SCRIPT = """
+import sys, click
+from pathlib import Path
+from eaglequant.cli import main
+from eaglequant.engine.process import run_child
+
+@main.command("wait-on-child")
+def wait_on_child():
+    run_child([sys.executable, "-c", "import time; time.sleep(120)"], Path(sys.argv[1]),
+              {"PATH": "/usr/bin:/bin"}, None)
+
+main(["wait-on-child"])
+"""
+
+
+def test_sigterm_stops_the_engine_children_of_any_command(tmp_path: Path) -> None:
+    log = tmp_path / "child.log"
+    parent = subprocess.Popen([sys.executable, "-c", SCRIPT, str(log)])
+    child = _child_of(parent.pid)
+    parent.send_signal(signal.SIGTERM)
+    assert parent.wait(timeout=30) == 128 + signal.SIGTERM
+    deadline = time.monotonic() + 10
+    while _alive(child) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not _alive(child), "the child outlived the command"
+
+
+def _child_of(pid: int) -> int:
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        found = Path(f"/proc/{pid}/task/{pid}/children")
+        children = found.read_text().split() if found.exists() else []
+        if children:
+            return int(children[0])
+        time.sleep(0.1)
+    raise AssertionError("the command started no child")
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    state = (
+        Path(f"/proc/{pid}/stat").read_text().split()[2] if Path(f"/proc/{pid}").exists() else ""
+    )
+    return state != "Z"
