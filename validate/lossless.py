@@ -356,8 +356,9 @@ def _positions(numbers: Mapping[str, Any], judged: Sequence[Divergence]) -> dict
     recorded = numbers.get("positions_by_draft")
     if recorded:
         return dict(recorded)
-    drafts = {d.draft for d in judged} | {numbers.get("paired_with")}
-    drafts.discard(None)
+    drafts = {d.draft for d in judged}
+    if numbers.get("paired_with") is not None:
+        drafts.add(str(numbers["paired_with"]))
     return {draft: numbers["positions"] // max(len(drafts), 1) for draft in drafts}
 
 

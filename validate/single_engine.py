@@ -98,7 +98,7 @@ def run_per_draft(
 
 def control_tokens(engine: EngineRun | None) -> ControlTokens | None:
     """A control run's prompts and outputs as token ids (None: it has none to score)."""
-    result = (engine or {}).get("result")
+    result = engine.get("result") if engine is not None else None
     if result is None or "prompt_token_ids" not in result:
         return None
     return {"prompt_token_ids": result["prompt_token_ids"], "token_ids": result["token_ids"]}
