@@ -78,7 +78,7 @@ def _answered_by(kwargs: dict[str, Any]) -> str:
     speculative = kwargs.get("speculative_config")
     if not speculative:
         return "the target alone, greedy"
-    return f"the target with the draft {Path(speculative['model']).name}, greedy (lossless)"
+    return f"the target with {Path(speculative['model']).name!r} as its draft, greedy (lossless)"
 
 
 def check_second_turn_lengths(

@@ -56,7 +56,7 @@ def test_second_turns_follow_the_engines_own_answers(toy_fp8: Path, tmp_path: Pa
     assert report.prompts == 7 and report.chat_template
     assert report.second_turns is not None
     assert report.second_turns["first_turns"] == 4 and report.second_turns["of"] == [0, 1, 3]
-    assert "with the draft draft" in report.second_turns["answered_by"]
+    assert "with 'draft' as its draft" in report.second_turns["answered_by"]
     assert report.second_turns["answer_cap"] == MAX_TOKENS
     bf16, fp8 = report.engines["bf16"], report.engines["fp8"]
     assert bf16.token_ids is not None and fp8.token_ids is not None

@@ -110,7 +110,7 @@ def _answered(prompts: list[str]) -> AnsweredJson:
         "answers": ["a0", "a2"][: len(prompts)],
         "answer_tokens": [8, 3][: len(prompts)],
         "stopped_at_eos": 1,
-        "answered_by": "the target with the draft d, greedy (lossless)",
+        "answered_by": "the target with 'd' as its draft, greedy (lossless)",
         "answer_s": 1.0,
     }
 
@@ -140,7 +140,7 @@ def test_the_first_engine_answers_and_every_later_one_measures_its_conversations
     assert record == {
         "first_turns": 3,
         "of": [0, 2],
-        "answered_by": "the target with the draft d, greedy (lossless)",
+        "answered_by": "the target with 'd' as its draft, greedy (lossless)",
         "answer_cap": 8,
         "answer_tokens_mean": 5.5,
         "answer_tokens_max": 8,
