@@ -23,6 +23,10 @@ def slice_run(run: EngineRun, start: int, stop: int) -> EngineRun:
     part["texts"] = result["texts"][start:stop]
     if "teacher_forced" in result:
         part["teacher_forced"] = result["teacher_forced"][start:stop]
+    if "prompt_token_ids" in result:
+        part["prompt_token_ids"] = result["prompt_token_ids"][start:stop]
+    if "control_rescored" in result:  # check 1: the control's prompts, in the same order
+        part["control_rescored"] = result["control_rescored"][start:stop]
     if result["per_request"] is not None:
         part["per_request"] = result["per_request"][start:stop]
         try:

@@ -170,6 +170,13 @@ def test_a_prompt_sets_part_of_a_run_has_its_own_outputs_and_counters() -> None:
     assert part["token_ids"] == [[1], [2]] and part["texts"] == ["1", "2"]
     assert part["metrics"] == _run([[0, 0, 0, 3], [3, 0, 0, 0]])["result"]["metrics"]
     assert run["result"]["token_ids"] == [[0], [1], [2]]  # the whole run is left as it was
+    # check 1's scores, the control's scored again and the prompts: each prompt's own
+    scored = {"teacher_forced": [[[[n, 0.0]]] for n in range(3)]}
+    scored |= {"control_rescored": [[[[n, 1.0]]] for n in range(3)]}
+    scored |= {"prompt_token_ids": [[n] for n in range(3)]}
+    run["result"] |= scored
+    part = slice_run(run, 1, 3)["result"]
+    assert {key: part[key] for key in scored} == {key: v[1:3] for key, v in scored.items()}
 
 
 def test_a_run_whose_counts_disagree_with_vllm_keeps_vllms_counters() -> None:
