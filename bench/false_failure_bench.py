@@ -98,6 +98,7 @@ def validate(settings: dict[str, Any], args: argparse.Namespace, scratch: Path) 
         **settings,
         "exit": done.returncode,
         "wall_s": round(time.perf_counter() - began, 1),
+        "code": commit(),
     }
     if done.returncode not in (0, 1) or not report_path.exists():
         record["error"] = (done.stderr.strip().splitlines() or ["no output"])[-1]
@@ -133,6 +134,23 @@ def exact_prefix_fails(numbers: dict[str, Any]) -> bool:
         if flip["draft"] != reference and not tied and not shared:
             return True
     return False
+
+
+def machine() -> dict[str, Any]:
+    """The CPU the runs shared (model, cores, the ISA flags that pick vLLM's CPU kernels)."""
+    info = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
+    model = next((line.split(":", 1)[1].strip() for line in info.splitlines() if
+                  line.startswith("model name")), platform.machine())  # fmt: skip
+    flags = next((line.split(":", 1)[1].split() for line in info.splitlines() if
+                  line.startswith("flags")), [])  # fmt: skip
+    wanted = ("avx2", "avx512f", "avx512_bf16", "amx_bf16")
+    return {"cpu": model, "cores": os.cpu_count(), "flags": [f for f in wanted if f in flags]}
+
+
+def commit() -> str:
+    """The checkout's commit, for dating the summary (the runs each ran at their own time)."""
+    done = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
+    return done.stdout.strip() or "unknown"
 
 
 def write_atomic(path: Path, data: Any) -> None:
@@ -223,7 +241,8 @@ def main() -> None:
     runs = [json.loads(p.read_text()) for p in sorted(folder.glob("*.json"))]
     result = {
         "bench": "false_failure_bench",
-        "machine": {"cpu": platform.processor() or platform.machine(), "cores": os.cpu_count()},
+        "machine": machine(),
+        "code": commit(),
         "settings": {"prompts": args.prompts, "max_tokens": args.max_tokens, "recipes": recipes},
         **summary(runs),
     }
