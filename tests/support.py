@@ -253,3 +253,29 @@ def tune_summary(draft: Path) -> Any:
         for k, runs in ((0, [243.3, 221.3, 266.6]), (2, [210.6, 205.0, 215.1]))
     ]
     return summarize(request, results, 200)
+
+
+# A chat template that writes BOS itself, as many instruct models' do.
+CHAT_TEMPLATE = (
+    "{{ bos_token }}{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}<|end|>"
+    "{% endfor %}{% if add_generation_prompt %}<|assistant|>{% endif %}"
+)
+
+
+def write_chat_target(folder: Path, *, adds_bos: bool) -> Path:
+    """A character-level tokenizer with CHAT_TEMPLATE in ``folder``; ``adds_bos``: its own
+    encoding adds BOS too (the double-BOS case a template-rendered prompt must avoid)."""
+    from tokenizers import Tokenizer, models, pre_tokenizers, processors
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {"<s>": 0, "<unk>": 1} | {chr(c): c for c in range(32, 127)}
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.Split("", "isolated")
+    if adds_bos:
+        tok.post_processor = processors.TemplateProcessing(
+            single="<s> $A", special_tokens=[("<s>", 0)]
+        )
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", unk_token="<unk>")
+    tokenizer.chat_template = CHAT_TEMPLATE
+    tokenizer.save_pretrained(folder)
+    return folder

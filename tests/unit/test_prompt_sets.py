@@ -18,6 +18,7 @@ from eaglequant.prompts.format import Prompt, read_prompt_file, text_hash
 from eaglequant.prompts.registry import SETS, PromptSetSpec
 from eaglequant.prompts.source import PromptSource, load_prompts, parse_source
 from tests.conftest import TOY
+from tests.support import write_chat_target
 
 VALIDATE = ["validate", "--target", str(TOY / "target"), "--draft", str(TOY / "draft")]
 VALIDATE += ["--baseline", str(TOY / "draft")]
@@ -158,27 +159,10 @@ def test_sharegpt_reader_keeps_complete_records_of_a_cut_file() -> None:
     assert len(SETS["sharegpt"].parse(text.encode(), "x")) == 3
 
 
-TEMPLATE = (
-    "{{ bos_token }}{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}<|end|>"
-    "{% endfor %}{% if add_generation_prompt %}<|assistant|>{% endif %}"
-)
-
-
 @pytest.fixture
 def chat_target(tmp_path: Path) -> Path:
     """A tokenizer that adds BOS itself and whose chat template writes BOS too."""
-    from tokenizers import Tokenizer, models, pre_tokenizers, processors
-    from transformers import PreTrainedTokenizerFast
-
-    vocab = {"<s>": 0, "<unk>": 1} | {chr(c): c for c in range(32, 127)}
-    tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
-    tok.pre_tokenizer = pre_tokenizers.Split("", "isolated")
-    tok.post_processor = processors.TemplateProcessing(single="<s> $A", special_tokens=[("<s>", 0)])
-    tokenizer = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", unk_token="<unk>")
-    tokenizer.chat_template = TEMPLATE
-    folder = tmp_path / "chat-target"
-    tokenizer.save_pretrained(folder)
-    return folder
+    return write_chat_target(tmp_path / "chat-target", adds_bos=True)
 
 
 def test_chat_template_renders_as_the_chat_endpoint_with_one_bos(chat_target: Path) -> None:

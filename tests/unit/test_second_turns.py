@@ -28,29 +28,15 @@ from eaglequant.prompts.turns import (
 from eaglequant.validate.request import ValidateRequest, engine_prompts
 from eaglequant.validate.second_turns import check_second_turn_lengths, measured_request
 from tests.conftest import TOY
-
-TEMPLATE = (
-    "{{ bos_token }}{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}<|end|>"
-    "{% endfor %}{% if add_generation_prompt %}<|assistant|>{% endif %}"
-)
+from tests.support import write_chat_target
 
 
 @pytest.fixture
 def chat_target(tmp_path: Path) -> Path:
     """A character-level tokenizer with a chat template that writes BOS."""
-    from tokenizers import Tokenizer, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast
-
-    vocab = {"<s>": 0, "<unk>": 1} | {chr(c): c for c in range(32, 127)}
-    tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
-    tok.pre_tokenizer = pre_tokenizers.Split("", "isolated")
-    tokenizer = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", unk_token="<unk>")
-    tokenizer.chat_template = TEMPLATE
-    tokenizer.save_pretrained(tmp_path / "chat-target")
-    (tmp_path / "chat-target" / "config.json").write_text(
-        json.dumps({"max_position_embeddings": 128})
-    )
-    return tmp_path / "chat-target"
+    folder = write_chat_target(tmp_path / "chat-target", adds_bos=False)
+    (folder / "config.json").write_text(json.dumps({"max_position_embeddings": 128}))
+    return folder
 
 
 def test_a_records_second_turn_is_its_followup() -> None:
