@@ -261,11 +261,9 @@ def judge_flips(divergences: Sequence[Divergence], numbers: dict[str, Any]) -> C
         judged, populations = _against_control(judged, reference, _positions(numbers, judged))
     failed = [d for d in judged if d.verdict == "fail"]
     noise = [d.margin for d in judged if d.verdict == "noise" and d.margin is not None]
-    others = {
-        draft: TargetIdentity(**seen)
-        for draft, seen in (numbers.get("target_identity") or {}).items()
-        if not TargetIdentity(**seen).same
-    }
+    recorded = numbers.get("target_identity") or {}
+    identities = {draft: TargetIdentity(**seen) for draft, seen in recorded.items()}
+    others = {draft: seen for draft, seen in identities.items() if not seen.same}
     numbers = {
         **numbers,
         "reference_noise": {"flips": len(noise), "largest_margin": max(noise, default=None)},
@@ -480,8 +478,7 @@ def _forced_detail(
     if failed:
         count = len(failed)
         listed = _listed(failed)
-        excess = [f"{d}" for d, p in populations.items() if p.excess]
-        why = f" [{counted}]" if excess else ""
+        why = f" [{counted}]" if any(p.excess for p in populations.values()) else ""
         return f"{count} generated token(s) not the target's greedy choice ({mode}){why}: {listed}"
     verdicts = ("tie", "paired", "unpaired", "noise")
     kinds = {v: sum(d.verdict == v for d in divergences) for v in verdicts}
