@@ -236,10 +236,10 @@ def teacher_forced_check(
         "positions": positions,
         "positions_by_draft": by_draft,
         "smallest_top2_margin": closest,
-        "target_identity": {
-            draft: asdict(same_target(control[1], scores))
+        "target_identity": {  # in every mode: the reference run's tokens, scored again
+            draft: asdict(same_target(runs[reference][1], scores))
             for draft, scores in (rescored or {}).items()
-            if control is not None and draft != reference
+            if reference is not None and reference in runs and draft != reference
         },
     }
     return judge_flips(divergences, numbers)

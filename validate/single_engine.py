@@ -27,7 +27,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -234,7 +234,7 @@ def _done(progress: Progress, role: str, engine: EngineRun) -> None:
 def run(spec: EngineRequestJson) -> SharedRuns:
     """In the engine child: each of the request's drafts in turn, swapped into one engine."""
     from eaglequant.engine.introspection import engine_record
-    from eaglequant.validate.engine_run import generate, open_llm, score_sequences, spec_metrics
+    from eaglequant.validate.engine_run import generate, open_llm, spec_metrics
     from eaglequant.validate.second_turns import answer_first_turns
 
     request = EngineRequest.from_json(spec)
@@ -255,11 +255,6 @@ def run(spec: EngineRequestJson) -> SharedRuns:
         began = time.perf_counter()
         drafted = kwargs | {"speculative_config": speculative}
         generated = generate(llm, request, drafted)
-        if index and request.teacher_forced and "prompt_token_ids" in runs[0]:
-            # check 1: the control's tokens scored again by the target as this draft left it
-            generated["control_rescored"] = score_sequences(
-                llm, runs[0]["prompt_token_ids"], runs[0]["token_ids"], request.teacher_forced
-            )
         cumulative = generated["metrics"]
         result: EngineResult = {
             **generated,
@@ -273,6 +268,14 @@ def run(spec: EngineRequestJson) -> SharedRuns:
             result["second_turns"] = answered
         before = spec_metrics(llm) if generated.get("sampled") else cumulative
         runs.append(result)
+        if not index and "prompt_token_ids" in result:
+            # check 1: every later draft's run scores the first's tokens again, as a per-draft
+            # engine does (engine_run.generate), with the target as that draft left it
+            first: ControlTokens = {
+                "prompt_token_ids": result["prompt_token_ids"],
+                "token_ids": result["token_ids"],
+            }
+            request = replace(request, control=first)
         if request.partial_path:  # where the parent reads them should the engine end early
             write_text_atomic(Path(request.partial_path), json.dumps(_shared_runs(runs, None)))
         ready = time.perf_counter()

@@ -206,6 +206,9 @@ def test_one_target_load_check_one_teacher_forced_agrees_with_the_target_alone(
     lossless = report.checks[0]
     assert lossless.passed and lossless.numbers["reference"] == "teacher-forced", lossless.detail
     assert lossless.numbers["positions"] == 2 * PROMPTS * MAX_TOKENS
+    # the shared engine scored the BF16 run's tokens again after the FP8 draft's swap: the same
+    identity = lossless.numbers["target_identity"]["fp8"]
+    assert (identity["positions"], identity["differing"]) == (PROMPTS * MAX_TOKENS, 0), identity
     reference = good_report[0].checks[0]  # the same draft against the target-alone engine
     assert reference.passed and reference.numbers["divergences"] == []  # agree, every prompt
     fp8 = json.loads((tp1_runs / "engines.json").read_text())["fp8"]["result"]
