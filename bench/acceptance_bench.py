@@ -13,7 +13,7 @@ import json
 import platform
 from pathlib import Path
 
-from eaglequant.workload import AcceptanceWorkload
+from eaglequant.results.workload import AcceptanceWorkload
 from eaglequant_examples.acceptance import measure
 
 

@@ -47,7 +47,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from eaglequant.manifest import read_manifest
+from eaglequant.results.manifest import read_manifest
 
 HERE = Path(__file__).resolve().parent
 SHAPES = {
@@ -82,8 +82,8 @@ def write_capture(draft: Path, capture: Path, tokens: int) -> None:
     import torch
 
     from eaglequant.capture.store import CalibrationData, save_capture
-    from eaglequant.draft import dims_from_config
     from eaglequant.io.checkpoint import read_checkpoint
+    from eaglequant.rules.draft import dims_from_config
 
     dims = dims_from_config(read_checkpoint(draft).config)
     seq = 256
@@ -401,8 +401,8 @@ def static_export(
 ) -> dict[str, Any]:
     """The default recipe calibrated on ``tokens`` captured tokens, with its FLOP counts
     (``env``: the environment of the export's process)."""
-    from eaglequant.draft import dims_from_config
     from eaglequant.io.checkpoint import read_checkpoint
+    from eaglequant.rules.draft import dims_from_config
 
     samples = max(1, tokens // 256)
     command = [*EQ, "export", str(draft), str(out), "--calib-hidden-states", str(capture)]

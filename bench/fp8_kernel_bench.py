@@ -41,7 +41,7 @@ def main() -> None:
     import torch
 
     from eaglequant.engine import cpu_fp8_native
-    from eaglequant.environment import cpu_info, versions
+    from eaglequant.results.environment import cpu_info, versions
 
     kernel = cpu_fp8_native.kernel()
     if kernel is None:

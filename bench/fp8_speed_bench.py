@@ -103,7 +103,7 @@ json.dump({
 RUN_ONE = """
 import hashlib, json, sys, time
 from vllm import LLM, SamplingParams
-from eaglequant.speculative import speculative_config
+from eaglequant.rules.speculative import speculative_config
 drafts, prompts = json.loads(sys.argv[1]), json.loads(sys.argv[2])
 max_tokens, rounds, out, target = int(sys.argv[3]), int(sys.argv[4]), sys.argv[5], sys.argv[6]
 names = list(drafts)
@@ -288,7 +288,7 @@ def main() -> None:
     )
     parser.add_argument("--out", type=Path, default=HERE / "results-fp8-speed-toy.json")
     args = parser.parse_args()
-    from eaglequant.environment import cpu_info, versions
+    from eaglequant.results.environment import cpu_info, versions
 
     lines = (TOY / "prompts.jsonl").read_text().splitlines()[: args.prompts]  # plain text
     prompts = [json.loads(line)["text"] for line in lines]

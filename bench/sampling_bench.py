@@ -18,8 +18,8 @@ from typing import Any
 
 from eaglequant.prompts.source import load_prompts, parse_source
 from eaglequant.recipe import load_recipe
-from eaglequant.spec_counts import SpecDecodeCounts
-from eaglequant.validate.acceptance import (
+from eaglequant.results.spec_counts import SpecDecodeCounts
+from eaglequant.validate.acceptance_checks import (
     AcceptanceThresholds,
     acceptance_checks,
     judged_counts,

@@ -24,16 +24,16 @@ import argparse
 from collections.abc import Sequence
 from pathlib import Path
 
-from eaglequant.validate.acceptance import AcceptanceThresholds, acceptance_checks
-from eaglequant.validate.categories import by_category, prompts_to_decide
-from eaglequant.validate.stats import MAX_PROMPTS_FACTOR, PromptCounts
-from eaglequant.validation_report import (
+from eaglequant.results.validation_report import (
     CategoryRow,
     Check,
     CheckId,
     ValidationReport,
     read_report,
 )
+from eaglequant.validate.acceptance_checks import AcceptanceThresholds, acceptance_checks
+from eaglequant.validate.categories import by_category, prompts_to_decide
+from eaglequant.validate.stats import MAX_PROMPTS_FACTOR, PromptCounts
 
 SUBSETS = ("first turns", "second turns", "both")
 COLUMNS = (

@@ -115,7 +115,7 @@ def grid_part(
     import tempfile
 
     from eaglequant.cli.options import engine_settings
-    from eaglequant.speculative import speculative_config
+    from eaglequant.rules.speculative import speculative_config
     from eaglequant.tune.bench import BenchClient
     from eaglequant.tune.request import TuneRequest, check_request, serve_env, with_draft_kv_cache
     from eaglequant.tune.sweep import Configuration, measure

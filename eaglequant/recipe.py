@@ -161,6 +161,7 @@ def resolve_recipe_path(name_or_path: str) -> Path:
 
 def load_recipe(name_or_path: str = DEFAULT_RECIPE) -> Recipe:
     """Load and check a recipe; InputError names the file and key on any problem."""
+    # lazy: --help latency
     import yaml
 
     path = resolve_recipe_path(name_or_path)

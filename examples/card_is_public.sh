@@ -10,7 +10,7 @@ for local in "$@"; do
     echo "error: $CARD names the local path '$local'"; exit 1
   fi
 done
-NO_PATHS='import sys; from eaglequant.provenance import machine_paths as m; p = m(open(sys.argv[1]).read()); sys.exit(f"error: {sys.argv[1]} names the machine path {p[0]}" if p else 0)'
+NO_PATHS='import sys; from eaglequant.results.provenance import machine_paths as m; p = m(open(sys.argv[1]).read()); sys.exit(f"error: {sys.argv[1]} names the machine path {p[0]}" if p else 0)'
 .venv/bin/python -c "$NO_PATHS" "$CARD"
 grep -F '"model": "'"$REPO_ID"'"' "$CARD" >/dev/null \
   || { echo "error: $CARD does not serve $REPO_ID"; exit 1; }

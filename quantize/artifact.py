@@ -19,19 +19,19 @@ import threading
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from eaglequant.draft import dims_from_config, structure_problems
 from eaglequant.errors import CheckFailed
-from eaglequant.exclusions import DEFAULT_TARGET_LAYERS, predict_fates
-from eaglequant.inspection import quantization_problems, read_scales
 from eaglequant.io.checkpoint import CONFIG_FILE, Checkpoint, read_checkpoint
 from eaglequant.io.layout import Layout, TensorBlob, blob_from_file, blob_from_tensor, plan_layout
 from eaglequant.io.model_config import StoredConfig
 from eaglequant.io.readback import ReadBack, sha256_file
 from eaglequant.io.safetensors_header import TensorInfo
 from eaglequant.io.writer import LayoutWriter, copy_extra_files, write_text
-from eaglequant.manifest import MANIFEST_FILE, Manifest, write_manifest
 from eaglequant.quantize.timing import timed
 from eaglequant.recipe import MX_BLOCK, MX_DTYPES, Recipe
+from eaglequant.results.manifest import MANIFEST_FILE, Manifest, write_manifest
+from eaglequant.rules.draft import dims_from_config, structure_problems
+from eaglequant.rules.exclusions import DEFAULT_TARGET_LAYERS, predict_fates
+from eaglequant.rules.inspection import quantization_problems, read_scales
 
 if TYPE_CHECKING:
     import torch
@@ -211,6 +211,7 @@ def _signature(blobs: list[TensorBlob]) -> dict[str, tuple[str, tuple[int, ...]]
 
 
 def _check_finite(info: TensorInfo, chunk: memoryview) -> None:
+    # lazy: torch-free core
     from eaglequant.model.finite import check_finite_chunk  # numpy, never torch
 
     check_finite_chunk(info, chunk)

@@ -26,26 +26,26 @@ from typing import Any, cast
 
 from eaglequant.capture.run import check_engine
 from eaglequant.capture.sequences import check_data
-from eaglequant.draft import (
-    DraftDims,
-    form_exclude,
-    kv_scale_name,
-    require_bf16_draft,
-)
 from eaglequant.errors import InputError
-from eaglequant.exclusions import rewrite_exclude
 from eaglequant.io.checkpoint import Checkpoint, read_checkpoint
 from eaglequant.io.model_config import QuantizationConfig, QuarkExport, StoredConfig
 from eaglequant.io.output import atomic_output_dir, check_output_path
 from eaglequant.io.speculators import with_quantization_config
-from eaglequant.manifest import CalibrationRecord, LayerRecord, Manifest, build_manifest
 from eaglequant.progress import Progress
 from eaglequant.quantize.artifact import Artifact
 from eaglequant.quantize.file_to_file import FileToFile
 from eaglequant.quantize.sources import CalibrationSource
 from eaglequant.quantize.timing import timed
 from eaglequant.recipe import Recipe
-from eaglequant.target_fit import check_target_fits
+from eaglequant.results.manifest import CalibrationRecord, LayerRecord, Manifest, build_manifest
+from eaglequant.rules.draft import (
+    DraftDims,
+    form_exclude,
+    kv_scale_name,
+    require_bf16_draft,
+)
+from eaglequant.rules.exclusions import rewrite_exclude
+from eaglequant.rules.target_fit import check_target_fits
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -58,7 +58,7 @@ class ExportRequest:
     overwrite: bool = False
     dry_run: bool = False
     device: str = "auto"  # the export's arithmetic (Quark, measurement): auto, cpu or cuda
-    command: str | None = None  # how it was invoked, path-free (eaglequant.provenance)
+    command: str | None = None  # how it was invoked, path-free (eaglequant.results.provenance)
 
 
 @dataclass
@@ -178,6 +178,7 @@ def _run(
     """The stages after the start, up to the manifest (returned, not yet written)."""
     recipe, timings = request.recipe, stage.timings
     with stage("import"):
+        # lazy: torch-free core
         from eaglequant.quantize import pipeline  # torch and co., beside Quark's import
     with stage("load"):
         device = pipeline.resolve_device(request.device)

@@ -26,12 +26,12 @@ import time
 from pathlib import Path
 from typing import TypedDict
 
-from eaglequant.draft import dims_from_config
 from eaglequant.errors import EagleQuantError, OutputError, QuarkFailed
 from eaglequant.io.checkpoint import Checkpoint
 from eaglequant.io.layout import blob_from_file
 from eaglequant.io.writer import write_checkpoint_weights, write_text
 from eaglequant.recipe import Recipe
+from eaglequant.rules.draft import dims_from_config
 
 SCRATCH_PREFIX = ".eaglequant-quark-"
 SOURCE, RESULT, REPORT, LOG = "midlayer-bf16", "quark-out", "report.json", "quark.log"

@@ -13,16 +13,15 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+from safetensors import SafetensorError
 from torch import nn
 
 from eaglequant.capture.records import CaptureInfo
 from eaglequant.capture.run import capture_into
 from eaglequant.capture.sequences import tokenize_data
 from eaglequant.capture.store import CalibrationData, load_capture, read_info
-from eaglequant.draft import FIRST_LAYER, DraftDims, dims_from_config
 from eaglequant.errors import InputError
 from eaglequant.io.checkpoint import Checkpoint
-from eaglequant.manifest import DeviceRecord
 from eaglequant.model import compute
 from eaglequant.model.eagle3 import Eagle3Draft
 from eaglequant.model.load import load_draft_module, load_reference_layer
@@ -31,6 +30,8 @@ from eaglequant.quantize.file_to_file import FileToFile, quark_write_error
 from eaglequant.quantize.measure import Measurement, measure
 from eaglequant.quantize.sources import CalibrationSource
 from eaglequant.recipe import CalibrationSpec, Recipe
+from eaglequant.results.manifest import DeviceRecord
+from eaglequant.rules.draft import FIRST_LAYER, DraftDims, dims_from_config
 
 
 @dataclass
@@ -175,7 +176,6 @@ def quantize(
     """
     if file_to_file is not None:
         return quark_backend.quantize_file_to_file(file_to_file)
-    from safetensors import SafetensorError
 
     assert model is not None
     with quark_backend.scratch_dir(scratch_parent) as scratch:

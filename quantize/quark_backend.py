@@ -33,7 +33,6 @@ from typing import Any
 
 import torch
 
-from eaglequant.draft import SCALE_SUFFIXES, kv_scale_name
 from eaglequant.io.checkpoint import read_checkpoint
 from eaglequant.io.model_config import QuantizationConfig
 from eaglequant.model import compute
@@ -41,6 +40,7 @@ from eaglequant.model.eagle3 import Eagle3Draft
 from eaglequant.model.load import release_file_pages
 from eaglequant.quantize.file_to_file import SCRATCH_PREFIX, FileToFile
 from eaglequant.recipe import FP8_E4M3_MAX, MX_DTYPES, Recipe
+from eaglequant.rules.draft import SCALE_SUFFIXES, kv_scale_name
 
 UNQUANTIZED_MODULES = ("fc", "lm_head", "embed_tokens")
 KV_PROJECTIONS = ("*k_proj", "*v_proj")  # their outputs are the KV cache (Quark's patterns)
@@ -62,6 +62,7 @@ def import_quark() -> float:
     quiet_quark()
     started = time.perf_counter()
     with experts_scan_parses_marked_files_only():
+        # lazy: Quark's slow import
         import quark.torch  # noqa: F401
 
     export_per_group_fp8()
@@ -110,6 +111,7 @@ def export_per_group_fp8() -> None:
     (same blocks, same division and clamp, the same cast, without the multiply
     back); every other scheme goes to Quark's function unchanged. Idempotent.
     """
+    # lazy: Quark's slow import
     from quark.torch.kernel.hw_emulation import hw_emulation_interface as quark_kernels
 
     table = quark_kernels.DTYPE_TO_REAL_QUANTIZE_FUNCS
@@ -133,6 +135,7 @@ def real_quantize_fp8_per_group(
 ) -> torch.Tensor:
     """FP8 E4M3 values of ``inputs`` divided by one ``scale`` per ``group_size`` elements
     along ``axis`` (the layout Quark's per-group fake quantization reads)."""
+    # lazy: Quark's slow import
     from quark.torch.quantization.utils import reshape_to_blocks
 
     shape = list(inputs.shape)
@@ -148,6 +151,7 @@ def real_quantize_fp8_per_group(
 
 def quark_config(recipe: Recipe) -> Any:
     """The Quark ``QConfig`` for ``recipe``."""
+    # lazy: Quark's slow import
     from quark.torch.quantization.config.config import QConfig, QLayerConfig
 
     weight = _weight_spec(recipe).to_quantization_spec()
@@ -155,6 +159,7 @@ def quark_config(recipe: Recipe) -> Any:
     layer = QLayerConfig(weight=weight, input_tensors=inputs)
     kv_layers = {}
     if recipe.kv_cache.scaled:  # the layout of Quark's own LLM template (kv_cache_scheme="fp8")
+        # lazy: Quark's slow import
         from quark.torch.quantization.config.config import FP8E4M3PerTensorSpec
 
         output = FP8E4M3PerTensorSpec(observer_method="min_max", is_dynamic=False)
@@ -172,6 +177,7 @@ def quark_config(recipe: Recipe) -> Any:
 
 
 def _weight_spec(recipe: Recipe) -> Any:
+    # lazy: Quark's slow import
     from quark.torch.quantization.config.config import (
         FP8E4M3PerChannelSpec,
         FP8E4M3PerTensorSpec,
@@ -188,6 +194,7 @@ def _weight_spec(recipe: Recipe) -> Any:
 
 
 def _input_spec(recipe: Recipe) -> Any:
+    # lazy: Quark's slow import
     from quark.torch.quantization.config.config import (
         FP8E4M3PerChannelSpec,
         FP8E4M3PerTensorSpec,
@@ -205,6 +212,7 @@ def _input_spec(recipe: Recipe) -> Any:
 
 def _mx_spec(dtype: str, *, is_dynamic: bool) -> Any:
     """Quark's OCP MX spec: E8M0 scales per 32 elements along the last (input) dimension."""
+    # lazy: Quark's slow import
     from quark.torch.quantization.config.config import OCP_MXFP4Spec, OCP_MXFP8E4M3Spec
 
     spec = OCP_MXFP4Spec if dtype == "mxfp4" else OCP_MXFP8E4M3Spec
@@ -236,6 +244,7 @@ def quantize_static(
     from the recipe's ``fixed_input_amax`` instead (dynamic inputs need none).
     """
     timings = {"import_quark": import_quark()}
+    # lazy: Quark's slow import
     from quark.torch import ModelQuantizer, export_safetensors
 
     started = time.perf_counter()

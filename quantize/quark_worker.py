@@ -40,6 +40,7 @@ def main(scratch: Path) -> None:
 
 
 def _quantize(scratch: Path, request: dict[str, Any], timings: dict[str, float]) -> None:
+    # lazy: Quark's slow import
     from quark.torch import ModelQuantizer
 
     recipe = recipe_from_dict(request["recipe"], "the export's recipe")

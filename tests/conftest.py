@@ -89,7 +89,7 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 def pytest_terminal_summary(terminalreporter: Any) -> None:
     """The machine the run timed: a CI log then says which kind of CPU its durations are from."""
-    from eaglequant.environment import cpu_info
+    from eaglequant.results.environment import cpu_info
 
     cpu = cpu_info()
     probe = "AVX-512" if torch.cpu._is_avx512_supported() else "no AVX-512"

@@ -65,7 +65,7 @@ def main() -> None:
     from vllm.platforms import current_platform
 
     from eaglequant.engine.config import platform_defaults, platform_env, usable_cores
-    from eaglequant.speculative import speculative_config
+    from eaglequant.rules.speculative import speculative_config
 
     with open(sys.argv[1], encoding="utf-8") as handle:
         spec = json.load(handle)

@@ -14,14 +14,14 @@ import json
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from eaglequant.binding import binding, folder_files
-from eaglequant.environment import environment
 from eaglequant.io.readback import sha256_file
-from eaglequant.manifest import MANIFEST_FILE, build_manifest, write_manifest
-from eaglequant.provenance import command_string
 from eaglequant.recipe import load_recipe
-from eaglequant.spec_counts import AcceptanceRecord
-from eaglequant.validation_report import (
+from eaglequant.results.binding import binding, folder_files
+from eaglequant.results.environment import environment
+from eaglequant.results.manifest import MANIFEST_FILE, build_manifest, write_manifest
+from eaglequant.results.provenance import command_string
+from eaglequant.results.spec_counts import AcceptanceRecord
+from eaglequant.results.validation_report import (
     Check,
     CheckId,
     EngineSummary,

@@ -12,16 +12,16 @@ from click.testing import CliRunner
 
 from eaglequant.cli import main
 from eaglequant.engine.forkserver import process_name
-from eaglequant.engine.result import (
+from eaglequant.io.checkpoint import read_checkpoint
+from eaglequant.io.output import TEMP_MARK
+from eaglequant.model.eagle3 import Eagle3Draft
+from eaglequant.results.engine_result import (
     ENGINE_RESULT_SCHEMA,
     EngineResult,
     EngineRun,
     RequestCounts,
     SpecMetrics,
 )
-from eaglequant.io.checkpoint import read_checkpoint
-from eaglequant.io.output import TEMP_MARK
-from eaglequant.model.eagle3 import Eagle3Draft
 from tests.conftest import TOY, tree_digest
 
 # Capture: sequences and tokens per sequence of the toy captures.

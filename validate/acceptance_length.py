@@ -7,7 +7,7 @@ draft position accepted there / drafts; each prompt's own counts (vLLM's per-req
 histograms, held to the global counters) give a bootstrap interval over prompts
 (``stats.bootstrap_length``). With a temperature, the runs sampled after the greedy one, one
 per seed, are measured instead, each prompt's counts summed over its seeds. The result
-carries its :class:`~eaglequant.workload.AcceptanceWorkload`.
+carries its :class:`~eaglequant.results.workload.AcceptanceWorkload`.
 """
 
 from __future__ import annotations
@@ -18,18 +18,23 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from eaglequant.engine.child_request import EngineRequest
 from eaglequant.engine.config import EngineOptions, check_engine_args, llm_kwargs, probe_vllm
 from eaglequant.engine.process import log_tail, run_engine_child
-from eaglequant.engine.request import EngineRequest
-from eaglequant.engine.result import EngineResult, read_engine_result
 from eaglequant.errors import EngineFailed, InputError
+from eaglequant.io.checkpoint import read_checkpoint
 from eaglequant.progress import Progress, quiet
 from eaglequant.prompts.chat import render_for_target
-from eaglequant.spec_counts import AcceptanceRecord
-from eaglequant.speculative import speculative_config
-from eaglequant.validate.acceptance import judged_counts
+from eaglequant.results.engine_result import EngineResult, read_engine_result
+from eaglequant.results.spec_counts import AcceptanceRecord
+from eaglequant.results.workload import AcceptanceWorkload, concurrency_of
+from eaglequant.rules.draft import dims_from_config, structure_problems
+from eaglequant.rules.speculative import speculative_config
+from eaglequant.rules.target_fit import check_target_fits
+from eaglequant.validate import engine_run
+from eaglequant.validate.acceptance_checks import judged_counts
+from eaglequant.validate.prompt_lengths import check_prompt_lengths
 from eaglequant.validate.stats import DEFAULT_RESAMPLES, DEFAULT_SEED, Interval, bootstrap_length
-from eaglequant.workload import AcceptanceWorkload, concurrency_of
 
 ACCEPTANCE_KIND = "eaglequant.acceptance"
 ACCEPTANCE_SCHEMA = 1
@@ -99,9 +104,7 @@ class AcceptanceMeasurement:
 
 def check_request(request: AcceptanceRequest) -> None:
     """Everything checkable before the engine starts."""
-    from eaglequant.draft import dims_from_config, structure_problems
-    from eaglequant.io.checkpoint import read_checkpoint
-    from eaglequant.target_fit import check_target_fits
+    # lazy: torch-free core
     from eaglequant.validate.request import check_sampling
 
     if not request.target.is_dir():
@@ -123,8 +126,6 @@ def measure_acceptance(
     request: AcceptanceRequest, progress: Progress = quiet
 ) -> AcceptanceMeasurement:
     """One engine run of ``request``'s workload and the acceptance vLLM counted in it."""
-    from eaglequant.validate.prompt_lengths import check_prompt_lengths
-
     check_request(request)
     rendered = render_for_target(request.target, request.prompts, request.chat_template)
     check_prompt_lengths(
@@ -146,7 +147,7 @@ def measure_acceptance(
     )
     progress(f"vLLM engine: {request.workload.describe()} ...")
     outcome = run_engine_child(
-        "eaglequant.validate.engine_run",
+        engine_run.CHILD,
         spec.to_json(),
         read=read_engine_result,
         timeout=request.engine_timeout_s,

@@ -5,7 +5,7 @@ Each prompt's counts are pooled over the prompts of a category
 length and acceptance by position as vLLM's aggregate counters give them for
 the whole run. A category is judged only when both drafts proposed at least
 the recipe's ``min_category_drafts`` draft tokens in it: then checks 2 and 5
-run on its prompts alone (:func:`eaglequant.validate.acceptance.acceptance_checks`,
+run on its prompts alone (:func:`eaglequant.validate.acceptance_checks.acceptance_checks`,
 the same paired bootstrap and verdict rule as for all prompts). The
 regression gate (``validate --against``) runs per category too when both
 reports have categories (:func:`category_regression`).
@@ -16,10 +16,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, replace
 
-from eaglequant.validate.acceptance import AcceptanceThresholds, acceptance_checks
-from eaglequant.validate.regression import RunCounts, regression_check
-from eaglequant.validate.stats import MAX_PROMPTS_FACTOR, PromptCounts, pooled_counts
-from eaglequant.validation_report import (
+from eaglequant.results.validation_report import (
     INCONCLUSIVE,
     PASS,
     CategoryRow,
@@ -27,6 +24,9 @@ from eaglequant.validation_report import (
     CheckId,
     overall_verdict,
 )
+from eaglequant.validate.acceptance_checks import AcceptanceThresholds, acceptance_checks
+from eaglequant.validate.regression import RunCounts, regression_check
+from eaglequant.validate.stats import MAX_PROMPTS_FACTOR, PromptCounts, pooled_counts
 
 ROLES = ("bf16", "fp8")
 # A category's checks 2 and 5 (in CategoryRow.checks' order) over all categories.

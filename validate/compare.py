@@ -19,7 +19,11 @@ default recipe's; check 6 on the same capture, or on the engines' own ranges wit
 
 from __future__ import annotations
 
+import dataclasses
+import json
+import re
 import sys
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from functools import partial
@@ -27,7 +31,20 @@ from pathlib import Path
 from typing import Protocol
 
 from eaglequant.capture.run import CaptureEngine, CaptureRequest, capture_hidden_states
-from eaglequant.compare_report import (
+from eaglequant.engine.child_request import ControlTokens
+from eaglequant.engine.config import EngineOptions, check_kv_cache_dtype, probe_vllm
+from eaglequant.errors import InputError
+from eaglequant.io.checkpoint import read_checkpoint
+from eaglequant.io.output import check_output_path, write_text_atomic
+from eaglequant.progress import Progress
+from eaglequant.prompts.chat import render_for_target
+from eaglequant.prompts.source import PromptSet
+from eaglequant.quantization import method_of
+from eaglequant.quantize.export import ExportRequest, export_draft
+from eaglequant.quantize.sources import CalibrationSource
+from eaglequant.recipe import DEFAULT_RECIPE, Recipe, ValidationSpec, load_recipe
+from eaglequant.render.compare_tables import compare_markdown
+from eaglequant.results.compare_report import (
     COMPARE_JSON,
     COMPARE_MD,
     COMPARE_SCHEMA_VERSION,
@@ -36,31 +53,22 @@ from eaglequant.compare_report import (
     PromptSetSummary,
     recommend,
 )
-from eaglequant.draft import (
+from eaglequant.results.engine_result import EngineRun
+from eaglequant.results.spec_counts import SpecDecodeCounts
+from eaglequant.results.validation_report import PASS, Check, CheckId, ValidationReport
+from eaglequant.results.workload import AcceptanceWorkload, concurrency_of
+from eaglequant.rules.draft import (
     DraftDims,
     dims_from_config,
     quantized_tensors,
     require_bf16_draft,
     structure_problems,
 )
-from eaglequant.engine.config import EngineOptions, check_kv_cache_dtype, probe_vllm
-from eaglequant.engine.request import ControlTokens
-from eaglequant.engine.result import EngineRun
-from eaglequant.errors import InputError
-from eaglequant.exclusions import predict_fates
-from eaglequant.inspection import inspect_checkpoint, size_summary
-from eaglequant.io.checkpoint import read_checkpoint
-from eaglequant.io.output import check_output_path, write_text_atomic
-from eaglequant.progress import Progress
-from eaglequant.prompts.chat import render_for_target
-from eaglequant.prompts.source import PromptSet
-from eaglequant.quantization import method_of
-from eaglequant.quantize.sources import CalibrationSource
-from eaglequant.recipe import DEFAULT_RECIPE, Recipe, ValidationSpec, load_recipe
-from eaglequant.spec_counts import SpecDecodeCounts
-from eaglequant.speculative import SCALED_KV_CACHE_DTYPE, draft_kv_cache_dtype
-from eaglequant.target_fit import target_layers
-from eaglequant.validate.acceptance import ACCEPTANCE, PER_POSITION
+from eaglequant.rules.exclusions import predict_fates
+from eaglequant.rules.inspection import inspect_checkpoint, size_summary
+from eaglequant.rules.speculative import SCALED_KV_CACHE_DTYPE, draft_kv_cache_dtype
+from eaglequant.rules.target_fit import target_layers
+from eaglequant.validate.acceptance_checks import ACCEPTANCE, PER_POSITION
 from eaglequant.validate.lossless import DEFAULT_TIE_MARGIN, DEFAULT_TIE_STEPS
 from eaglequant.validate.prompt_lengths import check_prompt_lengths
 from eaglequant.validate.request import ValidateRequest, engine_prompts, require_layer_inspection
@@ -72,8 +80,6 @@ from eaglequant.validate.single_engine import (
     run_single,
 )
 from eaglequant.validate.validation import run_engine, validate_draft
-from eaglequant.validation_report import PASS, Check, CheckId, ValidationReport
-from eaglequant.workload import AcceptanceWorkload, concurrency_of
 
 BF16_ROLE, TARGET_ROLE = "bf16", "target"
 CAPTURE_DIR, CANDIDATES_DIR = "capture", "candidates"
@@ -233,8 +239,6 @@ def check_request(request: CompareRequest) -> None:
 def _check_ready_made(request: CompareRequest, baseline: DraftDims) -> None:
     """Each ready-made draft: a name no recipe, role or other draft has, and a quantized draft
     of the BF16 draft's shapes (InputError naming it otherwise)."""
-    import re
-
     taken = {r.name for r in request.recipes} | {BF16_ROLE, TARGET_ROLE, DEFAULT_RECIPE}
     folders: set[Path] = set()
     for ready in request.ready_made:
@@ -272,8 +276,6 @@ def _check_ready_made(request: CompareRequest, baseline: DraftDims) -> None:
 
 def _first_difference(dims: DraftDims, baseline: DraftDims) -> str | None:
     """``hidden 576, the BF16 draft's 256`` for the first dimension that differs."""
-    import dataclasses
-
     for item in dataclasses.fields(DraftDims):
         mine, theirs = getattr(dims, item.name), getattr(baseline, item.name)
         if mine != theirs:
@@ -287,8 +289,6 @@ def compare(
     runner: EngineRunner | None = None,
 ) -> CompareReport:
     """Capture once, export every candidate, validate each against the BF16 draft once."""
-    import time
-
     check_request(request)
     timings: dict[str, float] = {}
     capture = request.hidden_states
@@ -439,8 +439,6 @@ def _capture_once(request: CompareRequest, progress: Progress) -> Path:
 
 
 def _export(request: CompareRequest, recipe: Recipe, capture: Path, progress: Progress) -> Path:
-    from eaglequant.quantize.export import ExportRequest, export_draft
-
     out = request.out / CANDIDATES_DIR / recipe.name
     export_draft(
         ExportRequest(
@@ -576,9 +574,5 @@ def _report(
 
 def _write(out: Path, report: CompareReport) -> None:
     """compare.json and compare.md, each written beside its name and renamed into place."""
-    import json
-
-    from eaglequant.render.compare_tables import compare_markdown
-
     write_text_atomic(out / COMPARE_JSON, json.dumps(report.to_json(), indent=2) + "\n")
     write_text_atomic(out / COMPARE_MD, compare_markdown(report))

@@ -22,7 +22,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from eaglequant.engine import vllm_internals
-from eaglequant.engine.result import LinearRange
+from eaglequant.results.engine_result import LinearRange
 
 WATCH_ATTRIBUTE = "_eaglequant_range_watch"
 # A checkpoint linear's part in vLLM's fused linear: (fused name, part index).
@@ -41,6 +41,7 @@ KV_PROJECTIONS = ("qkv_proj", "k_proj", "v_proj")  # whose output parts K/V scal
 
 def watch(worker: Any) -> int:
     """On the worker: hook every linear of the current draft; how many were hooked."""
+    # lazy: torch-free core
     import torch
 
     stats: Ranges = {}
@@ -77,6 +78,7 @@ Histograms = tuple[Any, list[Any]]
 
 
 def _recorder(name: str, parts: list[int], stats: Ranges, magnitudes: dict[str, Any]) -> Any:
+    # lazy: torch-free core
     from eaglequant.validate.scale_effects import Magnitudes
 
     outputs_too = name.rpartition(".")[2] in KV_PROJECTIONS

@@ -10,7 +10,7 @@ defaults (CPU only: eager mode, KV cache space, thread binding), starts an
 offline ``vllm.LLM`` (greedy), answers the first turns of any second turns it is asked
 (``second_turns``: measured after the prompts), generates (then, when asked, once per
 sampling seed at a temperature), and writes OUT (an
-:class:`~eaglequant.engine.result.EngineResult`, with its schema version) with the token ids
+:class:`~eaglequant.results.engine_result.EngineResult`, with its schema version) with the token ids
 (and top logprobs), the spec-decode counters from ``LLM.get_metrics()`` and,
 for a speculative run, each prompt's own (``per_request``: vLLM's
 per-request histogram of accepted draft tokens per verify step), how
@@ -27,9 +27,13 @@ import time
 from typing import TYPE_CHECKING, Any, TypedDict, cast
 
 from eaglequant.engine import vllm_internals
-from eaglequant.engine.child import VLLM_PRELOAD
-from eaglequant.engine.request import EngineRequest, EngineRequestJson
-from eaglequant.engine.result import (
+from eaglequant.engine.child import VLLM_PRELOAD, EngineChild
+from eaglequant.engine.child_request import EngineRequest, EngineRequestJson
+from eaglequant.engine.config import platform_defaults, platform_env, usable_cores, worker_count
+from eaglequant.engine.cpu_fp8_plugin import ACTIVE_ENV, failed_patches
+from eaglequant.engine.introspection import engine_record, loaded_kernel_libraries
+from eaglequant.engine.swap import swap_draft
+from eaglequant.results.engine_result import (
     ENGINE_RESULT_SCHEMA,
     SCALE_NAMES,
     DraftAttention,
@@ -42,9 +46,11 @@ from eaglequant.engine.result import (
     SpecMetrics,
     TopLogprobs,
 )
-from eaglequant.spec_counts import VLLM_KEYS, SpecDecodeCounts
-from eaglequant.speculative import SpeculativeDict
+from eaglequant.results.spec_counts import VLLM_KEYS, SpecDecodeCounts
+from eaglequant.rules.speculative import SpeculativeDict
+from eaglequant.validate.draft_ranges import collect, watch
 from eaglequant.validate.lossless import RAW_LOGITS
+from eaglequant.validate.second_turns import answer_first_turns
 
 if TYPE_CHECKING:
     from eaglequant.engine.swap import SwapOutcome
@@ -64,6 +70,7 @@ SPEC_METRICS = {
 
 def draft_layers(worker: Any) -> list[DraftLayer]:
     """On the worker: every linear of the draft, with its quant method, scheme and scales."""
+    # lazy: torch-free core
     import torch
 
     layers = []
@@ -156,30 +163,20 @@ class DraftInspector:
         return draft_attention(self)
 
     def eaglequant_swap_draft(self, speculative: SpeculativeDict) -> SwapOutcome:
-        from eaglequant.engine.swap import swap_draft
-
         return swap_draft(self, speculative)
 
     def eaglequant_watch_ranges(self) -> int:
-        from eaglequant.validate.draft_ranges import watch
-
         return watch(self)
 
     def eaglequant_draft_ranges(self) -> dict[str, LinearRange]:
-        from eaglequant.validate.draft_ranges import collect
-
         return collect(self)
 
     def eaglequant_plugin_active(self) -> bool:
-        from eaglequant.engine.cpu_fp8_plugin import ACTIVE_ENV
-
         return os.environ.get(ACTIVE_ENV) == "1"
 
 
 def run(spec: EngineRequestJson) -> EngineResult:
     """In the engine child: the engine ``spec`` asks for (an :class:`EngineRequest`), its run."""
-    from eaglequant.validate.second_turns import answer_first_turns
-
     request = EngineRequest.from_json(spec)
     started = time.perf_counter()
     llm, kwargs = open_llm(request)
@@ -203,9 +200,8 @@ def run(spec: EngineRequestJson) -> EngineResult:
 def require_cpu_patches() -> None:
     """eaglequant's engines need every patch of the CPU plugin: refuse, in one line, where one
     was not applied (its own log line says why)."""
+    # lazy: vllm is an optional extra
     from vllm.plugins import load_general_plugins
-
-    from eaglequant.engine.cpu_fp8_plugin import failed_patches
 
     load_general_plugins()
     failed = failed_patches()
@@ -219,15 +215,9 @@ def require_cpu_patches() -> None:
 
 def open_llm(request: EngineRequest) -> tuple[Any, dict[str, Any]]:
     """The offline engine for ``request.llm`` with the platform's defaults, and its arguments."""
+    # lazy: vllm is an optional extra
     from vllm import LLM
     from vllm.platforms import current_platform
-
-    from eaglequant.engine.config import (
-        platform_defaults,
-        platform_env,
-        usable_cores,
-        worker_count,
-    )
 
     on_cpu = current_platform.is_cpu()
     if on_cpu:
@@ -251,10 +241,9 @@ def open_llm(request: EngineRequest) -> tuple[Any, dict[str, Any]]:
 def generate(llm: Any, request: EngineRequest, kwargs: dict[str, Any]) -> Generated:
     """Greedy outputs of the request's prompts and what the engine reports (cumulative metrics,
     before the sampled runs the request asks for)."""
+    # lazy: vllm is an optional extra
     from vllm import SamplingParams
     from vllm.platforms import current_platform
-
-    from eaglequant.engine.introspection import engine_record, loaded_kernel_libraries
 
     params = SamplingParams(
         temperature=0.0,
@@ -330,6 +319,7 @@ def sampled_runs(llm: Any, request: EngineRequest, before: SpecMetrics) -> list[
     drafts by rejection sampling): prompt ``i`` of seed ``s`` seeded ``s * prompts + i``, so
     every prompt and seed draws its own stream, whatever the batch. Each run's counters are
     its own (the engine's after it less before it)."""
+    # lazy: vllm is an optional extra
     from vllm import SamplingParams
 
     runs: list[SampledRun] = []
@@ -380,6 +370,7 @@ def score_sequences(
 ) -> list[TopLogprobs]:
     """Each prompt's tokens followed by its output's, scored in one prefill of the engine: per
     output position the target's ``ranks`` best tokens and the output's own, by rank."""
+    # lazy: vllm is an optional extra
     from vllm import SamplingParams
     from vllm.inputs import TokensPrompt
 
@@ -416,7 +407,8 @@ def _top_logprobs(per_position: Any) -> TopLogprobs:
     ]
 
 
-if __name__ == "__main__":
-    from eaglequant.engine.child import serve_json_child
+# The one entry point: the parent starts this child by importing it.
+CHILD = EngineChild(run)
 
-    serve_json_child(run)
+if __name__ == "__main__":
+    CHILD.serve()

@@ -3,13 +3,14 @@ spec-decode counters and the acceptance they give, its timings and configuration
 
 from __future__ import annotations
 
+import hashlib
 import json
 from dataclasses import replace
 
 from eaglequant.engine.process import log_tail
-from eaglequant.engine.result import EngineRun
-from eaglequant.spec_counts import SpecDecodeCounts
-from eaglequant.validation_report import EngineSummary
+from eaglequant.results.engine_result import EngineRun
+from eaglequant.results.spec_counts import SpecDecodeCounts
+from eaglequant.results.validation_report import EngineSummary
 
 
 def engine_summary(engine: EngineRun) -> EngineSummary:
@@ -43,6 +44,4 @@ def engine_summary(engine: EngineRun) -> EngineSummary:
 
 def outputs_digest(token_ids: list[list[int]]) -> str:
     """One hash of every generated token id: equal hashes, equal greedy outputs (any machine)."""
-    import hashlib
-
     return hashlib.sha256(json.dumps(token_ids).encode()).hexdigest()

@@ -18,14 +18,14 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from eaglequant.draft import dims_from_config, kv_scale_pairs
-from eaglequant.engine.result import SCALE_NAMES, DraftAttention, DraftLayer, ScaleStats
-from eaglequant.exclusions import predict_fates
 from eaglequant.io.checkpoint import Checkpoint
 from eaglequant.io.safetensors_header import FLOAT_DTYPES
-from eaglequant.manifest import MANIFEST_FILE
 from eaglequant.recipe import E8M0_NAN
-from eaglequant.validation_report import Check, CheckId
+from eaglequant.results.engine_result import SCALE_NAMES, DraftAttention, DraftLayer, ScaleStats
+from eaglequant.results.manifest import MANIFEST_FILE
+from eaglequant.results.validation_report import Check, CheckId
+from eaglequant.rules.draft import dims_from_config, kv_scale_pairs
+from eaglequant.rules.exclusions import predict_fates
 
 BAD_EXCLUSION_SIGNATURE = "Attempted to load weight"
 OUTSIDE_LAYERS = ("model.fc", "lm_head")

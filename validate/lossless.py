@@ -36,7 +36,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
-from eaglequant.validation_report import Check, CheckId
+from eaglequant.results.validation_report import Check, CheckId
 
 MODES = ("paired", "near-tie", "strict")
 DEFAULT_MODE = "paired"  # "near-tie" where there is no reference run to pair with

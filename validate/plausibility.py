@@ -34,13 +34,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypedDict
 
-from eaglequant.draft import DraftDims, dims_from_config, kv_scale_name
-from eaglequant.engine.result import LinearRange, MagnitudesJson
+from eaglequant.capture.run import capture_into
+from eaglequant.capture.store import load_capture
 from eaglequant.errors import InputError
 from eaglequant.io.checkpoint import Checkpoint
 from eaglequant.recipe import E8M0_NAN
+from eaglequant.results.engine_result import LinearRange, MagnitudesJson
+from eaglequant.results.validation_report import Check, CheckId
+from eaglequant.rules.draft import DraftDims, dims_from_config, kv_scale_name
+from eaglequant.rules.exclusions import predict_fates
+from eaglequant.rules.target_fit import check_target_fits
 from eaglequant.validate.draft_ranges import checkpoint_entries
-from eaglequant.validation_report import Check, CheckId
 
 ENGINE_RANGES, CAPTURED_RANGES = "engine", "capture"
 # A static scale may clip this share of the tokens (rows) it quantizes: the attention-sink
@@ -139,8 +143,6 @@ def plausibility_problems(
     inputs: PlausibilityInputs, progress: Callable[[str], None] = lambda _m: None
 ) -> tuple[list[str], dict[str, Any]]:
     """Check 6's problems (each naming the tensor and what is wrong) and its numbers."""
-    from eaglequant.exclusions import predict_fates
-
     fp8, baseline = inputs.draft, inputs.baseline
     limit = max_sqnr_loss_db(inputs.tolerance)
     quantized = quantized_linears(fp8)
@@ -210,8 +212,10 @@ def _judge_weight(
     row: LayerScales,
 ) -> list[str]:
     """The dequantized weight against the baseline's, beside a calibrated rounding of it."""
+    # lazy: torch-free core
     import torch
 
+    # lazy: torch-free core
     from eaglequant.model import mx
     from eaglequant.validate import scale_effects as effects
 
@@ -309,6 +313,7 @@ def _judge_scale(
     """One static scale on the values it quantizes, against amax / 448 of those values: it
     fails when it clips more than :data:`MAX_TOKENS_CLIPPED` of the tokens, or when on the
     tokens it does not clip its SQNR falls more than ``limit`` dB below the calibrated one's."""
+    # lazy: torch-free core
     from eaglequant.validate import scale_effects as effects
 
     effect = effects.input_effect(values, float(scale.flatten()[0]))
@@ -394,10 +399,11 @@ def _engine_magnitudes(ranges: Mapping[str, LinearRange], linears: list[str]) ->
 
 def _captured_magnitudes(inputs: PlausibilityInputs, linears: list[str]) -> Measured:
     """The BF16 draft module unrolled over k steps on the target's states, hooked."""
+    # lazy: torch-free core
     import torch
 
+    # lazy: torch-free core
     from eaglequant.model.load import load_draft_module
-    from eaglequant.target_fit import check_target_fits
     from eaglequant.validate.scale_effects import Magnitudes
 
     baseline = inputs.baseline
@@ -456,11 +462,8 @@ def _target_states(
 ) -> CalibrationData:
     """The target's auxiliary states: a given capture, else captured now on the validation
     sequences (each prompt and the target's own continuation) with the chosen engine."""
-    from eaglequant.capture.store import load_capture
-
     if inputs.hidden_states is not None:
         return load_capture(inputs.hidden_states, dims)
-    from eaglequant.capture.run import capture_into
 
     sequences = validation_sequences(
         inputs.target, inputs.prompts, inputs.generated, inputs.add_special_tokens
@@ -487,6 +490,7 @@ def validation_sequences(
 
     ``add_special_tokens`` False for chat-templated prompts, as vLLM's chat endpoint.
     """
+    # lazy: torch-free core
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(target)

@@ -27,6 +27,14 @@ from pathlib import Path
 from typing import Any, cast
 
 from eaglequant.errors import InputError
+from eaglequant.results.validation_report import (
+    FAIL,
+    PASS,
+    Check,
+    CheckId,
+    ValidationReport,
+    read_report,
+)
 from eaglequant.validate.stats import (
     DEFAULT_RESAMPLES,
     DEFAULT_SEED,
@@ -35,14 +43,6 @@ from eaglequant.validate.stats import (
     bootstrap_ratios,
     judge,
     pooled_quantities,
-)
-from eaglequant.validation_report import (
-    FAIL,
-    PASS,
-    Check,
-    CheckId,
-    ValidationReport,
-    read_report,
 )
 
 NAME = CheckId.REGRESSION

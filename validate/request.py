@@ -7,10 +7,8 @@ import sys
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from eaglequant.binding import Binding, binding
 from eaglequant.capture.run import CaptureEngine, check_engine
 from eaglequant.capture.store import check_capture
-from eaglequant.draft import dims_from_config, refuse_quantized, structure_problems
 from eaglequant.engine.config import (
     EngineOptions,
     VllmInstall,
@@ -21,17 +19,19 @@ from eaglequant.engine.config import (
 )
 from eaglequant.errors import InputError
 from eaglequant.io.checkpoint import Checkpoint, read_checkpoint
-from eaglequant.manifest import MANIFEST_FILE, read_json_object, read_manifest
 from eaglequant.prompts.chat import RenderedPrompts, render_for_target
 from eaglequant.prompts.source import text_hashes
 from eaglequant.prompts.turns import SecondTurns, SecondTurnsJson, asked_turns
 from eaglequant.recipe import ValidationSpec, load_recipe
-from eaglequant.speculative import kv_source
-from eaglequant.target_fit import check_target_fits
+from eaglequant.results.binding import Binding, binding
+from eaglequant.results.manifest import MANIFEST_FILE, read_json_object, read_manifest
+from eaglequant.results.validation_report import CalibrationOverlap, PromptSetRecord
+from eaglequant.rules.draft import dims_from_config, refuse_quantized, structure_problems
+from eaglequant.rules.speculative import kv_source
+from eaglequant.rules.target_fit import check_target_fits
 from eaglequant.validate.lossless import DEFAULT_MODE, DEFAULT_TIE_MARGIN, DEFAULT_TIE_STEPS
 from eaglequant.validate.regression import RunCounts, check_comparable
 from eaglequant.validate.stats import DEFAULT_RESAMPLES, DEFAULT_SEED
-from eaglequant.validation_report import CalibrationOverlap, PromptSetRecord
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -65,7 +65,7 @@ class ValidateRequest:
     against: RunCounts | None = None
     resamples: int = DEFAULT_RESAMPLES
     seed: int = DEFAULT_SEED
-    command: str | None = None  # how it was invoked, path-free (eaglequant.provenance)
+    command: str | None = None  # how it was invoked, path-free (eaglequant.results.provenance)
     engine_per_draft: bool = False
     # Check 1 against a target-alone engine (a second target load) instead of teacher-forced
     # scores from the speculative engine itself.

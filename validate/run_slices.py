@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import cast
 
-from eaglequant.engine.result import EngineResult, EngineRun, SpecMetrics
-from eaglequant.validate.acceptance import prompt_counts
+from eaglequant.results.engine_result import EngineResult, EngineRun, SpecMetrics
+from eaglequant.validate.acceptance_checks import prompt_counts
 from eaglequant.validate.stats import PromptCounts, pooled_counts
 
 

@@ -41,7 +41,7 @@ import torch
 from eaglequant.recipe import FP8_E4M3_MAX, MX_BLOCK
 
 if TYPE_CHECKING:
-    from eaglequant.engine.result import MagnitudesJson
+    from eaglequant.results.engine_result import MagnitudesJson
 
 BINS_PER_BINADE = 16
 LOWEST_BINADE = -150  # float32's smallest subnormal is 2^-149

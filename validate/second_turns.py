@@ -20,9 +20,12 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from eaglequant.engine.request import EngineRequest
+from eaglequant.engine.child_request import EngineRequest
 from eaglequant.errors import InputError
+from eaglequant.prompts.chat import RenderedPrompts
+from eaglequant.prompts.chat import token_counts as count_tokens
 from eaglequant.prompts.turns import AnsweredJson, second_turn_text
+from eaglequant.validate.prompt_lengths import context_length
 
 if TYPE_CHECKING:
     from eaglequant.engine.config import EngineOptions, VllmInstall
@@ -38,7 +41,10 @@ def answer_first_turns(
     asked = request.second_turns
     if asked is None:
         return request, None
+    # lazy: torch-free core
     from transformers import AutoTokenizer
+
+    # lazy: vllm is an optional extra
     from vllm import SamplingParams
 
     began = time.perf_counter()
@@ -92,11 +98,8 @@ def check_second_turn_lengths(
 ) -> None:
     """InputError naming the longest second turn when one, with an answer of ``max_tokens``
     and ``max_tokens`` generated after it, would reach the engines' context."""
+    # lazy: torch-free core
     from transformers import AutoTokenizer
-
-    from eaglequant.prompts.chat import RenderedPrompts
-    from eaglequant.prompts.chat import token_counts as count_tokens
-    from eaglequant.validate.prompt_lengths import context_length
 
     asked = rendered.second_turns.asked if rendered.second_turns else None
     limit, why = context_length(target, engine, install)

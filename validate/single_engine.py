@@ -7,7 +7,7 @@ cache so no block the previous draft computed is read again, and generates
 again. Asked for second turns (``EngineRequest.second_turns``), the engine first answers
 the first turns with the first draft (``second_turns.answer_first_turns``) and every draft
 measures the same conversations after the prompts. Each draft's result is an
-``EngineResult`` (:mod:`eaglequant.engine.result`) as ``engine_run.run`` gives a fresh
+``EngineResult`` (:mod:`eaglequant.results.engine_result`) as ``engine_run.run`` gives a fresh
 engine's, with the spec-decode counters taken as the difference over its own run and its
 engine configuration naming its own draft.
 
@@ -31,12 +31,15 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from eaglequant.draft import dims_from_config
-from eaglequant.engine.child import VLLM_PRELOAD
+from eaglequant.engine.child import VLLM_PRELOAD, EngineChild
+from eaglequant.engine.child_request import ControlTokens, EngineRequest, EngineRequestJson
 from eaglequant.engine.config import llm_kwargs
+from eaglequant.engine.introspection import engine_record
 from eaglequant.engine.process import run_engine_child
-from eaglequant.engine.request import ControlTokens, EngineRequest, EngineRequestJson
-from eaglequant.engine.result import (
+from eaglequant.io.checkpoint import read_checkpoint
+from eaglequant.io.output import write_text_atomic
+from eaglequant.progress import Progress
+from eaglequant.results.engine_result import (
     ENGINE_RESULT_SCHEMA,
     EngineResult,
     EngineRun,
@@ -44,13 +47,12 @@ from eaglequant.engine.result import (
     SpecMetrics,
     read_shared_runs,
 )
-from eaglequant.io.checkpoint import read_checkpoint
-from eaglequant.io.output import write_text_atomic
-from eaglequant.progress import Progress
-from eaglequant.speculative import SpeculativeDict, speculative_config
-from eaglequant.validate.engine_run import metrics_delta
+from eaglequant.results.validation_report import PER_DRAFT
+from eaglequant.rules.draft import dims_from_config
+from eaglequant.rules.speculative import SpeculativeDict, speculative_config
+from eaglequant.validate.engine_run import generate, metrics_delta, open_llm, spec_metrics
 from eaglequant.validate.lossless import TEACHER_FORCED_RANKS
-from eaglequant.validation_report import PER_DRAFT
+from eaglequant.validate.second_turns import answer_first_turns
 
 if TYPE_CHECKING:
     from eaglequant.prompts.chat import RenderedPrompts
@@ -165,7 +167,7 @@ def run_shared(
     """All ``drafts`` in one engine child, bounded by the engine timeout per draft."""
     spec = shared_spec(request, rendered, [d for _, d in drafts])
     outcome = run_engine_child(
-        "eaglequant.validate.single_engine",
+        CHILD,
         spec.to_json(),
         read=read_shared_runs,
         timeout=request.engine_timeout_s * len(drafts),
@@ -233,10 +235,6 @@ def _done(progress: Progress, role: str, engine: EngineRun) -> None:
 
 def run(spec: EngineRequestJson) -> SharedRuns:
     """In the engine child: each of the request's drafts in turn, swapped into one engine."""
-    from eaglequant.engine.introspection import engine_record
-    from eaglequant.validate.engine_run import generate, open_llm, spec_metrics
-    from eaglequant.validate.second_turns import answer_first_turns
-
     request = EngineRequest.from_json(spec)
     started = time.perf_counter()
     llm, kwargs = open_llm(request)
@@ -297,7 +295,8 @@ def _swap(llm: Any, speculative: SpeculativeDict) -> str | None:
     return None
 
 
-if __name__ == "__main__":
-    from eaglequant.engine.child import serve_json_child
+# The one entry point: the parent starts this child by importing it.
+CHILD = EngineChild(run)
 
-    serve_json_child(run)
+if __name__ == "__main__":
+    CHILD.serve()

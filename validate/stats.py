@@ -22,9 +22,9 @@ from typing import Any, TypedDict
 
 import numpy as np
 
-from eaglequant.engine.result import RequestCounts
-from eaglequant.spec_counts import SpecDecodeCounts
-from eaglequant.validation_report import FAIL, INCONCLUSIVE, PASS
+from eaglequant.results.engine_result import RequestCounts
+from eaglequant.results.spec_counts import SpecDecodeCounts
+from eaglequant.results.validation_report import FAIL, INCONCLUSIVE, PASS
 
 DEFAULT_RESAMPLES = 2000
 DEFAULT_SEED = 0

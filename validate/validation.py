@@ -32,7 +32,7 @@ checks, each reported with its numbers:
    against the earlier one's (``regression.py``).
 
 INCONCLUSIVE counts as not passed. The report (``to_json``) carries its kind
-and schema version (``eaglequant.validation_report``).
+and schema version (``eaglequant.results.validation_report``).
 """
 
 from __future__ import annotations
@@ -44,20 +44,28 @@ from functools import partial
 from pathlib import Path
 from typing import Literal
 
+from eaglequant.engine.child_request import ControlTokens, EngineRequest
 from eaglequant.engine.config import check_kv_cache_dtype, llm_kwargs, probe_vllm
 from eaglequant.engine.process import ChildRun, log_tail, run_engine_child
-from eaglequant.engine.request import ControlTokens, EngineRequest
-from eaglequant.engine.result import (
-    EngineRun,
-    read_engine_result,
-)
-from eaglequant.environment import environment
 from eaglequant.errors import EngineFailed, InputError
 from eaglequant.progress import Progress, quiet
 from eaglequant.prompts.chat import RenderedPrompts
 from eaglequant.prompts.format import read_prompts as read_prompts
-from eaglequant.speculative import draft_kv_cache_dtype, kv_source, speculative_config
-from eaglequant.validate.acceptance import (
+from eaglequant.results.engine_result import (
+    EngineRun,
+    read_engine_result,
+)
+from eaglequant.results.environment import environment
+from eaglequant.results.validation_report import (
+    CategoryRow,
+    Check,
+    CheckId,
+    ValidationReport,
+    prompts_digest,
+)
+from eaglequant.rules.speculative import draft_kv_cache_dtype, kv_source, speculative_config
+from eaglequant.validate import engine_run
+from eaglequant.validate.acceptance_checks import (
     AcceptanceThresholds,
     engine_acceptance_checks,
     judged_counts,
@@ -83,7 +91,8 @@ from eaglequant.validate.lossless import (
     lossless_check,
     teacher_forced_check,
 )
-from eaglequant.validate.plausibility import CAPTURED_RANGES
+from eaglequant.validate.plausibility import CAPTURED_RANGES, PlausibilityInputs
+from eaglequant.validate.plausibility import scale_plausibility as plausibility_check
 from eaglequant.validate.prompt_lengths import check_prompt_lengths
 from eaglequant.validate.regression import NAME as REGRESSION
 from eaglequant.validate.regression import RunCounts, regression_check
@@ -96,13 +105,6 @@ from eaglequant.validate.request import (
 )
 from eaglequant.validate.second_turns import check_second_turn_lengths, measured_request
 from eaglequant.validate.single_engine import run_per_draft, run_single
-from eaglequant.validation_report import (
-    CategoryRow,
-    Check,
-    CheckId,
-    ValidationReport,
-    prompts_digest,
-)
 
 
 def validate_draft(
@@ -300,7 +302,7 @@ def run_engine(
         control=control if scored else None,
     )
     outcome = run_engine_child(
-        "eaglequant.validate.engine_run",
+        engine_run.CHILD,
         spec.to_json(),
         read=read_engine_result,
         timeout=request.engine_timeout_s,
@@ -438,9 +440,6 @@ def scale_plausibility(
     BF16 engine (``draft_ranges``), else each prompt and the target's own continuation
     captured (the target alone's outputs, or the BF16 draft run's, which check 1 proves are
     the target's greedy outputs) and replayed through the draft module."""
-    from eaglequant.validate.plausibility import PlausibilityInputs
-    from eaglequant.validate.plausibility import scale_plausibility as check
-
     target_result = engines.get("target", engines["bf16"]).get("result")
     bf16_result = engines["bf16"].get("result")
     inputs = PlausibilityInputs(
@@ -459,6 +458,6 @@ def scale_plausibility(
         engine_ranges=bf16_result.get("draft_ranges") if bf16_result else None,
     )
     try:
-        return check(inputs, progress)
+        return plausibility_check(inputs, progress)
     except EngineFailed as exc:
         return Check(CheckId.SCALES, False, f"could not capture the target's hidden states: {exc}")

@@ -14,7 +14,9 @@ import time
 from pathlib import Path
 
 import torch
+import transformers
 from tqdm.auto import tqdm
+from transformers import AutoModelForCausalLM
 
 from eaglequant.capture.records import TransformersRun
 from eaglequant.capture.store import CaptureFile
@@ -30,9 +32,6 @@ def capture_transformers(
     trust_remote_code: bool,
 ) -> TransformersRun:
     """Fill every row of ``file``; returns the engine's record for ``capture.json``."""
-    import transformers
-    from transformers import AutoModelForCausalLM
-
     started = time.perf_counter()
     model = AutoModelForCausalLM.from_pretrained(
         target, dtype=torch.float32, trust_remote_code=trust_remote_code, use_safetensors=True

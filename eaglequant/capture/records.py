@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any, Literal, TypedDict
 if TYPE_CHECKING:  # Python 3.11's; annotations stay strings at run time (3.10 too)
     from typing import Required
 
-    from eaglequant.engine.result import EngineRecord
+    from eaglequant.results.engine_result import EngineRecord
 
 
 class DataProvenance(TypedDict):

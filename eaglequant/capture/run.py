@@ -20,7 +20,15 @@ from pathlib import Path
 from typing import Any, Literal
 
 from eaglequant.capture.records import CaptureInfo, CaptureSource, TransformersRun, VllmRun
-from eaglequant.draft import require_bf16_draft
+from eaglequant.capture.sequences import check_data, tokenize_data
+from eaglequant.capture.store import (
+    CAPTURE_FORMAT,
+    CAPTURE_TENSORS,
+    CaptureFile,
+    target_embeddings,
+    write_info,
+)
+from eaglequant.capture.vllm_engine import capture_vllm
 from eaglequant.engine.config import (
     RESERVED_ARGS,
     EngineOptions,
@@ -32,7 +40,8 @@ from eaglequant.errors import InputError
 from eaglequant.io.checkpoint import read_checkpoint
 from eaglequant.io.output import atomic_output_dir, check_output_path
 from eaglequant.prompts.source import PromptSource
-from eaglequant.target_fit import (
+from eaglequant.rules.draft import require_bf16_draft
+from eaglequant.rules.target_fit import (
     check_aux_layers,
     check_target_fits,
     default_aux_layers,
@@ -96,14 +105,6 @@ def capture_into(
 
     ``source`` (where the sequences came from) is recorded in ``capture.json``.
     """
-    from eaglequant.capture.store import (
-        CAPTURE_FORMAT,
-        CAPTURE_TENSORS,
-        CaptureFile,
-        target_embeddings,
-        write_info,
-    )
-
     config, _layers = target_layers(target)
     install = check_engine(engine)
     embed = target_embeddings(target) if embeddings else None
@@ -143,10 +144,10 @@ def _run_engine(
     progress: Callable[[str], None],
 ) -> TransformersRun | VllmRun:
     if install is None:
+        # lazy: torch-free core
         from eaglequant.capture.hf_engine import capture_transformers
 
         return capture_transformers(target, file, aux_ids, engine.trust_remote_code)
-    from eaglequant.capture.vllm_engine import capture_vllm
 
     options = engine.options
     if options.max_model_len is None and "max_model_len" not in options.engine_args:
@@ -186,8 +187,6 @@ def capture_hidden_states(
     request: CaptureRequest, progress: Callable[[str], None] = lambda _m: None
 ) -> CaptureInfo:
     """Check everything, run the target, publish ``out`` atomically; return capture.json's data."""
-    from eaglequant.capture.sequences import check_data, tokenize_data
-
     check_output_path(request.out, [request.target], request.overwrite)
     ids = aux_layer_ids(request.target, request.draft, request.aux_layers)
     check_data(request.data)

@@ -45,6 +45,7 @@ def tokenize_data(
     target: Path, data: Path | PromptSource, seq_len: int, count: int, trust_remote_code: bool
 ) -> TokenizedData:
     """``count`` (at most) sequences of ``seq_len`` token ids from ``data``."""
+    # lazy: torch-free core
     from transformers import AutoTokenizer
 
     check_data(data)

@@ -27,12 +27,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
 from eaglequant.capture.records import CaptureInfo
-from eaglequant.draft import DraftDims
 from eaglequant.errors import InputError
 from eaglequant.io.checkpoint import read_checkpoint
 from eaglequant.io.layout import TensorBlob, blob_from_tensor, plan_file
 from eaglequant.io.safetensors_header import DTYPE_SIZES, TensorInfo, read_header
 from eaglequant.io.writer import FILE_MODE, pwrite_all, write_known_file, write_text
+from eaglequant.results.manifest import read_json_object
+from eaglequant.rules.draft import DraftDims
 
 if TYPE_CHECKING:
     import torch
@@ -96,6 +97,7 @@ class CalibrationData:
 
 def sequences_tensor(sequences: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Token id rows padded to the longest (with 0), and their lengths when they differ."""
+    # lazy: torch-free core
     import torch
 
     longest = max(len(s) for s in sequences)
@@ -144,6 +146,7 @@ class CaptureFile:
 
     def sequences(self) -> list[list[int]]:
         """The token ids of every row, cut to their lengths."""
+        # lazy: torch-free core
         from safetensors import safe_open
 
         with safe_open(str(self.path), framework="pt") as handle:
@@ -160,6 +163,7 @@ class CaptureFile:
                 f"row {row}: states of shape {list(states.shape)} do not fit "
                 f"[{self.seq_len}, {self.width}]"
             )
+        # lazy: torch-free core
         import torch
 
         data = states.to(torch.bfloat16).contiguous().view(torch.uint8).numpy().tobytes()
@@ -193,8 +197,6 @@ def _write_json(folder: Path, info: Mapping[str, object]) -> None:
 
 def read_info(folder: Path) -> CaptureInfo | None:
     """``capture.json`` of a capture folder (None when absent: a bare tensor file)."""
-    from eaglequant.manifest import read_json_object
-
     path = folder / CAPTURE_INFO
     return cast(CaptureInfo, read_json_object(path, "capture info")) if path.is_file() else None
 
@@ -250,6 +252,7 @@ def check_capture(folder: Path, dims: DraftDims) -> Path:
 
 def load_capture(folder: Path, dims: DraftDims) -> CalibrationData:
     """Read a capture folder and check it fits the draft."""
+    # lazy: torch-free core
     from safetensors import safe_open
 
     path = check_capture(folder, dims)

@@ -24,7 +24,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypedDict
 
 from eaglequant.capture.records import ReplicaResult, ReplicaSpec
-from eaglequant.engine.child import VLLM_PRELOAD
+from eaglequant.capture.store import CaptureFile
+from eaglequant.engine.child import VLLM_PRELOAD, EngineChild
+from eaglequant.engine.config import platform_defaults
+from eaglequant.engine.introspection import (
+    engine_record,
+    loaded_kernel_libraries,
+    tree_peak_rss_mib,
+)
 
 if TYPE_CHECKING:  # Python 3.11's; annotations stay strings at run time (3.10 too)
     from typing import NotRequired
@@ -81,17 +88,10 @@ def capture_kwargs(aux_ids: list[int], storage: str, on_cpu: bool) -> CaptureKwa
 
 def run(spec: ReplicaSpec) -> ReplicaResult:
     started = time.perf_counter()
+    # lazy: vllm is an optional extra
     from vllm import LLM, SamplingParams
     from vllm.inputs import TokensPrompt
     from vllm.platforms import current_platform
-
-    from eaglequant.capture.store import CaptureFile
-    from eaglequant.engine.config import platform_defaults
-    from eaglequant.engine.introspection import (
-        engine_record,
-        loaded_kernel_libraries,
-        tree_peak_rss_mib,
-    )
 
     on_cpu = current_platform.is_cpu()
     kwargs = platform_defaults(spec["llm"], on_cpu)
@@ -125,6 +125,7 @@ def run(spec: ReplicaSpec) -> ReplicaResult:
 
 def _store(file: Any, row: int, seq: list[int], output: Any) -> None:
     """Move one finished request's states from the engine's file into ``row``."""
+    # lazy: vllm is an optional extra
     from vllm.distributed.kv_transfer.kv_connector.v1.example_hidden_states_connector import (
         cleanup_hidden_states,
         load_hidden_states,
@@ -141,7 +142,8 @@ def _store(file: Any, row: int, seq: list[int], output: Any) -> None:
     cleanup_hidden_states(path)
 
 
-if __name__ == "__main__":
-    from eaglequant.engine.child import serve_json_child
+# The one entry point: the parent starts this child by importing it.
+CHILD = EngineChild(run)
 
-    serve_json_child(run)
+if __name__ == "__main__":
+    CHILD.serve()

@@ -18,13 +18,13 @@ from __future__ import annotations
 import json
 import os
 import re
-import sys
 import tempfile
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
+from eaglequant.capture import vllm_child
 from eaglequant.capture.records import ReplicaResult, ReplicaSpec, VllmRun
 from eaglequant.capture.store import CaptureFile
 from eaglequant.engine.config import (
@@ -170,8 +170,7 @@ def _run_replicas(
             "chunk": CHUNK,
         }
         (folder / "spec.json").write_text(json.dumps(spec))
-        argv = [sys.executable, "-m", "eaglequant.capture.vllm_child", str(folder / "spec.json")]
-        argv.append(str(folder / "result.json"))
+        argv = vllm_child.CHILD.argv(folder / "spec.json", folder / "result.json")
         replicas.append(_Replica(index, argv, env, folder))
     return replicas
 

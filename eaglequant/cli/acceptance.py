@@ -99,6 +99,7 @@ def acceptance(
     bootstrap interval over prompts, and per position accepted there / drafts.
     Exit 0 when measured, 1 when the engine failed, 2 for bad input.
     """
+    # lazy: --help latency
     from eaglequant.io.output import check_file_output, write_text_atomic
     from eaglequant.prompts.source import load_prompts
     from eaglequant.validate.acceptance_length import AcceptanceRequest, measure_acceptance

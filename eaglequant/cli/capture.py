@@ -63,6 +63,7 @@ def capture(
     trust_remote_code: bool,
 ) -> None:
     """Run TARGET on DATA and save token ids + auxiliary hidden states to OUT for export."""
+    # lazy: --help latency
     from eaglequant.capture.run import CaptureRequest, capture_hidden_states
 
     request = CaptureRequest(

@@ -51,7 +51,8 @@ def card(
     Refuses (exit 2) a folder whose files differ from its manifest and a validation report
     made for other bytes.
     """
-    from eaglequant.render.card import write_card
+    # lazy: --help latency
+    from eaglequant.hub.card import write_card
 
     path = write_card(
         folder,

@@ -22,6 +22,7 @@ from eaglequant.cli.options import (
 )
 from eaglequant.cli.options import capture_engine as capture_engine_for
 from eaglequant.errors import InputError
+from eaglequant.recipe import load_recipe
 
 if TYPE_CHECKING:
     from eaglequant.prompts.source import PromptSource
@@ -104,9 +105,9 @@ def compare(
     unless another is 5% smaller or decidedly better in acceptance; the reason is printed),
     1 when none does, 2 for bad input.
     """
-    from eaglequant.compare_report import COMPARE_MD
+    # lazy: --help latency
     from eaglequant.prompts.source import load_prompts
-    from eaglequant.recipe import load_recipe
+    from eaglequant.results.compare_report import COMPARE_MD
     from eaglequant.validate.compare import CompareRequest
     from eaglequant.validate.compare import compare as run
 
@@ -148,6 +149,7 @@ def compare(
 
 def ready_draft(value: str) -> ReadyDraft:
     """``--candidate [NAME=]DIR``: named NAME, else by its folder's name."""
+    # lazy: --help latency
     from eaglequant.validate.compare import ReadyDraft
 
     name, sep, folder = value.partition("=")

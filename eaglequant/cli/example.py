@@ -43,6 +43,7 @@ def smollm2(out: Path, overwrite: bool) -> None:
     $EAGLEQUANT_CACHE/models (default ~/.cache/eaglequant/models).
     """
     require_examples("example smollm2")
+    # lazy: --help latency
     from eaglequant.io.output import atomic_output_dir, check_output_path
     from eaglequant_examples.smollm2 import DRAFT_DIR, write_example
 
@@ -84,6 +85,7 @@ def train_draft(
     on a GPU).
     """
     require_examples("example train-draft")
+    # lazy: --help latency
     from eaglequant.io.output import atomic_output_dir, check_output_path
     from eaglequant_examples.reproduce import read_recipe, reproduce
     from eaglequant_examples.selfdistill import DataRecipe
@@ -94,8 +96,10 @@ def train_draft(
     work.mkdir(parents=True, exist_ok=True)
     with atomic_output_dir(out, overwrite) as temp:
         if data.generator == "transformers":
+            # lazy: --help latency
             import torch
 
+            # lazy: --help latency
             from eaglequant_examples.accelerated import reproduce_on_device
 
             where = ("cuda" if torch.cuda.is_available() else "cpu") if device == "auto" else device

@@ -22,6 +22,7 @@ from eaglequant.cli.options import (
     shard_size,
 )
 from eaglequant.errors import InputError
+from eaglequant.recipe import load_recipe
 
 if TYPE_CHECKING:
     from eaglequant.capture.run import CaptureEngine
@@ -39,6 +40,7 @@ def _calibration_source(
     engine: CaptureEngine,
     needs_calibration: bool,
 ) -> CalibrationSource:
+    # lazy: --help latency
     from eaglequant.quantize.sources import CalibrationSource
 
     given = [x for x in (calib_target or calib_data, calib_hidden_states, calib) if x]
@@ -142,16 +144,16 @@ def export(
     base_model: str | None,
 ) -> None:
     """Quantize the BF16 EAGLE-3 draft SRC to static FP8 E4M3 into OUT."""
-    from eaglequant.recipe import load_recipe
-
     resolved = load_recipe(recipe)
     if dump_recipe:
+        # lazy: --help latency
         import yaml
 
         click.echo(yaml.safe_dump(resolved.to_dict(), sort_keys=False))
         return
     if out is None:
         raise InputError("missing OUT: eaglequant export SRC OUT")
+    # lazy: --help latency
     from eaglequant.quantize.export import ExportRequest, export_draft
     from eaglequant.quantize.timing import process_started
 
@@ -183,7 +185,8 @@ def export(
     )
     result = export_draft(request, progress=progress, started=process_started())
     if base_model and not dry_run:
-        from eaglequant.render.card import write_card
+        # lazy: --help latency
+        from eaglequant.hub.card import write_card
 
         write_card(out, base_model=base_model)
     if as_json:
@@ -191,6 +194,7 @@ def export(
             json.dumps(result.manifest if not dry_run else {"plan": result.plan.steps}, indent=2)
         )
         return
+    # lazy: --help latency
     from eaglequant.render.terminal import print_export
 
     print_export(result)

@@ -7,7 +7,7 @@ from pathlib import Path
 import click
 
 from eaglequant.cli.options import EXISTING_DIR
-from eaglequant.exclusions import DEFAULT_TARGET_LAYERS
+from eaglequant.rules.exclusions import DEFAULT_TARGET_LAYERS
 
 
 @click.command("fix-config")
@@ -35,7 +35,8 @@ def fix_config_command(
     """Rewrite the exclusion list vLLM reads (Quark's exclude, compressed-tensors' and
     ModelOpt's ignore, fp8's ignored_layers) so vLLM builds each layer as the draft stores it;
     with --d2t-from, restore float-cast d2t/t2d from the BF16 draft."""
-    from eaglequant.fix_config import fix_config
+    # lazy: --help latency
+    from eaglequant.rules.fix_config import fix_config
 
     result = fix_config(path, output, overwrite, d2t_from=d2t_from, target_layers=target_layers)
     where = f"in {result.written_to}"

@@ -9,7 +9,7 @@ from pathlib import Path
 import click
 
 from eaglequant.cli.options import EXISTING_DIR
-from eaglequant.exclusions import DEFAULT_TARGET_LAYERS
+from eaglequant.rules.exclusions import DEFAULT_TARGET_LAYERS
 
 
 @click.command()
@@ -27,12 +27,14 @@ def inspect(path: Path, as_json: bool, target_layers: int) -> None:
 
     Exit 0 when clean, 1 when problems were found, 2 when the input is unreadable.
     """
-    from eaglequant.inspection import inspect_checkpoint
+    # lazy: --help latency
+    from eaglequant.rules.inspection import inspect_checkpoint
 
     report = inspect_checkpoint(path, target_layers)
     if as_json:
         click.echo(json.dumps(report.to_json(), indent=2))
     else:
+        # lazy: --help latency
         from eaglequant.render.terminal import print_inspect
 
         print_inspect(report)

@@ -6,6 +6,7 @@ name a flag: a bad value is reported with the option that carried it.
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -24,9 +25,8 @@ ARGV_KEY = "eaglequant.argv"
 
 def invocation() -> str:
     """The running command's line as given, each path option or argument a placeholder."""
-    import sys
-
-    from eaglequant.provenance import command_string, placeholder
+    # lazy: --help latency
+    from eaglequant.results.provenance import command_string, placeholder
 
     ctx = click.get_current_context()
     argv = ctx.meta.get(ARGV_KEY, sys.argv[1:])
@@ -100,6 +100,7 @@ class PromptsType(click.ParamType):
         self.as_file = as_file
 
     def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        # lazy: --help latency
         from eaglequant.prompts.source import PromptSource, parse_source
 
         source = value if isinstance(value, (PromptSource, Path)) else parse_source(str(value))
@@ -107,6 +108,7 @@ class PromptsType(click.ParamType):
             return source
         if source.path is not None:
             return source.path
+        # lazy: --help latency
         from eaglequant.prompts.source import prompts_as_file
 
         return prompts_as_file(source)
@@ -136,6 +138,7 @@ def int_list(text: str, option: str, *, minimum: int, example: str) -> tuple[int
 
 def shard_size(text: str) -> int:
     """'5GB', '500MB', '10KB' or a byte count -> bytes; InputError naming --max-shard-size."""
+    # lazy: --help latency
     from huggingface_hub.serialization._base import parse_size_to_int
 
     if text.strip().isdigit():
@@ -172,7 +175,8 @@ def engine_options(func: Any) -> Any:
 
 def draft_kv_cache_option(func: Any) -> Any:
     """``--draft-kv-cache-dtype`` (validate, tune, compare): the speculative ``kv_cache_dtype``."""
-    from eaglequant.speculative import DRAFT_KV_CACHE_DTYPES
+    # lazy: --help latency
+    from eaglequant.rules.speculative import DRAFT_KV_CACHE_DTYPES
 
     return click.option(
         "--draft-kv-cache-dtype",
@@ -185,6 +189,7 @@ def engine_settings(
     tensor_parallel_size: int, engine_args: tuple[str, ...], max_model_len: int | None = None
 ) -> EngineOptions:
     """The parsed ``engine_options`` (and a max model length) as the library takes them."""
+    # lazy: --help latency
     from eaglequant.engine.config import EngineOptions, parse_engine_arg
 
     return EngineOptions(
@@ -213,6 +218,7 @@ def capture_engine(
     trust_remote_code: bool = False,
 ) -> CaptureEngine:
     """The engine that runs the target for hidden states (``option`` names the choice)."""
+    # lazy: --help latency
     from eaglequant.capture.run import CaptureEngine, default_engine
 
     chosen = name or default_engine()

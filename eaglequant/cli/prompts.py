@@ -21,6 +21,7 @@ def fetch(names: tuple[str, ...]) -> None:
     NAMES: mt-bench, humaneval, sharegpt, or all. The cache folder is
     $EAGLEQUANT_CACHE/prompts (default ~/.cache/eaglequant/prompts).
     """
+    # lazy: --help latency
     from eaglequant.prompts.cache import fetch as fetch_set
     from eaglequant.prompts.cache import prompts_dir
     from eaglequant.prompts.registry import SETS
@@ -40,6 +41,7 @@ def fetch(names: tuple[str, ...]) -> None:
 @prompts.command(name="list")
 def list_sets() -> None:
     """Each set: its package, whether it is installed, and its size and sha256."""
+    # lazy: --help latency
     from eaglequant.prompts.cache import prompts_dir, read_index
     from eaglequant.prompts.registry import SETS
 

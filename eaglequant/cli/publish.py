@@ -7,6 +7,7 @@ from pathlib import Path
 import click
 
 from eaglequant.cli.options import EXISTING_DIR, PATH
+from eaglequant.errors import InputError
 
 
 @click.command()
@@ -36,12 +37,11 @@ def publish(
     report passed on exactly these files, and the card (README.md) was rendered from them.
     The token comes from HF_TOKEN or `hf auth login`; HF_ENDPOINT names another Hub.
     """
-    from eaglequant.publish import PublishRequest
-    from eaglequant.publish import publish as run
+    # lazy: --help latency
+    from eaglequant.hub.publish import PublishRequest
+    from eaglequant.hub.publish import publish as run
 
     if "/" not in repo_id:
-        from eaglequant.errors import InputError
-
         raise InputError(f"--repo-id {repo_id!r}: give ORG/NAME, e.g. amd/Kimi-K2.5-Eagle3-FP8")
     result = run(
         PublishRequest(

@@ -43,6 +43,7 @@ def toy(
     With --target, only a draft for that target (~15 min).
     """
     require_examples("toy")
+    # lazy: --help latency
     from eaglequant.io.output import atomic_output_dir, check_output_path
     from eaglequant_examples.toy import ToySettings, make_draft, make_pair
 

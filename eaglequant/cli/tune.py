@@ -138,6 +138,7 @@ def tune(
     With --baseline: the release table, the draft against the baseline draft and no
     speculation at every k and concurrency.
     """
+    # lazy: --help latency
     from eaglequant.prompts.source import bench_dataset_file
     from eaglequant.tune.request import KEEP, RESTART, TuneRequest
 
@@ -175,12 +176,14 @@ def tune(
         click.echo(f"[eaglequant] {message}", err=True)
 
     if baseline is not None:
+        # lazy: --help latency
         from eaglequant.tune.baseline import compare
 
         comparison = compare(request, progress=progress)
         click.echo((out / "results.md").read_text())
         click.echo(f"recommended: {comparison['recommendation']['text']}")
         return
+    # lazy: --help latency
     from eaglequant.render.reports import recommendation_name
     from eaglequant.tune.sweep import tune as run
 

@@ -211,6 +211,7 @@ def validate(
 
     Exit 0 when every check passes, 1 when one fails or is inconclusive, 2 for bad input.
     """
+    # lazy: --help latency
     from eaglequant.io.output import check_file_output, write_text_atomic
     from eaglequant.prompts.source import load_prompts
     from eaglequant.render.junit import junit_xml

@@ -1,5 +1,6 @@
 """Running vLLM for the tool: engine configuration (``config``), engine child processes
-(``process``) and ``vllm serve`` servers (``server``). Shared by validate, tune and capture,
+(``process``; each child's one entry point, ``child.EngineChild``; what it is asked,
+``child_request``) and ``vllm serve`` servers (``server``). Shared by validate, tune and capture,
 so all three start vLLM the same way.
 Nothing here imports vLLM.
 """

@@ -1,9 +1,10 @@
 """The child side of an engine process: read a JSON spec, run, write a JSON result, exit fast.
 
-Every vLLM run (validate's engines, capture's replicas) is ``python -m <module> SPEC OUT``:
-the parent writes SPEC, starts the child in its own process group
-(:mod:`eaglequant.engine.process`) and reads OUT only when the child exited 0. The child
-exits with ``os._exit(0)`` once OUT is on disk, skipping vLLM's slow interpreter teardown.
+Every vLLM run (validate's engines, capture's replicas) is ``python -m <module> SPEC OUT``,
+started through the module's one entry point, ``CHILD = EngineChild(run)``, which the
+parent imports (never the module's name as a string): the parent writes SPEC, starts the child in
+its own process group (:mod:`eaglequant.engine.process`) and reads OUT only when the child exited 0.
+The child exits with ``os._exit(0)`` once OUT is on disk, skipping vLLM's slow interpreter teardown.
 """
 
 from __future__ import annotations
@@ -12,12 +13,15 @@ import json
 import os
 import sys
 from collections.abc import Callable, Mapping
-from typing import Any, TypeVar
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Generic, TypeVar
 
 # What an engine child imports before its first vLLM call: a fork server
 # (:mod:`eaglequant.engine.forkserver`) imports these once, before forking each child.
 VLLM_PRELOAD = ("vllm.entrypoints.llm",)
 Spec = TypeVar("Spec")  # what a child's spec file holds (its parent wrote it)
+Out = TypeVar("Out", bound=Mapping[str, Any])  # what it writes back
 
 
 def serve_json_child(run: Callable[[Spec], Mapping[str, Any]]) -> None:
@@ -32,3 +36,29 @@ def serve_json_child(run: Callable[[Spec], Mapping[str, Any]]) -> None:
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(0)  # skip vLLM's slow interpreter teardown; the result is on disk
+
+
+@dataclass(frozen=True)
+class EngineChild(Generic[Spec, Out]):
+    """An engine child's one typed entry point: ``run`` (its spec in, its JSON result out),
+    started as ``python -m`` the module that defines it. A child module declares
+    ``CHILD = EngineChild(run)`` and serves it under ``__main__``; the parent imports that
+    name, so the module is named by import, never by a string."""
+
+    run: Callable[[Spec], Out]
+
+    @property
+    def module(self) -> str:
+        """The module ``python -m`` runs: the one ``run`` is defined in."""
+        module: str = self.run.__module__
+        if module == "__main__":
+            raise RuntimeError("an engine child is started from the module that imports it")
+        return module
+
+    def argv(self, spec: str | Path, out: str | Path) -> list[str]:
+        """The child's command line: this interpreter, ``-m`` its module, SPEC and OUT."""
+        return [sys.executable, "-m", self.module, str(spec), str(out)]
+
+    def serve(self) -> None:
+        """The child's side (under ``__main__``): run ``argv[1]``'s spec, write ``argv[2]``."""
+        serve_json_child(self.run)

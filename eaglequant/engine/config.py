@@ -31,7 +31,7 @@ from typing import Any
 
 from eaglequant.engine.vllm_internals import W8A16_KERNELS, gate, version_warning
 from eaglequant.errors import InputError
-from eaglequant.speculative import SpeculativeDict
+from eaglequant.rules.speculative import SpeculativeDict
 
 CPU_KVCACHE_SPACE_GIB = "1"
 CPU_MAX_MODEL_LEN = 1024

@@ -7,6 +7,7 @@ guarded, with the others). Why and how: :func:`plain_fp8_gemm`.
 from __future__ import annotations
 
 import functools
+import math
 import os
 import weakref
 from typing import Any
@@ -52,6 +53,7 @@ def plain_fp8_gemm() -> None:
     one opaque op, ``eaglequant::cpu_fp8_linear`` (:func:`cpu_fp8_linear`), that the compiled
     graph calls by the layer's name, as vLLM's own attention op is called.
     """
+    # lazy: vllm is an optional extra
     from vllm.model_executor.kernels.linear.scaled_mm import pytorch
 
     for kernel in (
@@ -75,6 +77,7 @@ def plain_fp8_gemm() -> None:
         def apply_weights(
             self: Any, layer: Any, x: Any, bias: Any = None, _original: Any = original_apply
         ) -> Any:
+            # lazy: torch-free core
             import torch
 
             name = getattr(layer, LAYER_NAME, None)
@@ -154,6 +157,7 @@ def _register_op() -> None:
     tracing, registered directly as vLLM registers its own ops."""
     if _LIBRARY:
         return
+    # lazy: torch-free core
     from torch.library import Library
 
     library = Library("eaglequant", "FRAGMENT")
@@ -174,6 +178,7 @@ def gemm_mode() -> str:
 def gemm_dtype() -> Any:
     """The dtype vLLM's GEMMs multiply the FP8 values in: BF16 where :data:`GEMM_ENV` says
     ``bfloat16``, else float32."""
+    # lazy: torch-free core
     import torch
 
     return torch.bfloat16 if gemm_mode() == "bfloat16" else torch.float32
@@ -195,6 +200,7 @@ def _static_input_linear(kernel: Any, layer: Any, x: Any, bias: Any) -> Any:
     """The layer's output for a BF16/float16/float32 input with one static input scale
     (None for any other case: vLLM's own path then quantizes, and :func:`plain_scaled_mm`
     multiplies)."""
+    # lazy: torch-free core
     import torch
 
     state = _static_state(kernel, layer)
@@ -235,6 +241,7 @@ class _StaticInput:
     scales folded in (:func:`_scaled_gemm`)."""
 
     def __init__(self, kernel: Any, weight: Any, inverse: Any, scale: Any) -> None:
+        # lazy: torch-free core
         import torch
 
         self.inverse, self.scale, self._kernel, self._weight = inverse, scale, kernel, weight
@@ -262,6 +269,7 @@ class _StaticInput:
         and float16 inputs it is looked up in a 65,536-entry table made once per layer from
         that very arithmetic (one gather instead of five elementwise passes: the toy draft's
         linears are small enough for those passes to cost more than the GEMM)."""
+        # lazy: torch-free core
         import torch
 
         if rows.dtype.itemsize == 2:
@@ -276,6 +284,7 @@ class _StaticInput:
 
     def _reference(self, rows: Any) -> Any:
         """vLLM's static quantization, elementwise (float32 inputs, and the tables)."""
+        # lazy: torch-free core
         import torch
 
         codes = cpu_fp8_native.quantize_static(rows, self.inverse).view(torch.uint8).long()
@@ -317,6 +326,7 @@ def _scaled_gemm(weight: Any, scale: Any) -> Any:
     rounding), and the BF16 result is rounded once, as a GPU rounds it. It saves the
     separate pass that scales and casts. None where vLLM has no oneDNN GEMM or where its
     output fails :func:`_scaled_gemm_holds` in this process."""
+    # lazy: vllm is an optional extra
     from vllm import _custom_ops as ops
 
     if not getattr(ops, "_supports_onednn", False) or not _scaled_gemm_holds():
@@ -328,7 +338,10 @@ def _folded_gemm(weight: Any, scale: Any, cache_size: int) -> Any:
     """``into(out, values)`` over vLLM's oneDNN GEMM of ``weight * scale`` in float32
     (``weight``: ``(K, N)``; ``scale``: ``(1, N)``), unchecked: :func:`_scaled_gemm`. The
     closure holds the handler: freeing it frees oneDNN's primitive."""
+    # lazy: torch-free core
     import torch
+
+    # lazy: vllm is an optional extra
     from vllm import _custom_ops as ops
 
     folded = (weight.t().float() * scale.reshape(-1, 1)).contiguous()  # (N, K)
@@ -347,6 +360,7 @@ def _scaled_gemm_holds() -> bool:
     BF16 (checked once a process on E4M3 values against float64: every element within one
     BF16 step of the exact product, nearly all equal to it rounded). Another vLLM build
     could write the input's dtype into it, as it does for a float32 output of a BF16 GEMM."""
+    # lazy: torch-free core
     import torch
 
     generator = torch.Generator().manual_seed(0)
@@ -384,8 +398,6 @@ def plain_scaled_mm(
 ) -> Any:
     """``C = (s_x * A) (s_w * B) + bias``, as vLLM's torch FP8 kernels define it (A already
     quantized: dynamic or per-token inputs)."""
-    import math
-
     tokens = math.prod(output_shape[:-1])
     linear, dtype = _gemm(self, B)
     out = linear(A[:tokens].to(dtype)).float()
@@ -402,7 +414,10 @@ def plain_scaled_mm(
 def _gemm(kernel: Any, weight: Any) -> tuple[Any, Any]:
     """vLLM's CPU GEMM over the FP8 weight's values (``weight``: ``(K, N)``, as vLLM's torch
     FP8 kernels hold it) in :func:`gemm_dtype`, made once per weight tensor and kept."""
+    # lazy: torch-free core
     import torch
+
+    # lazy: vllm is an optional extra
     from vllm.model_executor.layers.utils import dispatch_cpu_unquantized_gemm
 
     key = (weight.data_ptr(), tuple(weight.shape), tuple(weight.stride()))

@@ -62,6 +62,7 @@ class NativeKernel:
 
     def quantize(self, x: Any, inverse: float) -> Any:
         """``x`` (rows x k, BF16) quantized as vLLM quantizes a static input, as BF16 values."""
+        # lazy: torch-free core
         import torch
 
         rows, k = x.shape
@@ -81,6 +82,7 @@ class NativeLinear:
     BF16, unit stride along K). Holds the packed weight and the scales it points to."""
 
     def __init__(self, kernel: NativeKernel, weight: Any, scale: Any, inverse: float) -> None:
+        # lazy: torch-free core
         import torch
 
         k, n = weight.shape
@@ -141,6 +143,7 @@ def _open(library: Path) -> ctypes.CDLL:
 def build(source: bytes | None = None) -> Path:
     """The compiled library for this CPU, built on first use (:class:`Unavailable`: why not);
     ``source``: another C text than the shipped one (the checks' own tests build mutants)."""
+    # lazy: torch-free core
     import torch
 
     if not torch.cpu._is_avx512_bf16_supported():
@@ -182,6 +185,7 @@ def quantize_static(rows: Any, inverse: Any) -> Any:
     product is taken in float32), clamped to the E4M3 range, cast with round-to-nearest-even;
     a new tensor, never the input in place. The kernel is checked against it, and the
     oneDNN path's tables are made from it."""
+    # lazy: torch-free core
     import torch
 
     quantized = torch.mul(rows, inverse)
@@ -196,6 +200,7 @@ def check(loaded: NativeKernel) -> None:
     terms), bit for bit against float32 sums times the scales (per column, and one for
     all), rounded to BF16 once. The
     shapes leave partial row and column tiles and an odd K, over a strided input."""
+    # lazy: torch-free core
     import torch
 
     every = torch.arange(65536, dtype=torch.int32).to(torch.int16).view(torch.bfloat16)

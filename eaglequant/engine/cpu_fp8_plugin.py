@@ -44,6 +44,7 @@ stands in for (ROCm's, on MI355X) quantizes the inputs to MXFP8 first.
 
 from __future__ import annotations
 
+import importlib
 import logging
 import os
 import warnings
@@ -51,6 +52,7 @@ from typing import Any
 
 from eaglequant.engine.cpu_fp8_gemm import plain_fp8_gemm
 from eaglequant.engine.cpu_fp8_native import LOGGER as LOGGER  # the plugin's log lines
+from eaglequant.engine.vllm_internals import PLUGIN_HOOKS, missing_hooks
 from eaglequant.recipe import FP8_E4M3_MAX
 
 ACTIVE_ENV = "EAGLEQUANT_CPU_FP8_PLUGIN_ACTIVE"
@@ -74,6 +76,7 @@ def register() -> None:
     line naming it and is left out, and vLLM goes on serving everything that does
     not need it. :data:`APPLIED_ENV` lists the patches this process holds.
     """
+    # lazy: vllm is an optional extra
     from vllm.platforms import current_platform
 
     if not current_platform.is_cpu():
@@ -112,8 +115,6 @@ def _guarded(patch: Any) -> str:
 
 def _lacking(patch: str) -> str:
     """The patch's vLLM targets that the installed sources do not define ("" if none)."""
-    from eaglequant.engine.vllm_internals import PLUGIN_HOOKS, missing_hooks
-
     keys = tuple(h.key for h in PLUGIN_HOOKS.get(patch, ()))
     return ", ".join(f"{h.owner}.{h.member}" for h in missing_hooks(keys))
 
@@ -132,6 +133,7 @@ def torch_fp8_quant_ops() -> bool:
     """Torch-native FP8 quantization where vLLM's ops are stubs (False: not needed here)."""
     if not fp8_ops_are_stubs():
         return False
+    # lazy: vllm is an optional extra
     import vllm._custom_ops as ops
     from vllm.model_executor.layers.activation import SiluAndMul
     from vllm.model_executor.layers.fusion import fused_act_quant
@@ -152,6 +154,7 @@ def list_mxfp4_emulation_on_cpu() -> None:
     BF16 GEMM) is what it uses on GPUs without MX; it runs on CPU once its two
     ops have CPU kernels (``use_torch_mxfp4_on_cpu``).
     """
+    # lazy: vllm is an optional extra
     from vllm.model_executor.kernels import linear
     from vllm.platforms import PlatformEnum
 
@@ -166,6 +169,7 @@ def per_tensor_inputs_in_channelwise_mm() -> None:
     It claims per-tensor inputs with per-channel weights (its ``can_implement``
     refuses only per-tensor both) but slices the input scale per token.
     """
+    # lazy: vllm is an optional extra
     from vllm.model_executor.kernels.linear.scaled_mm import pytorch
 
     kernel = pytorch.ChannelWiseTorchFP8ScaledMMLinearKernel
@@ -196,6 +200,7 @@ def list_mxfp8_on_cpu() -> None:
     reads), each step dequantizes them to float32 (exact) and rounds the inputs
     through MXFP8, then a float32 GEMM, the result in the input's dtype. Idempotent.
     """
+    # lazy: vllm is an optional extra
     from vllm.model_executor.kernels import linear
     from vllm.platforms import PlatformEnum
 
@@ -205,7 +210,10 @@ def list_mxfp8_on_cpu() -> None:
 
 
 def _cpu_mxfp8_kernel() -> type:
+    # lazy: torch-free core
     import torch
+
+    # lazy: vllm is an optional extra
     from vllm.model_executor.kernels.linear import EmulationMxfp8LinearKernel
     from vllm.model_executor.layers.quantization.utils import mxfp8_utils
 
@@ -249,11 +257,14 @@ def use_torch_mxfp4_on_cpu() -> None:
     """
     if _MXFP4_OVERRIDE:
         return
-    import importlib
 
+    # lazy: torch-free core
     import torch
+
+    # lazy: vllm is an optional extra
     from vllm.platforms import current_platform
 
+    # lazy: torch-free core
     from eaglequant.engine import mx_cpu
 
     importlib.import_module("vllm.model_executor.layers.quantization.utils.mxfp4_utils")
@@ -276,7 +287,10 @@ def fp8_ops_are_stubs() -> bool:
     second one aborts the process, and ``_C`` is SIGILL on a CPU without
     AVX-512 BF16. So this asks vLLM to load its kernels and only reads the ops.
     """
+    # lazy: torch-free core
     import torch
+
+    # lazy: vllm is an optional extra
     from vllm.platforms import current_platform
 
     current_platform.import_kernels()
@@ -301,6 +315,7 @@ def torch_scaled_fp8_quant(
     group_shape: tuple[int, int] | None = None,
 ) -> tuple[Any, Any]:
     """``vllm._custom_ops.scaled_fp8_quant`` in plain torch (same signature and results)."""
+    # lazy: torch-free core
     import torch
 
     assert input.ndim == 2

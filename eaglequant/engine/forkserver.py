@@ -25,10 +25,12 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import ctypes
 import importlib
 import json
 import os
 import queue
+import runpy
 import select
 import signal
 import subprocess
@@ -186,7 +188,6 @@ def _child(request: ForkRequest, module: str, own: tuple[int, ...]) -> None:
             os.sched_setaffinity(0, request["affinity"])
         sys.argv = [module, *request["args"]]
         sys.modules.pop(module, None)  # run afresh as __main__, as ``python -m`` does
-        import runpy
 
         runpy.run_module(module, run_name="__main__", alter_sys=True)
         code = 0
@@ -209,8 +210,6 @@ def process_name(module: str) -> str:
 def name_process(module: str) -> None:
     """Name this process after ``module`` (Linux ``prctl(PR_SET_NAME)``; elsewhere nothing)."""
     with contextlib.suppress(OSError, AttributeError):
-        import ctypes
-
         libc = ctypes.CDLL(None, use_errno=True)
         libc.prctl(15, process_name(module).encode(), 0, 0, 0)  # 15: PR_SET_NAME
 

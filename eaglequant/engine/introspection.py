@@ -11,13 +11,14 @@ from pathlib import Path
 from typing import Any
 
 from eaglequant.engine.config import serve_line
-from eaglequant.engine.result import EngineRecord
+from eaglequant.results.engine_result import EngineRecord
 
 ENV_PREFIXES = ("VLLM_", "CUDA_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES")
 
 
 def engine_record(kwargs: Mapping[str, Any]) -> EngineRecord:
     """The ``vllm.LLM`` arguments, the vLLM environment, vLLM's version and the serve line."""
+    # lazy: vllm is an optional extra
     import vllm
 
     return {

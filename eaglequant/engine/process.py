@@ -12,7 +12,6 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import tempfile
 import time
 from collections.abc import Callable, Mapping
@@ -20,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Generic, TypeAlias, TypeVar
 
+from eaglequant.engine.child import EngineChild
 from eaglequant.engine.forkserver import ForkedChild, server_for, wanted
 
 # How much of a failed child's log a report or an error carries (its last characters).
@@ -105,6 +105,7 @@ def run_child(
 
 
 Result = TypeVar("Result")
+SpecT = TypeVar("SpecT", bound=Mapping[str, Any])
 
 
 @dataclass(frozen=True)
@@ -119,29 +120,30 @@ class EngineChildOutcome(Generic[Result]):
 
 
 def run_engine_child(
-    module: str,
-    spec: Mapping[str, Any],
+    child: EngineChild[SpecT, Any],
+    spec: SpecT,
     *,
     read: Callable[[Path], Result],
     timeout: float | None,
     partial_key: str | None = None,
 ) -> EngineChildOutcome[Result]:
-    """Run ``python -m module SPEC OUT`` in a scratch folder: ``spec`` as ``spec.json``, the
-    child's output read back from ``out.json`` with ``read`` (which checks its schema), its
-    log kept. With ``partial_key`` the spec also names a file for what the child finished
-    before it ended, read back only when it did not end well. vLLM's engine core runs in the
-    child's own process (``VLLM_ENABLE_V1_MULTIPROCESSING=0`` unless the environment sets it)."""
+    """Run ``child`` (``python -m`` its module ``SPEC OUT``) in a scratch folder: ``spec`` as
+    ``spec.json``, the child's output read back from ``out.json`` with ``read`` (which checks its
+    schema), its log kept. With ``partial_key`` the spec also names a file for what the child
+    finished before it ended, read back only when it did not end well. vLLM's engine core runs in
+    the child's own process (``VLLM_ENABLE_V1_MULTIPROCESSING=0`` unless the environment sets
+    it)."""
     with tempfile.TemporaryDirectory(prefix="eaglequant-engine-") as scratch:
         folder = Path(scratch)
         spec_path, out_path = folder / "spec.json", folder / "out.json"
         log_path, partial_path = folder / "engine.log", folder / "partial.json"
         if partial_key is not None:
-            spec = {**spec, partial_key: str(partial_path)}
-        spec_path.write_text(json.dumps(spec))
+            spec_path.write_text(json.dumps({**spec, partial_key: str(partial_path)}))
+        else:
+            spec_path.write_text(json.dumps(spec))
         child_env = dict(os.environ)
         child_env.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
-        argv = [sys.executable, "-m", module, str(spec_path), str(out_path)]
-        ended = run_child(argv, log_path, child_env, timeout)
+        ended = run_child(child.argv(spec_path, out_path), log_path, child_env, timeout)
         log = log_path.read_text(encoding="utf-8", errors="replace")
         done = ended.ok and out_path.is_file()
         result = read(out_path) if done else None

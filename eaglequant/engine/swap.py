@@ -26,7 +26,7 @@ import time
 from typing import Any, Literal, TypedDict
 
 from eaglequant.engine import vllm_internals as internals
-from eaglequant.speculative import SpeculativeDict
+from eaglequant.rules.speculative import SpeculativeDict
 
 # The speculative settings the engine was planned with; a swap keeps them.
 KeptSetting = Literal["method", "num_speculative_tokens", "draft_tensor_parallel_size"]
@@ -60,6 +60,7 @@ def swap_draft(worker: Any, speculative: SpeculativeDict) -> SwapOutcome:
 
 
 def _swap(worker: Any, speculative: SpeculativeDict) -> None:
+    # lazy: vllm is an optional extra
     from vllm.config import SpeculativeConfig, set_current_vllm_config
 
     runner = internals.runner_of(worker)
@@ -102,6 +103,7 @@ def _swap(worker: Any, speculative: SpeculativeDict) -> None:
 
 
 def _check_eager(config: Any) -> None:
+    # lazy: vllm is an optional extra
     from vllm.config import CompilationMode, CUDAGraphMode
 
     compilation = config.compilation_config

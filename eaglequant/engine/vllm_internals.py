@@ -338,6 +338,7 @@ def draft_model(worker: Any) -> Any:
 
 def attention_layers(model: Any) -> list[tuple[str, Any]]:
     """The model's attention layers (vLLM's ``AttentionLayerBase``), by name."""
+    # lazy: vllm is an optional extra
     from vllm.model_executor.layers.attention_layer_base import AttentionLayerBase
 
     return [(n, m) for n, m in model.named_modules() if isinstance(m, AttentionLayerBase)]
@@ -411,7 +412,10 @@ def bind_draft_attention(runner: Any, proposer: Any, caches: dict[str, Any]) -> 
 
 def cpu_fp8_kv_refusal() -> str:
     """vLLM's CPU attention's refusal of an FP8 KV cache for a draft's head size ("" if none)."""
+    # lazy: torch-free core
     import torch
+
+    # lazy: vllm is an optional extra
     from vllm.v1.attention.backends import cpu_attn
 
     isa = _member(cpu_attn, "cpu_attn.isa")

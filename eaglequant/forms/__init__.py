@@ -19,6 +19,7 @@ for _module in pkgutil.iter_modules(__path__):
 
 def form_of(config: ModelConfig) -> DraftForm | None:
     """The form vLLM would serve ``config`` with (by architecture alone), or None."""
+    # lazy: --help latency
     from eaglequant.io.speculators import vllm_architectures
 
     names = vllm_architectures(config)
@@ -26,7 +27,8 @@ def form_of(config: ModelConfig) -> DraftForm | None:
 
 
 def form_named(family: str) -> DraftForm:
-    """The registered form of this family (what :class:`~eaglequant.draft.DraftDims` records)."""
+    """The registered form of this family (what :class:`~eaglequant.rules.draft.DraftDims`
+    records)."""
     return next(f for f in registered() if f.family == family)
 
 

@@ -3,7 +3,7 @@
 A form says how to recognise a draft from its config and tensors, why vLLM (or this
 tool) would not serve it, the tensors and shapes its decoder layers hold, which of their
 linears Quark quantizes and which vLLM must run in BF16, and the names vLLM gives its
-modules. :mod:`eaglequant.draft` holds what every form shares (``fc``, ``norm``,
+modules. :mod:`eaglequant.rules.draft` holds what every form shares (``fc``, ``norm``,
 ``lm_head``, the vocabulary maps, the variant norms) and asks the form for the rest.
 A new form is one module in this package that defines a :class:`DraftForm` subclass and
 :func:`register`\\ s an instance.
@@ -27,7 +27,8 @@ LLAMA_FUSED_SHARDS = {
 
 
 class DraftDims(Protocol):
-    """What a form reads of :class:`eaglequant.draft.DraftDims` (the form's own dims: ``mla``)."""
+    """What a form reads of :class:`eaglequant.rules.draft.DraftDims` (the form's own dims:
+    ``mla``)."""
 
     @property
     def hidden(self) -> int: ...
@@ -44,7 +45,7 @@ class DraftDims(Protocol):
 
 
 class FormFields(TypedDict, total=False):
-    """:class:`eaglequant.draft.DraftDims` fields a form sets itself (over the config's)."""
+    """:class:`eaglequant.rules.draft.DraftDims` fields a form sets itself (over the config's)."""
 
     qk_norm: bool
     norm_before_fc: bool
@@ -95,6 +96,7 @@ class DraftForm:
 
     def recognises(self, config: DraftConfig, tensors: set[str]) -> bool:
         """An EAGLE-3 config of this form, or a plain one over this form's tensors."""
+        # lazy: --help latency
         from eaglequant.io.speculators import vllm_architectures
 
         if not self.claims(vllm_architectures(config)):
@@ -106,7 +108,7 @@ class DraftForm:
         return None
 
     def dims_fields(self, config: DraftConfig, where: str) -> FormFields:
-        """:class:`~eaglequant.draft.DraftDims` fields this form sets itself."""
+        """:class:`~eaglequant.rules.draft.DraftDims` fields this form sets itself."""
         return {}
 
     def attention_shapes(

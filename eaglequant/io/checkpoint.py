@@ -62,6 +62,7 @@ class Checkpoint:
 
     def load_tensor(self, name: str) -> torch.Tensor:
         """Load one tensor's data (a copy, safe to modify)."""
+        # lazy: torch-free core
         from safetensors import safe_open
 
         info = self.tensors[name]

@@ -50,6 +50,7 @@ def blob_from_file(info: TensorInfo, name: str | None = None) -> TensorBlob:
 
 def blob_from_tensor(name: str, tensor: torch.Tensor) -> TensorBlob:
     """A tensor held in memory, stored in its own dtype."""
+    # lazy: torch-free core
     import torch
 
     dtype = torch_to_safetensors_dtype(tensor.dtype)
@@ -60,6 +61,7 @@ def blob_from_tensor(name: str, tensor: torch.Tensor) -> TensorBlob:
 
 def torch_dtypes() -> dict[str, torch.dtype]:
     """safetensors dtype name -> torch dtype, for the dtypes this tool reads and writes."""
+    # lazy: torch-free core
     import torch
 
     return {
@@ -128,6 +130,7 @@ class Layout:
 
 def plan_shards(blobs: list[TensorBlob], max_shard_size: int) -> dict[str, list[TensorBlob]]:
     """File name -> its blobs, in huggingface_hub's sharding and naming."""
+    # lazy: torch-free core
     from huggingface_hub.serialization import split_state_dict_into_shards_factory
 
     by_name = {b.name: b for b in sorted(blobs, key=lambda b: b.name)}

@@ -11,11 +11,11 @@ import json
 from pathlib import Path
 from typing import Any
 
+from eaglequant.errors import InputError
+
 
 def read_utf8(path: Path, what: str) -> str:
     """The text of ``path``; InputError naming ``what`` when it is missing or not UTF-8."""
-    from eaglequant.errors import InputError
-
     if not path.is_file():
         raise InputError(f"{path}: no such {what} file")
     try:
@@ -26,8 +26,6 @@ def read_utf8(path: Path, what: str) -> str:
 
 def jsonl_records(path: Path, raw: str) -> list[tuple[int, dict[str, Any]]]:
     """(line number, object) for every non-blank line; InputError for a line that is not one."""
-    from eaglequant.errors import InputError
-
     records = []
     for number, line in enumerate(raw.splitlines(), 1):
         if not line.strip():

@@ -9,6 +9,7 @@ working, then drop the quantized bytes into their places (:class:`LayoutWriter`)
 from __future__ import annotations
 
 import os
+import shutil
 import threading
 import time
 from collections.abc import Callable, Iterable
@@ -243,8 +244,6 @@ def write_text(path: Path, text: str) -> None:
 
 def copy_extra_files(src: Path, dst: Path, skip: set[str]) -> list[str]:
     """Copy the non-weight files (tokenizer, generation config, …) from ``src`` to ``dst``."""
-    import shutil
-
     copied = []
     for path in sorted(src.iterdir()):
         name = path.name

@@ -2,7 +2,7 @@
 
 A Qwen3 draft (``qwen3_eagle3.py``) is the same layer with ``q_norm``/``k_norm`` per head;
 an MLA draft (``deepseek_eagle3.py``) the same layer with multi-head latent attention
-(:mod:`eaglequant.model.mla`).
+(:mod:`eaglequant.model.mla_attention`).
 
 Module names equal the checkpoint's tensor names (``midlayer.self_attn.q_proj``,
 ``fc``, ``lm_head``, …), so Quark's layer names, the checkpoint and this code
@@ -41,11 +41,11 @@ import torch.nn.functional as F
 from torch import nn
 from transformers import LlamaConfig, PreTrainedModel
 
-from eaglequant.draft import DraftDims, dims_from_config
 from eaglequant.io.model_config import DraftConfig
 from eaglequant.model import compute
-from eaglequant.model.mla import MlaAttention
+from eaglequant.model.mla_attention import MlaAttention
 from eaglequant.model.norm import RMSNorm
+from eaglequant.rules.draft import DraftDims, dims_from_config
 
 MICRO_BATCH_TOKENS = 512  # tokens per unrolled forward in calibration and measurement
 

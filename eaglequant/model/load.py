@@ -19,13 +19,13 @@ import torch
 from torch import nn
 from transformers import LlamaConfig
 
-from eaglequant.draft import FIRST_LAYER, dims_from_config
 from eaglequant.errors import InputError
 from eaglequant.io.checkpoint import Checkpoint
 from eaglequant.io.layout import torch_dtypes
 from eaglequant.io.safetensors_header import FLOAT_DTYPES, TensorInfo
 from eaglequant.model.eagle3 import Eagle3Draft, FileMappings, MidLayer, UpcastLinear
 from eaglequant.model.finite import check_finite, require_finite
+from eaglequant.rules.draft import FIRST_LAYER, dims_from_config
 
 KEPT_IN_STORED_DTYPE = ("fc.", "lm_head.", "embed_tokens.")
 

@@ -63,6 +63,7 @@ def render(texts: list[str], tokenizer: Any, use_template: bool) -> RenderedProm
 def render_for_target(
     target: Path, texts: list[str], use_template: bool, trust_remote_code: bool = False
 ) -> RenderedPrompts:
+    # lazy: torch-free core
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(target, trust_remote_code=trust_remote_code)
@@ -71,6 +72,7 @@ def render_for_target(
 
 def token_counts(target: Path, rendered: RenderedPrompts) -> list[int]:
     """Each rendered prompt's length in the target's tokens, as the engines tokenize it."""
+    # lazy: torch-free core
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(target)

@@ -12,12 +12,20 @@ from __future__ import annotations
 import hashlib
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 from eaglequant.errors import InputError
 from eaglequant.io.textfiles import jsonl_records, read_utf8
 
 TEXT_HASH_CHARS = 16
+
+
+class PromptSetRecord(TypedDict):
+    """Which prompts a report was measured on: the source as given, its file's sha256, count."""
+
+    source: str
+    sha256: str
+    prompts: int
 
 
 @dataclass(frozen=True)

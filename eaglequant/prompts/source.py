@@ -8,14 +8,15 @@
 from __future__ import annotations
 
 import hashlib
+import json
 import re
 from dataclasses import dataclass
 from pathlib import Path
 
 from eaglequant.errors import InputError
-from eaglequant.prompts.format import Prompt, read_prompt_file, text_hash
+from eaglequant.prompts.cache import load, prompts_dir, write_atomically
+from eaglequant.prompts.format import Prompt, PromptSetRecord, read_prompt_file, text_hash
 from eaglequant.prompts.registry import SETS
-from eaglequant.validation_report import PromptSetRecord
 
 _SET_NAME = re.compile(r"^(?P<name>[A-Za-z0-9_-]+)(?::(?P<limit>[^:]*))?$")
 
@@ -96,7 +97,6 @@ def load_prompts(source: PromptSource) -> PromptSet:
         prompts = read_prompt_file(source.path)
         digest = hashlib.sha256(source.path.read_bytes()).hexdigest()
         return PromptSet(str(source), digest, prompts)
-    from eaglequant.prompts.cache import load
 
     assert source.name is not None
     spec = SETS[source.name]
@@ -118,10 +118,6 @@ def text_hashes(texts: list[str]) -> list[str]:
 
 def prompts_as_file(source: PromptSource) -> Path:
     """A set's prompts as a ``.jsonl`` of ``{"prompt": ...}`` in the cache (for other tools)."""
-    import json
-
-    from eaglequant.prompts.cache import prompts_dir, write_atomically
-
     prompts = load_prompts(source)
     folder = prompts_dir() / "files"
     folder.mkdir(parents=True, exist_ok=True)
@@ -140,8 +136,6 @@ def bench_dataset_file(source: PromptSource | Path, dataset: str | None) -> Path
     if source.path is not None:
         return source.path
     if dataset == "sharegpt" and source.name == "sharegpt":
-        from eaglequant.prompts.cache import load, prompts_dir
-
         spec = SETS["sharegpt"]
         load(spec)  # InputError naming the fetch step when absent or changed
         return prompts_dir() / spec.filename

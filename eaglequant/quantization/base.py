@@ -3,8 +3,8 @@
 A method (one module of this package each) recognises its ``quantization_config``, names
 the key vLLM reads its exclusions from, and predicts for each linear of the draft, named as
 vLLM builds it, the linear method, scheme and weight dtype vLLM gives it on a GPU, and why.
-:mod:`eaglequant.exclusions` names the draft's linears; :mod:`eaglequant.inspection` judges
-the fates against the tensors stored; ``fix-config`` rewrites the exclusion key; check 3
+:mod:`eaglequant.rules.exclusions` names the draft's linears; :mod:`eaglequant.rules.inspection`
+judges the fates against the tensors stored; ``fix-config`` rewrites the exclusion key; check 3
 compares them with what vLLM built.
 
 The draft's quantization config, as vLLM 0.32 builds it for an EAGLE-3 draft

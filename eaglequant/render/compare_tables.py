@@ -5,10 +5,10 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from eaglequant.compare_report import CandidateRow, CompareReport, PromptSetSummary
 from eaglequant.render.reports import folder_name, number_text
 from eaglequant.render.validation_tables import category_markdown
-from eaglequant.workload import AcceptanceWorkload
+from eaglequant.results.compare_report import CandidateRow, CompareReport, PromptSetSummary
+from eaglequant.results.workload import AcceptanceWorkload
 
 
 def compare_markdown(report: CompareReport, heading: str = "##") -> str:

@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from datetime import datetime, timezone
 from pathlib import PurePath
 
-from eaglequant.validation_report import PASS, ValidationReport
+from eaglequant.results.validation_report import PASS, ValidationReport
 
 SUITE_PREFIX = "eaglequant.validate"
 

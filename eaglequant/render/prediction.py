@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from eaglequant.tune.summary import ComparisonPrediction, PredictedPoint, PredictionRecord
+from eaglequant.results.tune_summary import ComparisonPrediction, PredictedPoint, PredictionRecord
 
 
 def _name(k: int) -> str:

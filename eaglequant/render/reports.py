@@ -8,9 +8,9 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
-from eaglequant.environment import environment_markdown
 from eaglequant.render.prediction import prediction_markdown
-from eaglequant.tune.summary import (
+from eaglequant.results.environment import environment_markdown
+from eaglequant.results.tune_summary import (
     BASELINE,
     COMPARISON,
     DRAFT,
@@ -23,7 +23,7 @@ from eaglequant.tune.summary import (
     as_sweep,
     check_summary,
 )
-from eaglequant.workload import AcceptanceWorkload
+from eaglequant.results.workload import AcceptanceWorkload
 
 PLOTS = ("throughput.png", "speedup.png", "acceptance.png")
 

@@ -7,7 +7,6 @@ import sys
 from rich.console import Console
 from rich.table import Table
 
-from eaglequant.inspection import InspectReport
 from eaglequant.render.validation_tables import (
     CATEGORY_COLUMNS,
     acceptance_rows,
@@ -15,7 +14,8 @@ from eaglequant.render.validation_tables import (
     prompts_line,
     workload_line,
 )
-from eaglequant.validation_report import ValidationReport
+from eaglequant.results.validation_report import ValidationReport
+from eaglequant.rules.inspection import InspectReport
 
 VERDICT_STYLES = {"PASS": "green", "FAIL": "red", "INCONCLUSIVE": "yellow"}
 VERDICT_LINES = {

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from eaglequant.engine.result import EngineRecord
-from eaglequant.environment import reproducing_env
 from eaglequant.prompts.turns import describe as describe_second_turns
-from eaglequant.validation_report import (
+from eaglequant.results.engine_result import EngineRecord
+from eaglequant.results.environment import reproducing_env
+from eaglequant.results.validation_report import (
     ADVISORY_WHEN_UNDECIDED,
     FAIL,
     INCONCLUSIVE,

@@ -33,12 +33,26 @@ from statistics import fmean, median
 
 from eaglequant.engine.config import probe_vllm
 from eaglequant.engine.server import Server
-from eaglequant.environment import EnvironmentRecord, environment
 from eaglequant.progress import Progress
-from eaglequant.spec_counts import SpecDecodeCounts
-from eaglequant.speculative import SpeculativeDict, speculative_config
-from eaglequant.tune.bench import BenchClient, BenchResult, counted_run, warm_up
-from eaglequant.tune.compare import (
+from eaglequant.results.environment import EnvironmentRecord, environment
+from eaglequant.results.spec_counts import SpecDecodeCounts
+from eaglequant.results.tune_summary import (
+    BASELINE,
+    COMPARISON,
+    DRAFT,
+    NO_SPECULATION,
+    SCHEMA_VERSION,
+    Acceptance,
+    ComparisonPrediction,
+    ComparisonSummary,
+    Point,
+    RolePrediction,
+    Round,
+    ServerStart,
+    Verdict,
+)
+from eaglequant.rules.speculative import SpeculativeDict, speculative_config
+from eaglequant.tune.baseline_verdicts import (
     best_by_concurrency,
     choose,
     duel,
@@ -46,6 +60,7 @@ from eaglequant.tune.compare import (
     rounds,
     verdict_text,
 )
+from eaglequant.tune.bench import BenchClient, BenchResult, counted_run, warm_up
 from eaglequant.tune.predict import Point as PredictPoint
 from eaglequant.tune.predict import (
     acceptance_by_position,
@@ -66,21 +81,6 @@ from eaglequant.tune.request import (
     serve_line,
     with_draft_kv_cache,
     workload,
-)
-from eaglequant.tune.summary import (
-    BASELINE,
-    COMPARISON,
-    DRAFT,
-    NO_SPECULATION,
-    SCHEMA_VERSION,
-    Acceptance,
-    ComparisonPrediction,
-    ComparisonSummary,
-    Point,
-    RolePrediction,
-    Round,
-    ServerStart,
-    Verdict,
 )
 
 DRAFTS = (BASELINE, DRAFT)

@@ -25,10 +25,10 @@ from eaglequant.engine.process import LOG_TAIL_CHARS, kill_group
 from eaglequant.engine.server import HOST, Server
 from eaglequant.engine.vllm_internals import BENCH_MODULE, BENCH_PARSER
 from eaglequant.errors import CheckFailed
-from eaglequant.spec_counts import SpecDecodeCounts
+from eaglequant.results.spec_counts import SpecDecodeCounts
+from eaglequant.results.workload import AcceptanceWorkload
 from eaglequant.tune.metrics import bench_problem, parse_counters
 from eaglequant.tune.request import TuneRequest, dataset_name
-from eaglequant.workload import AcceptanceWorkload
 
 if TYPE_CHECKING:  # Python 3.11's; annotations stay strings at run time (3.10 too)
     from typing import Required

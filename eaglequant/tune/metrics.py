@@ -16,7 +16,7 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
-from eaglequant.spec_counts import SpecDecodeCounts
+from eaglequant.results.spec_counts import SpecDecodeCounts
 
 PREFIX = "vllm:spec_decode_"
 POSITION_LABEL = 'position="'

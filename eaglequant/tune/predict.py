@@ -35,9 +35,9 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from statistics import fmean
 
-from eaglequant.spec_counts import SpecDecodeCounts
+from eaglequant.results.spec_counts import SpecDecodeCounts
+from eaglequant.results.tune_summary import PredictedPoint
 from eaglequant.tune.choice import Runs, Schedule, best_single, schedule_from_winners, winner
-from eaglequant.tune.summary import PredictedPoint
 
 # A prediction whose interval (high - low) exceeds this share of its value is too noisy to
 # decide on: tune measures that point instead.

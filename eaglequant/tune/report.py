@@ -32,7 +32,13 @@ from eaglequant.render.reports import (
     point,
     tune_markdown,
 )
-from eaglequant.tune.summary import BASELINE, DRAFT, NO_SPECULATION, ComparisonSummary, SweepSummary
+from eaglequant.results.tune_summary import (
+    BASELINE,
+    DRAFT,
+    NO_SPECULATION,
+    ComparisonSummary,
+    SweepSummary,
+)
 
 
 def write_comparison(out: Path, summary: ComparisonSummary) -> None:
@@ -97,6 +103,7 @@ def _headless_matplotlib() -> bool:
     if importlib.util.find_spec("matplotlib") is None:
         print(PLOTS_SKIPPED, file=sys.stderr)
         return False
+    # lazy: the plots extra
     import matplotlib
 
     matplotlib.use("Agg")
@@ -130,6 +137,7 @@ def _bars(
 
 
 def _concurrency_plot(path: Path, summary: SweepSummary, speedup: bool) -> None:
+    # lazy: the plots extra
     import matplotlib.pyplot as plt
     from matplotlib.ticker import NullLocator
 
@@ -164,6 +172,7 @@ def _concurrency_plot(path: Path, summary: SweepSummary, speedup: bool) -> None:
 
 
 def _acceptance_plot(path: Path, summary: SweepSummary) -> None:
+    # lazy: the plots extra
     import matplotlib.pyplot as plt
     from matplotlib.ticker import MaxNLocator
 
@@ -181,6 +190,7 @@ def _acceptance_plot(path: Path, summary: SweepSummary) -> None:
 
 
 def _finish(figure: Any, axes: Any, heading: str, path: Path) -> None:
+    # lazy: the plots extra
     import matplotlib.pyplot as plt
 
     axes.set_title(heading, fontsize=9)
@@ -201,6 +211,7 @@ def plot_comparison(out: Path, summary: ComparisonSummary) -> None:
 
 def _comparison_plot(path: Path, summary: ComparisonSummary, speedup: bool) -> None:
     """One line per configuration against concurrency, min-max bars; 1.0x where speedup."""
+    # lazy: the plots extra
     import matplotlib.pyplot as plt
     from matplotlib.ticker import NullLocator
 
@@ -235,6 +246,7 @@ def _comparison_plot(path: Path, summary: ComparisonSummary, speedup: bool) -> N
 
 
 def _comparison_acceptance(path: Path, summary: ComparisonSummary) -> None:
+    # lazy: the plots extra
     import matplotlib.pyplot as plt
     from matplotlib.ticker import MaxNLocator
 

@@ -17,7 +17,6 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from eaglequant.draft import structure_problems
 from eaglequant.engine.config import (
     EngineOptions,
     check_engine_args,
@@ -31,9 +30,10 @@ from eaglequant.engine.config import (
 )
 from eaglequant.errors import InputError
 from eaglequant.io.checkpoint import read_checkpoint, read_config
-from eaglequant.speculative import SpeculativeDict, draft_kv_cache_dtype, kv_source
+from eaglequant.results.tune_summary import Workload
+from eaglequant.rules.draft import structure_problems
+from eaglequant.rules.speculative import SpeculativeDict, draft_kv_cache_dtype, kv_source
 from eaglequant.tune.choice import schedule_problem
-from eaglequant.tune.summary import Workload
 
 # How the two servers of a comparison round are run: each configuration's server
 # started and stopped inside every round, or all started once and kept alive.
@@ -76,7 +76,7 @@ class TuneRequest:
     out: Path = Path("tune-results")
     server_timeout_s: float = 600.0
     bench_timeout_s: float = 1800.0
-    command: str | None = None  # how it was invoked, path-free (eaglequant.provenance)
+    command: str | None = None  # how it was invoked, path-free (eaglequant.results.provenance)
     draft_kv_cache_dtype: str | None = None  # None: the draft's KV cache as the target's
     # Serve no speculation and the largest k, predict the rest (eaglequant.tune.predict) and
     # serve only the ks the recommendation rests on.

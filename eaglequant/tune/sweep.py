@@ -29,10 +29,19 @@ from statistics import fmean
 
 from eaglequant.engine.config import probe_vllm
 from eaglequant.engine.server import Server, serving
-from eaglequant.environment import EnvironmentRecord, environment
 from eaglequant.progress import Progress, quiet
-from eaglequant.spec_counts import SpecDecodeCounts
-from eaglequant.speculative import SpeculativeDict, schedule_config, speculative_config
+from eaglequant.results.environment import EnvironmentRecord, environment
+from eaglequant.results.spec_counts import SpecDecodeCounts
+from eaglequant.results.tune_summary import (
+    SCHEMA_VERSION,
+    SWEEP,
+    AcceptanceCheck,
+    PredictionRecord,
+    SweepRecommendation,
+    SweepRow,
+    SweepSummary,
+)
+from eaglequant.rules.speculative import SpeculativeDict, schedule_config, speculative_config
 from eaglequant.tune.bench import (
     BenchClient,
     BenchResult,
@@ -68,15 +77,6 @@ from eaglequant.tune.request import (
     serve_line,
     with_draft_kv_cache,
     workload,
-)
-from eaglequant.tune.summary import (
-    SCHEMA_VERSION,
-    SWEEP,
-    AcceptanceCheck,
-    PredictionRecord,
-    SweepRecommendation,
-    SweepRow,
-    SweepSummary,
 )
 
 

@@ -172,7 +172,7 @@ def train_from_answers(
 ) -> tuple[td.Eagle3Draft, dict[str, Any], td.TrainRecipe, AnswersTrained]:
     """The draft trained on ``model``'s device: the trained draft, its config, the recipe as
     trained (epochs fitted to ``seconds`` when given) and a summary with timings."""
-    from eaglequant.target_fit import default_aux_layers
+    from eaglequant.rules.target_fit import default_aux_layers
 
     device = next(model.parameters()).device
     sequences = [

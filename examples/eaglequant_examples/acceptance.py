@@ -20,6 +20,7 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
+from eaglequant.results.workload import AcceptanceWorkload
 from eaglequant.validate.engine_run import request_counts, spec_metrics
 from eaglequant.validate.stats import (
     PromptCounts,
@@ -27,7 +28,6 @@ from eaglequant.validate.stats import (
     counts_mismatch,
     pooled_quantities,
 )
-from eaglequant.workload import AcceptanceWorkload
 from eaglequant_examples.records import (
     AcceptanceMeasure,
     AcceptanceRow,
@@ -60,7 +60,7 @@ def measure(
     from vllm import LLM, SamplingParams
 
     from eaglequant.prompts.source import load_prompts, parse_source
-    from eaglequant.speculative import speculative_config
+    from eaglequant.rules.speculative import speculative_config
 
     llm = LLM(
         str(target),

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, TypedDict
 if TYPE_CHECKING:  # Python 3.11's; annotations stay strings at run time (3.10 too)
     from typing import NotRequired
 
-    from eaglequant.workload import WorkloadJson
+    from eaglequant.results.workload import WorkloadJson
 
 # A ``DataRecipe`` or ``TrainRecipe`` as ``dataclasses.asdict`` writes it
 RecipeFields = dict[str, str | int | float]
@@ -173,7 +173,7 @@ class SetAcceptance(AcceptanceRow):
     generated_tokens: int
     seconds: float
     categories: dict[str, CategoryAcceptance]
-    workload: WorkloadJson  # what the acceptance was measured on (eaglequant.workload)
+    workload: WorkloadJson  # what the acceptance was measured on (eaglequant.results.workload)
 
 
 class AcceptanceMeasure(TypedDict):

@@ -51,7 +51,7 @@ def reproduce(
     import torch
     from transformers import LlamaForCausalLM
 
-    from eaglequant.target_fit import default_aux_layers
+    from eaglequant.rules.target_fit import default_aux_layers
     from eaglequant_examples import train_draft as td
 
     torch.manual_seed(train.seed)

@@ -11,11 +11,11 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any, cast
 
-from eaglequant.draft import dims_from_config, expected_shapes, optional_shapes
 from eaglequant.io import speculators
 from eaglequant.io.layout import blob_from_tensor
 from eaglequant.io.model_config import DraftConfig
 from eaglequant.io.writer import write_checkpoint_weights, write_text
+from eaglequant.rules.draft import dims_from_config, expected_shapes, optional_shapes
 
 
 def draft_config(

@@ -21,7 +21,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from eaglequant.manifest import MANIFEST_FILE
+from eaglequant.results.manifest import MANIFEST_FILE
 from tests.conftest import TOY
 from tests.share import built_once
 from tests.support import SAMPLES, SEQ_LEN, capture_args, child_processes, invoke

@@ -20,9 +20,9 @@ from safetensors.torch import load_file, save_file
 
 from eaglequant.capture.run import CaptureEngine
 from eaglequant.prompts.format import read_prompts
+from eaglequant.results.validation_report import categories_json
 from eaglequant.validate.request import ValidateRequest
 from eaglequant.validate.validation import run_engine, validate_draft
-from eaglequant.validation_report import categories_json
 from tests.conftest import TOY
 from tests.exported import rerecord
 

@@ -10,8 +10,8 @@ from pathlib import Path
 from click.testing import CliRunner
 
 from eaglequant.cli import main
-from eaglequant.compare_report import read_compare_report, recommend
-from eaglequant.inspection import inspect_checkpoint
+from eaglequant.results.compare_report import read_compare_report, recommend
+from eaglequant.rules.inspection import inspect_checkpoint
 from eaglequant.validate.compare import CANDIDATES_DIR
 from tests.conftest import TOY, toy_prompts_file
 

@@ -10,10 +10,10 @@ from pathlib import Path
 from click.testing import CliRunner
 
 from eaglequant.cli import main
-from eaglequant.compare_report import read_compare_report, recommend
-from eaglequant.inspection import size_summary
 from eaglequant.io.checkpoint import read_checkpoint
-from eaglequant.validation_report import CheckId
+from eaglequant.results.compare_report import read_compare_report, recommend
+from eaglequant.results.validation_report import CheckId
+from eaglequant.rules.inspection import size_summary
 from tests.conftest import REPO, TOY, toy_prompts_file
 
 MODELOPT = REPO / "tests" / "producers" / "toy" / "modelopt-fp8-d2t-repaired"

@@ -18,8 +18,8 @@ from click.testing import CliRunner
 
 from eaglequant.cli import main
 from eaglequant.engine.config import EngineOptions, llm_kwargs, platform_env
-from eaglequant.spec_counts import SpecDecodeCounts
-from eaglequant.speculative import speculative_config
+from eaglequant.results.spec_counts import SpecDecodeCounts
+from eaglequant.rules.speculative import speculative_config
 from eaglequant.validate.validation import read_prompts
 from tests.conftest import PYTHON, TOY, run_child
 

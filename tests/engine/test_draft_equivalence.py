@@ -26,10 +26,10 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from eaglequant.draft import dims_from_config, variant_shapes
 from eaglequant.io.checkpoint import read_checkpoint
 from eaglequant.model.eagle3 import Eagle3Draft, MidLayer
 from eaglequant.model.load import load_draft_module
+from eaglequant.rules.draft import dims_from_config, variant_shapes
 from eaglequant_examples.synthetic import write_random_draft
 from tests.conftest import (
     MLA_ENGINE,

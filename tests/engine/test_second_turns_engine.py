@@ -16,7 +16,7 @@ from transformers import AutoTokenizer
 
 from eaglequant.cli import main
 from eaglequant.prompts.format import read_prompts
-from eaglequant.validation_report import prompts_digest, read_report
+from eaglequant.results.validation_report import prompts_digest, read_report
 from tests.conftest import TOY
 
 TEMPLATE = (

@@ -23,9 +23,9 @@ from click.testing import CliRunner
 from safetensors.torch import load_file, save_file
 
 from eaglequant.cli import main
+from eaglequant.engine.child_request import ControlTokens
 from eaglequant.engine.config import EngineOptions
-from eaglequant.engine.request import ControlTokens
-from eaglequant.engine.result import EngineRun
+from eaglequant.results.engine_result import EngineRun
 from eaglequant.validate.request import ValidateRequest, engine_prompts
 from eaglequant.validate.single_engine import run_shared, run_single, shared_spec
 from eaglequant.validate.validation import read_prompts, run_engine

@@ -22,8 +22,9 @@ from safetensors.torch import load_file, save_file
 from eaglequant.cli import main
 from eaglequant.engine.config import EngineOptions
 from eaglequant.io.checkpoint import read_checkpoint
-from eaglequant.spec_counts import SpecDecodeCounts
-from eaglequant.validate.acceptance import prompt_counts
+from eaglequant.results.spec_counts import SpecDecodeCounts
+from eaglequant.results.validation_report import CheckId, prompts_digest, read_report
+from eaglequant.validate.acceptance_checks import prompt_counts
 from eaglequant.validate.engine_summary import outputs_digest
 from eaglequant.validate.lossless import DEFAULT_TIE_MARGIN, lossless_check
 from eaglequant.validate.regression import RunCounts, read_previous, regression_check
@@ -38,7 +39,6 @@ from eaglequant.validate.validation import (
     scale_plausibility,
     validate_draft,
 )
-from eaglequant.validation_report import CheckId, prompts_digest, read_report
 from tests.conftest import TOY, toy_prompts_file
 from tests.exported import rerecord
 from tests.share import built_once

@@ -16,7 +16,7 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from eaglequant.target_fit import default_aux_layers
+from eaglequant.rules.target_fit import default_aux_layers
 from eaglequant_examples import accelerated
 from eaglequant_examples import train_draft as td
 from eaglequant_examples.answers import cut_answer, generate_answers, pack_ids, unpack_ids

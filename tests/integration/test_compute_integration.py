@@ -13,13 +13,13 @@ import pytest
 import torch
 from safetensors import safe_open
 
-from eaglequant.draft import MIDLAYER_LINEARS
 from eaglequant.io.checkpoint import read_checkpoint
 from eaglequant.model import compute
 from eaglequant.model.eagle3 import Eagle3Draft
 from eaglequant.model.load import load_draft_module
 from eaglequant.quantize.quark_backend import quantize_static
 from eaglequant.recipe import load_recipe
+from eaglequant.rules.draft import MIDLAYER_LINEARS
 from eaglequant_examples.synthetic import draft_config, write_random_draft
 from tests.support import RANGE_RTOL, STEPS, compute_batches, run_capture, run_export
 

@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from eaglequant.draft import dims_from_config
 from eaglequant.io.checkpoint import read_checkpoint
 from eaglequant.model.load import load_draft_module
+from eaglequant.rules.draft import dims_from_config
 from eaglequant_examples.synthetic import draft_config, write_random_draft
 from tests.conftest import MLA
 from tests.support import invoke

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from eaglequant.exclusions import (
+from eaglequant.rules.exclusions import (
     is_excluded,
     vllm_linear_names,
 )

@@ -11,10 +11,10 @@ from click.testing import CliRunner
 from safetensors import safe_open
 
 from eaglequant.cli import main
-from eaglequant.draft import MIDLAYER_LINEARS, dims_from_config
-from eaglequant.exclusions import predict_fates
 from eaglequant.io.checkpoint import read_checkpoint
 from eaglequant.recipe import load_recipe
+from eaglequant.rules.draft import MIDLAYER_LINEARS, dims_from_config
+from eaglequant.rules.exclusions import predict_fates
 from eaglequant_examples.synthetic import draft_config, write_random_draft
 from tests.conftest import VOCAB, tree_digest
 from tests.support import calib_args, run_capture, run_export

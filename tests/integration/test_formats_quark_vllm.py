@@ -15,9 +15,9 @@ from click.testing import CliRunner
 from safetensors.torch import load_file, save_file
 
 from eaglequant.cli import main
-from eaglequant.draft import MIDLAYER_LINEARS
-from eaglequant.inspection import inspect_checkpoint
-from eaglequant.speculative import DRAFT_KV_CACHE_DTYPES
+from eaglequant.rules.draft import MIDLAYER_LINEARS
+from eaglequant.rules.inspection import inspect_checkpoint
+from eaglequant.rules.speculative import DRAFT_KV_CACHE_DTYPES
 from tests.conftest import PYTHON, run_child
 from tests.support import check6
 
@@ -158,7 +158,7 @@ def test_draft_kv_cache_dtypes_are_vllms() -> None:
 def test_fix_config_repairs_a_bare_exclude_on_an_mx_export(
     exports: dict[str, Path], tmp_path: Path
 ) -> None:
-    from eaglequant.fix_config import fix_config
+    from eaglequant.rules.fix_config import fix_config
 
     broken = shutil.copytree(exports["mxfp4"], tmp_path / "bare")
     config = json.loads((broken / "config.json").read_text())

@@ -13,8 +13,8 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from eaglequant.draft import MIDLAYER_LINEARS
-from eaglequant.inspection import inspect_checkpoint
+from eaglequant.rules.draft import MIDLAYER_LINEARS
+from eaglequant.rules.inspection import inspect_checkpoint
 from eaglequant.validate.plausibility import MAX_TOKENS_CLIPPED
 from tests.conftest import PYTHON, REPO, run_child
 from tests.support import calib_args, check6, run_export

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from eaglequant.provenance import machine_paths
+from eaglequant.results.provenance import machine_paths
 
 
 def test_the_manifest_records_the_export_command_path_free(toy_fp8: Path) -> None:

@@ -11,9 +11,9 @@ import json
 from dataclasses import replace
 from pathlib import Path
 
-from eaglequant.draft import MIDLAYER_LINEARS
 from eaglequant.io import speculators
 from eaglequant.io.checkpoint import read_checkpoint
+from eaglequant.rules.draft import MIDLAYER_LINEARS
 from eaglequant_examples.synthetic import draft_config, write_random_draft
 from tests.conftest import as_speculators, tree_digest
 from tests.support import invoke

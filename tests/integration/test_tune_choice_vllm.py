@@ -22,7 +22,7 @@ def test_schedule_passes_vllms_own_validator(winners: dict[int, int]) -> None:
         validate_and_normalize_dynamic_sd_schedule,
     )
 
-    from eaglequant.speculative import schedule_config
+    from eaglequant.rules.speculative import schedule_config
 
     ranges = schedule_from_winners(winners)
     spec = schedule_config("draft", ranges)

@@ -13,7 +13,7 @@ LINT_CACHE = "build/typecheck/.mypy_cache"  # where make lint's mypy keeps its c
 PLANTED = """
 
 def _planted() -> int:
-    from eaglequant.validation_report import Check, CheckId
+    from eaglequant.results.validation_report import Check, CheckId
 
     return Check(CheckId.LAYERS, True, "d").passed + Check(CheckId.LAYERS, True, "d").detail
 """

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from eaglequant.manifest import MANIFEST_FILE, MANIFEST_SCHEMA
+from eaglequant.results.manifest import MANIFEST_FILE, MANIFEST_SCHEMA
 from eaglequant.validate.request import validation_spec
 from tests.conftest import REPO
 

@@ -20,13 +20,13 @@ from collections.abc import Callable
 import pytest
 import torch
 
-from eaglequant.exclusions import predict_fates, vllm_linear_names
 from eaglequant.quantization.base import block_refusal, module_class
 from eaglequant.quantization.compressed_tensors import METHOD as CT
 from eaglequant.quantization.compressed_tensors import target_scheme_map
 from eaglequant.quantization.fp8 import METHOD as FP8
 from eaglequant.quantization.modelopt import METHOD as MODELOPT
 from eaglequant.quantization.quark import METHOD as QUARK
+from eaglequant.rules.exclusions import predict_fates, vllm_linear_names
 from tests.foreign import compressed_tensors_config, fp8_args
 
 FUSED = {"qkv_proj": ["q_proj", "k_proj", "v_proj"], "gate_up_proj": ["gate_proj", "up_proj"]}

@@ -12,7 +12,7 @@ tokens), with the run's global ``LLM.get_metrics()`` counters beside it.
 
 from __future__ import annotations
 
-from eaglequant.engine.result import SpecMetrics
+from eaglequant.results.engine_result import SpecMetrics
 
 BF16: list[tuple[tuple[int, ...], int]] = [
     ((3, 7, 1, 7), 54),

@@ -7,18 +7,18 @@ from dataclasses import replace
 
 import pytest
 
-from eaglequant.engine.result import EngineRun, RequestCounts, SampledRun, SpecMetrics
 from eaglequant.recipe import ValidationSpec
 from eaglequant.render.junit import junit_xml
 from eaglequant.render.validation_tables import validation_markdown
-from eaglequant.validate.acceptance import (
+from eaglequant.results.engine_result import EngineRun, RequestCounts, SampledRun, SpecMetrics
+from eaglequant.results.validation_report import Check, CheckId, EngineSummary, ValidationReport
+from eaglequant.validate.acceptance_checks import (
     AcceptanceThresholds,
     engine_acceptance_checks,
     judged_counts,
     sum_counts,
 )
 from eaglequant.validate.stats import PromptCounts
-from eaglequant.validation_report import Check, CheckId, EngineSummary, ValidationReport
 from tests.support import engine_result, finished_engine
 from tests.unit import recorded_counts as recorded
 
@@ -134,7 +134,7 @@ def test_inconclusive_renders_as_such_in_markdown_and_junit() -> None:
 
 def test_a_subset_of_prompts_is_judged_on_its_own() -> None:
     """One category's prompts: the counts of those prompts alone, a wider interval."""
-    from eaglequant.validate.acceptance import acceptance_checks
+    from eaglequant.validate.acceptance_checks import acceptance_checks
     from eaglequant.validate.stats import PromptCounts
 
     half = [[PromptCounts(h, n) for h, n in rows[:16]] for rows in (recorded.FP8, recorded.BF16)]
@@ -266,7 +266,7 @@ def test_a_sampling_request_is_checked_before_any_engine(
 
 
 def test_a_sampled_report_says_how_its_runs_decoded() -> None:
-    from eaglequant.render.card import validated_temperatures
+    from eaglequant.hub.card import validated_temperatures
 
     two, five = checks(FP8)
     report = ValidationReport(

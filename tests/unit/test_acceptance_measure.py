@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from eaglequant.engine.result import RequestCounts
 from eaglequant.errors import EngineFailed
-from eaglequant.spec_counts import SpecDecodeCounts
+from eaglequant.results.engine_result import RequestCounts
+from eaglequant.results.spec_counts import SpecDecodeCounts
 from eaglequant.validate.acceptance_length import AcceptanceRequest, measurement
 from tests.support import engine_result
 from tests.unit import recorded_counts as recorded

@@ -6,9 +6,9 @@ import json
 from pathlib import Path
 
 from eaglequant.capture.sequences import tokenize_data
-from eaglequant.manifest import MANIFEST_FILE
 from eaglequant.prompts.format import read_prompts, text_hash
 from eaglequant.prompts.source import PromptSource
+from eaglequant.results.manifest import MANIFEST_FILE
 from eaglequant.validate.request import calibration_overlap
 from tests.conftest import TOY, toy_prompts_file
 

@@ -9,16 +9,16 @@ import pytest
 import yaml
 from click.testing import CliRunner
 
-from eaglequant.binding import Binding, binding, bound_files, folder_files
 from eaglequant.cli import main
 from eaglequant.errors import InputError
+from eaglequant.hub.card import card_record
 from eaglequant.io.readback import sha256_file
-from eaglequant.provenance import command_string, machine_paths
-from eaglequant.render.card import card_record
 from eaglequant.render.reports import PLOTS
+from eaglequant.results.binding import Binding, binding, bound_files, folder_files
+from eaglequant.results.provenance import command_string, machine_paths
+from eaglequant.results.validation_report import ValidationReport
 from eaglequant.tune.report import write_reports
 from eaglequant.validate.request import ValidateRequest, check_inputs
-from eaglequant.validation_report import ValidationReport
 from tests.conftest import TOY
 from tests.exported import LOCAL_NAMES, Exported, flip_byte, make_exported
 from tests.support import tune_summary
@@ -190,7 +190,7 @@ def test_card_names_prompt_and_calibration_files_not_where_they_lie(
 
 
 def test_a_comparison_that_chose_the_baseline_says_so_in_the_usage_note() -> None:
-    from eaglequant.render.card import _usage
+    from eaglequant.hub.card import _usage
 
     tuning = {
         "kind": "comparison",
@@ -207,7 +207,7 @@ def test_a_comparison_that_chose_the_baseline_says_so_in_the_usage_note() -> Non
 
 
 def test_an_http_endpoint_is_not_a_machine_path() -> None:
-    from eaglequant.provenance import machine_paths
+    from eaglequant.results.provenance import machine_paths
 
     assert machine_paths("acceptance from the server's /metrics, data in /tmp/x") == ["/tmp/x"]
 

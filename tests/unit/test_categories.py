@@ -5,11 +5,11 @@ from __future__ import annotations
 import pytest
 
 from eaglequant.render.validation_tables import category_markdown
-from eaglequant.validate.acceptance import AcceptanceThresholds
+from eaglequant.results.validation_report import CategoryRow
+from eaglequant.validate.acceptance_checks import AcceptanceThresholds
 from eaglequant.validate.categories import by_category, category_checks, category_regression
 from eaglequant.validate.regression import RunCounts
 from eaglequant.validate.stats import PromptCounts
-from eaglequant.validation_report import CategoryRow
 
 THRESHOLDS = AcceptanceThresholds(min_acceptance_ratio=0.98, min_position_ratio=0.95)
 
@@ -91,8 +91,8 @@ def test_the_regression_gate_judges_each_category_both_runs_have() -> None:
 
 
 def test_an_undecided_category_names_the_prompts_that_would_decide_it() -> None:
+    from eaglequant.results.validation_report import Check, CheckId
     from eaglequant.validate.categories import prompts_to_decide
-    from eaglequant.validation_report import Check, CheckId
 
     def row(two: Check, five: Check) -> CategoryRow:
         math = _table(min_drafts=100)["math"]

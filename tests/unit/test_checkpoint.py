@@ -10,10 +10,10 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from eaglequant.draft import require_bf16_draft, structure_problems
 from eaglequant.errors import InputError
 from eaglequant.io.checkpoint import read_checkpoint
 from eaglequant.io.safetensors_header import read_header
+from eaglequant.rules.draft import require_bf16_draft, structure_problems
 from tests.conftest import edit_config
 
 

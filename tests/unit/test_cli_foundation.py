@@ -135,7 +135,7 @@ def test_planning_with_a_calibration_target_imports_no_torch(
 
 
 def test_card_carries_the_source_license(tmp_path: Path) -> None:
-    from eaglequant.render.card import source_license
+    from eaglequant.hub.card import source_license
 
     (tmp_path / "README.md").write_text("---\nlicense: apache-2.0\ntags: [x]\n---\n# Draft\n")
     assert source_license(tmp_path) == "apache-2.0"

@@ -9,7 +9,9 @@ import pytest
 from click.testing import CliRunner
 
 from eaglequant.cli import main
-from eaglequant.compare_report import (
+from eaglequant.errors import InputError
+from eaglequant.render.compare_tables import compare_markdown
+from eaglequant.results.compare_report import (
     COMPARE_SCHEMA_VERSION,
     CandidateRow,
     CompareReport,
@@ -18,11 +20,9 @@ from eaglequant.compare_report import (
     read_compare_report,
     recommend,
 )
-from eaglequant.errors import InputError
-from eaglequant.render.compare_tables import compare_markdown
-from eaglequant.spec_counts import AcceptanceRecord
+from eaglequant.results.spec_counts import AcceptanceRecord
+from eaglequant.results.validation_report import CategoryRow, Check, CheckId, RatioInterval
 from eaglequant.validate.run_slices import slice_run
-from eaglequant.validation_report import CategoryRow, Check, CheckId, RatioInterval
 
 MATH = CategoryRow(  # one category, not judged
     prompts=4,
@@ -337,13 +337,12 @@ def test_a_calibration_free_candidate_is_exported_without_the_capture(
 ) -> None:
     """compare hands every calibrated recipe the one capture, and fp8-static-fixed none (its
     export refuses calibration inputs)."""
-    from eaglequant.quantize import export
     from eaglequant.recipe import load_recipe
     from eaglequant.validate import compare as compare_module
 
     given: dict[str, object] = {}
     monkeypatch.setattr(
-        export,
+        compare_module,
         "export_draft",
         lambda request, _progress: given.update({request.recipe.name: request.calibration}),
     )
@@ -359,7 +358,7 @@ def test_a_calibration_free_candidate_is_exported_without_the_capture(
 
 
 def test_an_engine_request_reads_back_and_refuses_an_unknown_key() -> None:
-    from eaglequant.engine.request import EngineRequest
+    from eaglequant.engine.child_request import EngineRequest
 
     request = EngineRequest(llm={"model": "t"}, prompts=["p"], max_tokens=8, teacher_forced=2)
     assert EngineRequest.from_json(request.to_json()) == request

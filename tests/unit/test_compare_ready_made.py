@@ -14,9 +14,9 @@ from click.testing import CliRunner
 
 from eaglequant.cli import main
 from eaglequant.cli.compare import ready_draft
-from eaglequant.compare_report import read_compare_report, recommend
 from eaglequant.errors import InputError
 from eaglequant.render.compare_tables import compare_markdown
+from eaglequant.results.compare_report import read_compare_report, recommend
 from eaglequant.validate.compare import ReadyDraft, ready_scheme
 from tests.conftest import REPO, TOY
 from tests.unit.test_compare import ROW, SET, _report

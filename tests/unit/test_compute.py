@@ -25,7 +25,6 @@ from pathlib import Path
 import pytest
 import torch
 
-from eaglequant.draft import FIRST_LAYER
 from eaglequant.errors import InputError
 from eaglequant.io.checkpoint import read_checkpoint
 from eaglequant.model import compute
@@ -34,6 +33,7 @@ from eaglequant.model.load import load_draft_module, load_reference_layer
 from eaglequant.model.ranges import input_amax
 from eaglequant.quantize.measure import SimulatedFp8Linear
 from eaglequant.quantize.quark_backend import _native_while_calibrating
+from eaglequant.rules.draft import FIRST_LAYER
 from eaglequant_examples.synthetic import draft_config, write_random_draft
 from tests.support import RANGE_RTOL, STEPS, compute_batches
 

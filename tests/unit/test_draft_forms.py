@@ -13,9 +13,9 @@ from typing import Any
 import pytest
 import torch
 
-from eaglequant.draft import FIRST_LAYER, structure_problems
 from eaglequant.io.checkpoint import read_checkpoint
 from eaglequant.model.load import load_draft_module, load_reference_layer
+from eaglequant.rules.draft import FIRST_LAYER, structure_problems
 from eaglequant_examples.synthetic import draft_config, write_random_draft
 from tests.conftest import edit_config, tree_digest
 from tests.support import invoke

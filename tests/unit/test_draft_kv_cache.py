@@ -7,7 +7,7 @@ from pathlib import Path
 from click.testing import CliRunner
 
 from eaglequant.cli import main
-from eaglequant.speculative import schedule_config, speculative_config
+from eaglequant.rules.speculative import schedule_config, speculative_config
 
 
 def test_speculative_config_carries_the_draft_kv_cache_dtype() -> None:

@@ -17,7 +17,7 @@ from eaglequant.engine.config import (
     serve_line,
 )
 from eaglequant.errors import InputError
-from eaglequant.speculative import speculative_config
+from eaglequant.rules.speculative import speculative_config
 
 KNOWN = {"max_num_seqs", "gpu_memory_utilization", "enforce_eager", "kv_cache_dtype"}
 

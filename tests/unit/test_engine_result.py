@@ -8,13 +8,13 @@ from typing import Any
 
 import pytest
 
-from eaglequant.engine.result import (
+from eaglequant.errors import InputError
+from eaglequant.results.engine_result import (
     ENGINE_RESULT_SCHEMA,
     SharedRuns,
     read_engine_result,
     read_shared_runs,
 )
-from eaglequant.errors import InputError
 from tests.support import engine_result
 from tests.unit import recorded_counts as recorded
 

@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
-from eaglequant.environment import cpu_info, environment, environment_markdown, reproducing_env
+from eaglequant.results.environment import (
+    cpu_info,
+    environment,
+    environment_markdown,
+    reproducing_env,
+)
 
 ZEN4 = """processor\t: 0
 vendor_id\t: AuthenticAMD

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from eaglequant.exclusions import (
+from eaglequant.rules.exclusions import (
     is_excluded,
     predict_fates,
     rewrite_exclude,

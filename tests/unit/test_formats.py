@@ -9,10 +9,10 @@ import pytest
 import torch
 
 from eaglequant.errors import InputError
-from eaglequant.exclusions import describe_scheme, vllm_scheme
 from eaglequant.model import mx
 from eaglequant.quantize.artifact import quantized_layout
 from eaglequant.recipe import load_recipe, recipe_from_dict
+from eaglequant.rules.exclusions import describe_scheme, vllm_scheme
 
 MX_WEIGHT = {"dtype": "fp4", "qscheme": "per_group", "group_size": 32, "scale_format": "e8m0"}
 MX8_WEIGHT = {**MX_WEIGHT, "dtype": "fp8_e4m3"}
@@ -139,8 +139,8 @@ def test_predicted_vllm_scheme(
 def test_size_summary_counts_packed_fp4_twice(tmp_path: Path) -> None:
     from safetensors.torch import save_file
 
-    from eaglequant.inspection import size_summary
     from eaglequant.io.checkpoint import read_checkpoint
+    from eaglequant.rules.inspection import size_summary
 
     folder = tmp_path / "d"
     folder.mkdir()

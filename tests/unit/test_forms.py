@@ -10,12 +10,12 @@ from typing import Any
 
 import pytest
 
-from eaglequant.draft import dims_from_config, form_exclude, structure_problems
-from eaglequant.exclusions import draft_linear_names
 from eaglequant.forms import form_of, registered
 from eaglequant.forms.base import DraftForm, register, unregister
 from eaglequant.forms.llama import LLAMA
 from eaglequant.io.checkpoint import read_checkpoint
+from eaglequant.rules.draft import dims_from_config, form_exclude, structure_problems
+from eaglequant.rules.exclusions import draft_linear_names
 from eaglequant_examples.synthetic import draft_config, write_random_draft
 from tests.support import inspect_json
 

@@ -11,9 +11,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from eaglequant.errors import InputError
-from eaglequant.exclusions import is_excluded, rewrite_exclude, vllm_linear_names
 from eaglequant.io.checkpoint import read_checkpoint
 from eaglequant.io.safetensors_header import parse_header, read_header
+from eaglequant.rules.exclusions import is_excluded, rewrite_exclude, vllm_linear_names
 
 FUZZ = settings(
     max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]

@@ -13,7 +13,7 @@ import pytest
 from eaglequant.errors import OutputError
 from eaglequant.io.output import check_file_output, write_text_atomic
 from eaglequant.render.junit import junit_xml
-from eaglequant.validation_report import Check, CheckId, EngineSummary, ValidationReport
+from eaglequant.results.validation_report import Check, CheckId, EngineSummary, ValidationReport
 
 NAMES = (CheckId.LOSSLESS, CheckId.ACCEPTANCE, CheckId.LAYERS, CheckId.ENGINE_LOG)
 

@@ -13,13 +13,13 @@ from click.testing import CliRunner
 from safetensors.torch import load_file, save_file
 
 from eaglequant.cli import main
-from eaglequant.draft import kv_scale_name, structure_problems
 from eaglequant.engine.config import VllmInstall, check_kv_cache_dtype
-from eaglequant.engine.result import DraftAttention
 from eaglequant.errors import InputError
 from eaglequant.io.checkpoint import read_checkpoint
 from eaglequant.recipe import load_recipe, recipe_from_dict
-from eaglequant.speculative import draft_kv_cache_dtype
+from eaglequant.results.engine_result import DraftAttention
+from eaglequant.rules.draft import kv_scale_name, structure_problems
+from eaglequant.rules.speculative import draft_kv_cache_dtype
 from eaglequant.validate.layers import checkpoint_kv_scales, kv_cache_problems
 
 REFUSAL = "FP8 KV cache on CPU requires x86 with AVX-512 or AMX."

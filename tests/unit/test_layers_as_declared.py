@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from eaglequant.io.checkpoint import read_checkpoint
-from eaglequant.manifest import MANIFEST_FILE
+from eaglequant.results.manifest import MANIFEST_FILE
 from eaglequant.validate.layers import expected_schemes, layers_check
 from tests.foreign import MIDLAYER, fp8_dynamic_draft, modelopt_fp8_draft, quantize_layers
 from tests.foreign import set_quantization_config as set_qcfg

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+from eaglequant.results.validation_report import Check
 from eaglequant.validate.lossless import first_difference, lossless_check, teacher_forced_check
-from eaglequant.validation_report import Check
 
 TARGET = [[5, 6, 7, 8], [1, 2, 3, 4]]
 # top logprobs of the target run per prompt and position: [[token, logprob], …] by rank

@@ -17,8 +17,8 @@ from click.testing import CliRunner
 from safetensors.torch import load_file, save_file
 
 from eaglequant.cli import main
-from eaglequant.draft import dims_from_config
 from eaglequant.forms.mla import DEFAULTS, Rope, rope_from_config
+from eaglequant.rules.draft import dims_from_config
 from eaglequant_examples.synthetic import draft_config, write_random_draft
 from tests.conftest import MLA, MLA_YARN, edit_config, tree_digest
 from tests.support import fates_by_name, inspect_json

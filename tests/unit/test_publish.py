@@ -16,7 +16,7 @@ from click.testing import CliRunner
 
 from eaglequant import __version__
 from eaglequant.cli import main
-from eaglequant.publish import published_manifest
+from eaglequant.hub.publish import published_manifest
 from tests.conftest import REPO
 from tests.exported import LOCAL_NAMES, Exported, flip_byte, make_exported
 from tests.hubstandin import HubStandIn, git_blob_id

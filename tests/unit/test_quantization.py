@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from eaglequant.exclusions import predict_fates
 from eaglequant.quantization import method_of
 from eaglequant.quantization.base import block_refusal
 from eaglequant.quantization.matching import modelopt_excluded
+from eaglequant.rules.exclusions import predict_fates
 
 QKV = "model.layers.4.self_attn.qkv_proj"
 GATE_UP = "model.layers.4.mlp.gate_up_proj"

@@ -10,13 +10,7 @@ from typing import Any
 import pytest
 
 from eaglequant.errors import InputError
-from eaglequant.validate.regression import (
-    RunCounts,
-    check_comparable,
-    read_previous,
-    regression_check,
-)
-from eaglequant.validation_report import (
+from eaglequant.results.validation_report import (
     SCHEMA_VERSION,
     Check,
     CheckId,
@@ -24,6 +18,12 @@ from eaglequant.validation_report import (
     ValidationReport,
     prompts_digest,
     read_report,
+)
+from eaglequant.validate.regression import (
+    RunCounts,
+    check_comparable,
+    read_previous,
+    regression_check,
 )
 from tests.unit import recorded_counts as recorded
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from eaglequant.validation_report import (
+from eaglequant.results.validation_report import (
     FAIL,
     INCONCLUSIVE,
     PASS,

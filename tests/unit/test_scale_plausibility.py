@@ -14,10 +14,10 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from eaglequant.capture.run import CaptureEngine
-from eaglequant.draft import MIDLAYER_LINEARS
-from eaglequant.engine.result import LinearRange
 from eaglequant.io.checkpoint import read_checkpoint
 from eaglequant.recipe import ValidationSpec
+from eaglequant.results.engine_result import LinearRange
+from eaglequant.rules.draft import MIDLAYER_LINEARS
 from eaglequant.validate.plausibility import PlausibilityInputs, plausibility_problems
 from eaglequant.validate.scale_effects import Magnitudes
 
@@ -229,8 +229,8 @@ def test_a_draft_with_nothing_quantized_does_not_pass(tiny_draft: Path) -> None:
 def test_an_unexpected_error_in_a_check_is_its_fail_and_bad_input_still_stops() -> None:
     """validate writes its report whatever a check raises: the check FAILs with the reason."""
     from eaglequant.errors import InputError
+    from eaglequant.results.validation_report import CheckId
     from eaglequant.validate.validation import _fail_closed
-    from eaglequant.validation_report import CheckId
 
     def crash() -> list[Any]:
         raise RuntimeError("The size of tensor a (45) must match the size of tensor b (576)")

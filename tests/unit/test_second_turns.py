@@ -10,8 +10,8 @@ import pytest
 from click.testing import CliRunner
 
 from eaglequant.cli import main
+from eaglequant.engine.child_request import EngineRequest
 from eaglequant.engine.config import EngineOptions, VllmInstall
-from eaglequant.engine.request import EngineRequest
 from eaglequant.errors import InputError
 from eaglequant.prompts.chat import RenderedPrompts
 from eaglequant.prompts.format import Prompt, prompt_record, read_prompt_file

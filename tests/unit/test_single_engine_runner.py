@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from eaglequant.engine.result import EngineRun
+from eaglequant.results.engine_result import EngineRun
 from eaglequant.validate.engine_run import metrics_delta
 from eaglequant.validate.single_engine import swap_refusal
 from eaglequant_examples.synthetic import draft_config, write_random_draft
@@ -59,7 +59,7 @@ def test_counters_are_taken_over_one_run() -> None:
 
 def test_the_report_line_names_mode_loads_and_seconds() -> None:
     from eaglequant.render.terminal import engines_line
-    from eaglequant.validation_report import ValidationReport
+    from eaglequant.results.validation_report import ValidationReport
 
     report = ValidationReport(
         target="t", draft="d", baseline="b", k=3, prompts=1, max_tokens=8, backend="cpu",

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from eaglequant.spec_counts import SpecDecodeCounts
+from eaglequant.results.spec_counts import SpecDecodeCounts
 from eaglequant.validate.stats import PromptCounts, counts_mismatch, pooled_counts
 
 

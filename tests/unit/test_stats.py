@@ -6,6 +6,7 @@ import math
 
 import pytest
 
+from eaglequant.results.validation_report import FAIL, INCONCLUSIVE, PASS, overall_verdict
 from eaglequant.validate.stats import (
     Interval,
     PromptCounts,
@@ -15,7 +16,6 @@ from eaglequant.validate.stats import (
     judge,
     pooled_counts,
 )
-from eaglequant.validation_report import FAIL, INCONCLUSIVE, PASS, overall_verdict
 from tests.unit import recorded_counts as recorded
 
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from eaglequant.spec_counts import SpecDecodeCounts
+from eaglequant.results.spec_counts import SpecDecodeCounts
 from eaglequant.tune.choice import (
     beats,
     best_single,

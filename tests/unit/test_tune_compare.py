@@ -12,10 +12,10 @@ import pytest
 from eaglequant.engine.config import EngineOptions, device_count
 from eaglequant.errors import InputError
 from eaglequant.render.reports import comparison_markdown, tune_markdown
-from eaglequant.spec_counts import SpecDecodeCounts as Counts
+from eaglequant.results.spec_counts import SpecDecodeCounts as Counts
+from eaglequant.results.tune_summary import check_summary
 from eaglequant.tune.baseline import Candidate, Run, Sample, candidates, summarize
-from eaglequant.tune.bench import BenchClient
-from eaglequant.tune.compare import (
+from eaglequant.tune.baseline_verdicts import (
     best_by_concurrency,
     choose,
     duel,
@@ -23,10 +23,10 @@ from eaglequant.tune.compare import (
     rounds,
     verdict_text,
 )
+from eaglequant.tune.bench import BenchClient
 from eaglequant.tune.metrics import bench_problem, parse_counters
 from eaglequant.tune.report import write_comparison
 from eaglequant.tune.request import KEEP, TuneRequest
-from eaglequant.tune.summary import check_summary
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 

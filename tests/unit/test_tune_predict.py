@@ -8,7 +8,7 @@ from statistics import fmean, median
 
 import pytest
 
-from eaglequant.spec_counts import SpecDecodeCounts
+from eaglequant.results.spec_counts import SpecDecodeCounts
 from eaglequant.tune.predict import (
     MEANINGLESS_SPREAD,
     Point,

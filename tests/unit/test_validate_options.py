@@ -10,8 +10,8 @@ from click.testing import CliRunner
 
 from eaglequant.cli import main
 from eaglequant.errors import InputError
-from eaglequant.manifest import MANIFEST_FILE, MANIFEST_SCHEMA
 from eaglequant.recipe import ValidationSpec
+from eaglequant.results.manifest import MANIFEST_FILE, MANIFEST_SCHEMA
 from eaglequant.validate.request import validation_spec
 from tests.conftest import TOY
 

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from eaglequant.validation_report import EngineSummary, ValidationReport
-from eaglequant.workload import AcceptanceWorkload, concurrency_of
+from eaglequant.results.validation_report import EngineSummary, ValidationReport
+from eaglequant.results.workload import AcceptanceWorkload, concurrency_of
 from tests.conftest import TOY
 
 pytestmark = pytest.mark.unit
@@ -132,12 +132,12 @@ def test_a_sampled_report_labels_both_runs() -> None:
 
 
 def test_a_comparison_labels_each_prompt_sets_acceptance() -> None:
-    from eaglequant.compare_report import (
+    from eaglequant.render.compare_tables import compare_markdown
+    from eaglequant.results.compare_report import (
         COMPARE_SCHEMA_VERSION,
         CompareReport,
         PromptSetSummary,
     )
-    from eaglequant.render.compare_tables import compare_markdown
 
     workload = AcceptanceWorkload(
         prompt_set="/data/p.jsonl", prompts=8, chat_template=True, k=3, max_tokens=24

@@ -199,9 +199,9 @@ def test_readback_resumes_after_the_pending_bytes(sharded_draft: Path, tmp_path:
 
 def test_replanned_artifact_reports_the_layout_it_wrote(tiny_draft: Path, tmp_path: Path) -> None:
     """Quark wrote other tensors than predicted: the artifact re-plans with its one writer."""
-    from eaglequant.draft import MIDLAYER_LINEARS
     from eaglequant.quantize.artifact import Artifact
     from eaglequant.recipe import load_recipe
+    from eaglequant.rules.draft import MIDLAYER_LINEARS
 
     source, folder = read_checkpoint(tiny_draft), tmp_path / "out"
     folder.mkdir()

@@ -10,15 +10,15 @@ from pathlib import Path
 from typing import Any
 
 from eaglequant.errors import InputError
-from eaglequant.manifest import check_schema, field_values, read_json_object
 from eaglequant.recipe import DEFAULT_RECIPE
-from eaglequant.validation_report import (
+from eaglequant.results.manifest import check_schema, field_values, read_json_object
+from eaglequant.results.validation_report import (
     CategoryRow,
     RatioInterval,
     categories_from_json,
     categories_json,
 )
-from eaglequant.workload import AcceptanceWorkload
+from eaglequant.results.workload import AcceptanceWorkload
 
 COMPARE_JSON, COMPARE_MD = "compare.json", "compare.md"  # in ``eaglequant compare --out``
 COMPARE_SCHEMA_VERSION = 3  # compare.json

@@ -12,7 +12,13 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from eaglequant.draft import (
+from eaglequant.io.checkpoint import Checkpoint, read_checkpoint
+from eaglequant.io.model_config import QuantizationConfig
+from eaglequant.io.safetensors_header import FLOAT_DTYPES
+from eaglequant.quantization import METHODS, QuantMethod, method_of
+from eaglequant.quantization.base import block_refusal
+from eaglequant.recipe import E8M0_NAN
+from eaglequant.rules.draft import (
     SCALE_SUFFIXES,
     STORED_SCALE_SUFFIXES,
     DraftDims,
@@ -22,19 +28,13 @@ from eaglequant.draft import (
     quantized_tensors,
     structure_problems,
 )
-from eaglequant.exclusions import (
+from eaglequant.rules.exclusions import (
     DEFAULT_TARGET_LAYERS,
     LayerFate,
     draft_linear_names,
     predict_fates,
 )
-from eaglequant.io.checkpoint import Checkpoint, read_checkpoint
-from eaglequant.io.model_config import QuantizationConfig
-from eaglequant.io.safetensors_header import FLOAT_DTYPES
-from eaglequant.quantization import METHODS, QuantMethod, method_of
-from eaglequant.quantization.base import block_refusal
-from eaglequant.recipe import E8M0_NAN
-from eaglequant.vocab_maps import read_floats, vocab_map_problems
+from eaglequant.rules.vocab_maps import read_floats, vocab_map_problems
 
 
 @dataclass(frozen=True)

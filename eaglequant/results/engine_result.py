@@ -14,8 +14,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, TypedDict, cast
 
 from eaglequant.errors import InputError
-from eaglequant.manifest import read_json_object
 from eaglequant.prompts.turns import AnsweredJson
+from eaglequant.results.manifest import read_json_object
 
 if TYPE_CHECKING:  # Python 3.11's; annotations stay strings at run time (3.10 too)
     from typing import NotRequired

@@ -11,13 +11,13 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, Literal, TypedDict, cast
 
-from eaglequant.environment import EnvironmentRecord
 from eaglequant.errors import InputError
+from eaglequant.results.environment import EnvironmentRecord
 
 if TYPE_CHECKING:
     from typing import NotRequired
 
-    from eaglequant.workload import WorkloadJson
+    from eaglequant.results.workload import WorkloadJson
 
 SCHEMA_VERSION = 2
 SWEEP: Literal["sweep"] = "sweep"

@@ -16,7 +16,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from eaglequant.engine.result import EngineResult, EngineRun, RequestCounts, SpecMetrics
+from eaglequant.results.engine_result import EngineResult, EngineRun, RequestCounts, SpecMetrics
+from eaglequant.results.validation_report import Check, CheckId, overall_verdict
 from eaglequant.validate.stats import (
     DEFAULT_RESAMPLES,
     DEFAULT_SEED,
@@ -28,7 +29,6 @@ from eaglequant.validate.stats import (
     judge,
     pooled_quantities,
 )
-from eaglequant.validation_report import Check, CheckId, overall_verdict
 
 ACCEPTANCE = CheckId.ACCEPTANCE
 PER_POSITION = CheckId.PER_POSITION

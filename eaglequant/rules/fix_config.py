@@ -28,7 +28,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from eaglequant.errors import InputError
-from eaglequant.exclusions import DEFAULT_TARGET_LAYERS, draft_linear_names
 from eaglequant.io.checkpoint import CONFIG_FILE, INDEX_FILE, Checkpoint, read_checkpoint
 from eaglequant.io.layout import TensorBlob, blob_from_file
 from eaglequant.io.model_config import QuantizationConfig
@@ -38,7 +37,8 @@ from eaglequant.io.speculators import with_quantization_config
 from eaglequant.io.writer import FILE_MODE, write_safetensors
 from eaglequant.quantization import METHODS, QuantMethod, method_of
 from eaglequant.quantization.base import LayerFate
-from eaglequant.vocab_maps import MAPS, cast_to, is_cast, read_floats, read_ints
+from eaglequant.rules.exclusions import DEFAULT_TARGET_LAYERS, draft_linear_names
+from eaglequant.rules.vocab_maps import MAPS, cast_to, is_cast, read_floats, read_ints
 
 
 @dataclass(frozen=True)

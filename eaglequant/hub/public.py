@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from eaglequant.environment import reproducing_env
+from eaglequant.results.environment import reproducing_env
 
 BASELINE_NAME = "<BF16_DRAFT>"
 NO_REPO_ID = "<REPO_ID>"

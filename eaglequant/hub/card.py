@@ -24,28 +24,28 @@ from typing import Any
 
 import yaml
 
-from eaglequant.binding import bound_files, files_digest, first_difference
-from eaglequant.compare_report import COMPARE_JSON, CompareReport, read_compare_report
-from eaglequant.environment import environment, environment_markdown
 from eaglequant.errors import InputError
-from eaglequant.exclusions import predict_fates
+from eaglequant.hub.public import NO_REPO_ID, PublicNames, local_paths, public
 from eaglequant.io.checkpoint import read_checkpoint
 from eaglequant.io.model_config import DraftConfig
 from eaglequant.io.output import write_text_atomic
 from eaglequant.io.readback import sha256_file
-from eaglequant.manifest import CalibrationRecord, Manifest, read_json_object, read_manifest
-from eaglequant.provenance import ABSOLUTE_PATH, machine_paths
 from eaglequant.render.compare_tables import compare_markdown
-from eaglequant.render.public import NO_REPO_ID, PublicNames, local_paths, public
 from eaglequant.render.reports import PLOTS, tune_markdown
 from eaglequant.render.validation_tables import (
     set_title,
     validation_markdown,
     validation_sets_markdown,
 )
-from eaglequant.speculative import SpeculativeDict, schedule_config, speculative_config
-from eaglequant.tune.summary import COMPARISON, SWEEP, TuneSummary, tune_summary
-from eaglequant.validation_report import ValidationReport, read_report
+from eaglequant.results.binding import bound_files, files_digest, first_difference
+from eaglequant.results.compare_report import COMPARE_JSON, CompareReport, read_compare_report
+from eaglequant.results.environment import environment, environment_markdown
+from eaglequant.results.manifest import CalibrationRecord, Manifest, read_json_object, read_manifest
+from eaglequant.results.provenance import ABSOLUTE_PATH, machine_paths
+from eaglequant.results.tune_summary import COMPARISON, SWEEP, TuneSummary, tune_summary
+from eaglequant.results.validation_report import ValidationReport, read_report
+from eaglequant.rules.exclusions import predict_fates
+from eaglequant.rules.speculative import SpeculativeDict, schedule_config, speculative_config
 
 CARD_FILE = "README.md"
 # The last line of the card: what it was rendered from, for ``eaglequant publish``.

@@ -23,20 +23,20 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from eaglequant import __version__
-from eaglequant.binding import files_digest, manifest_files, verify_files
 from eaglequant.errors import InputError, PublishFailed
-from eaglequant.io.readback import CHUNK, sha256_file
-from eaglequant.manifest import MANIFEST_FILE, read_manifest
-from eaglequant.provenance import ABSOLUTE_PATH
-from eaglequant.render.card import (
+from eaglequant.hub.card import (
     CARD_FILE,
     calibration_source,
     card_record,
     check_report_binding,
 )
-from eaglequant.render.public import local_paths, replace_strings
+from eaglequant.hub.public import local_paths, replace_strings
+from eaglequant.io.readback import CHUNK, sha256_file
 from eaglequant.render.reports import PLOTS
-from eaglequant.validation_report import PASS, ValidationReport, read_report
+from eaglequant.results.binding import files_digest, manifest_files, verify_files
+from eaglequant.results.manifest import MANIFEST_FILE, read_manifest
+from eaglequant.results.provenance import ABSOLUTE_PATH
+from eaglequant.results.validation_report import PASS, ValidationReport, read_report
 
 if TYPE_CHECKING:
     from huggingface_hub import RepoFile
@@ -96,6 +96,7 @@ def publish(request: PublishRequest) -> PublishResult:
     )
     if request.dry_run:
         return result
+    # lazy: torch-free core
     from huggingface_hub import get_token
 
     if get_token() is None:
@@ -113,6 +114,7 @@ def publish(request: PublishRequest) -> PublishResult:
 def _upload_errors() -> tuple[type[BaseException], ...]:
     """What a failed upload raises: the Hub's errors and its HTTP client's (httpx2 for
     huggingface_hub 2, httpx for 1; requests' errors are OSErrors)."""
+    # lazy: torch-free core
     from huggingface_hub.errors import HfHubHTTPError
 
     errors: list[type[BaseException]] = [HfHubHTTPError, OSError, ValueError]
@@ -234,6 +236,7 @@ def git_blob_id(path: Path, data: bytes | None = None) -> str:
 
 
 def _upload(request: PublishRequest, result: PublishResult) -> None:
+    # lazy: torch-free core
     from huggingface_hub import CommitOperationAdd, HfApi
     from huggingface_hub.errors import RepositoryNotFoundError
 
@@ -274,6 +277,7 @@ def _upload(request: PublishRequest, result: PublishResult) -> None:
 
 def _remote_files(api: Any, request: PublishRequest, paths: list[str]) -> dict[str, RepoFile]:
     """The remote file entries at the revision, by path (none for a new repository)."""
+    # lazy: torch-free core
     from huggingface_hub import RepoFile
     from huggingface_hub.errors import RevisionNotFoundError
 

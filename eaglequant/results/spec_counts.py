@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any, TypedDict
 if TYPE_CHECKING:  # Python 3.11's; annotations stay strings at run time (3.10 too)
     from typing import NotRequired
 
-    from eaglequant.engine.result import SpecMetrics
+    from eaglequant.results.engine_result import SpecMetrics
 
 # The engine result's (and LLM.get_metrics()'s) names for the fields, in field order.
 VLLM_KEYS = ("num_drafts", "num_draft_tokens", "num_accepted_tokens", "accepted_per_pos")

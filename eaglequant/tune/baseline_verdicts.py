@@ -18,8 +18,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import TypeVar
 
+from eaglequant.results.tune_summary import BASELINE, DRAFT, NO_SPECULATION
 from eaglequant.tune.choice import Runs, beats
-from eaglequant.tune.summary import BASELINE, DRAFT, NO_SPECULATION
 
 T = TypeVar("T")
 

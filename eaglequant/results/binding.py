@@ -18,7 +18,7 @@ from typing import Any, TypedDict
 
 from eaglequant.errors import InputError
 from eaglequant.io.readback import sha256_file
-from eaglequant.manifest import MANIFEST_FILE, read_manifest
+from eaglequant.results.manifest import MANIFEST_FILE, read_manifest
 
 
 def manifest_files(folder: Path) -> dict[str, str] | None:

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field, fields
 from typing import Any, TypedDict
 
 from eaglequant.prompts.turns import SecondTurnsJson
-from eaglequant.speculative import SpeculativeDict
+from eaglequant.rules.speculative import SpeculativeDict
 
 
 class ControlTokens(TypedDict):

@@ -9,6 +9,7 @@ Reads package metadata and ``/proc``; imports torch only when asked for GPUs.
 
 from __future__ import annotations
 
+import os
 import platform
 import subprocess
 from importlib import metadata
@@ -130,6 +131,7 @@ def cpu_info(cpuinfo: str | None = None) -> CpuInfo:
 def gpu_info() -> GpuInfo | None:
     """GPU names, count, driver and CUDA/ROCm version through torch; None without GPUs."""
     try:
+        # lazy: torch-free core
         import torch
     except ImportError:
         return None
@@ -166,8 +168,6 @@ def reproducing_env(environ: dict[str, str]) -> dict[str, str]:
 
 def environment(*, environ: dict[str, str] | None = None, gpus: bool = True) -> EnvironmentRecord:
     """The whole block: versions, platform (CPU always, GPUs when present), reproducing env."""
-    import os
-
     return {
         "versions": versions(),
         "cpu": cpu_info(),

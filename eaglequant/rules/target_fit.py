@@ -6,10 +6,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from eaglequant.draft import DraftDims
 from eaglequant.errors import InputError
 from eaglequant.io.checkpoint import read_config
 from eaglequant.io.model_config import ModelConfig
+from eaglequant.rules.draft import DraftDims
 
 
 def default_aux_layers(num_layers: int) -> tuple[int, ...]:

@@ -14,9 +14,9 @@ import math
 import struct
 from pathlib import Path
 
-from eaglequant.draft import Problem
 from eaglequant.io.checkpoint import Checkpoint
 from eaglequant.io.safetensors_header import FLOAT_DTYPES
+from eaglequant.rules.draft import Problem
 
 MAPS = ("d2t", "t2d")
 # An integer map's safetensors dtype -> its struct code.

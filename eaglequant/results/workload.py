@@ -1,6 +1,6 @@
 """The workload an acceptance figure was measured on, as one label every report prints.
 
-A mean acceptance length (:class:`~eaglequant.spec_counts.SpecDecodeCounts`: 1 + accepted /
+A mean acceptance length (:class:`~eaglequant.results.spec_counts.SpecDecodeCounts`: 1 + accepted /
 drafts, vLLM's definition) says little without what produced it: the same draft measures
 differently on another prompt set, with or without the chat template, at another k, over
 more tokens (a draft accepts less deep into an answer), sampled rather than greedy, or with

@@ -18,19 +18,20 @@ from enum import StrEnum
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypedDict
 
-from eaglequant.binding import Binding
-from eaglequant.engine.result import EngineRecord, RequestCounts, SpecMetrics
-from eaglequant.environment import EnvironmentRecord
 from eaglequant.errors import InputError
-from eaglequant.manifest import field_values, read_json_object
+from eaglequant.prompts.format import PromptSetRecord as PromptSetRecord
 from eaglequant.prompts.turns import SecondTurnsRecord
-from eaglequant.spec_counts import AcceptanceRecord
-from eaglequant.workload import AcceptanceWorkload, concurrency_of
+from eaglequant.results.binding import Binding
+from eaglequant.results.engine_result import EngineRecord, RequestCounts, SpecMetrics
+from eaglequant.results.environment import EnvironmentRecord
+from eaglequant.results.manifest import field_values, read_json_object
+from eaglequant.results.spec_counts import AcceptanceRecord
+from eaglequant.results.workload import AcceptanceWorkload, concurrency_of
 
 if TYPE_CHECKING:  # Python 3.11's; annotations stay strings at run time (3.10 too)
     from typing import NotRequired
 
-    from eaglequant.spec_counts import AcceptanceJson
+    from eaglequant.results.spec_counts import AcceptanceJson
 
 REPORT_KIND = "eaglequant validation report"
 SCHEMA_VERSION = 2  # 2: an undecided category check no longer holds back the overall verdict
@@ -48,14 +49,6 @@ def overall_verdict(verdicts: Sequence[str]) -> str:
     if FAIL in verdicts:
         return FAIL
     return INCONCLUSIVE if INCONCLUSIVE in verdicts else PASS
-
-
-class PromptSetRecord(TypedDict):
-    """Which prompts a report was measured on: the source as given, its file's sha256, count."""
-
-    source: str
-    sha256: str
-    prompts: int
 
 
 class CalibrationOverlap(TypedDict):

@@ -17,8 +17,8 @@ from pathlib import Path
 from typing import Any, TypedDict, cast
 
 from eaglequant import __version__
-from eaglequant.environment import package_version
 from eaglequant.errors import InputError
+from eaglequant.results.environment import package_version
 
 MANIFEST_FILE = "eaglequant.json"
 # Bumped whenever a field changes meaning or goes away; readers refuse other versions.
@@ -81,7 +81,7 @@ class Manifest(TypedDict):
     device: DeviceRecord
     timings_s: dict[str, float]
     files: dict[str, str]
-    command: str | None  # how export was run, path-free (eaglequant.provenance)
+    command: str | None  # how export was run, path-free (eaglequant.results.provenance)
 
 
 def build_manifest(
