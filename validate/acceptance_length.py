@@ -27,7 +27,7 @@ from eaglequant.progress import Progress, quiet
 from eaglequant.prompts.chat import render_for_target
 from eaglequant.results.engine_result import EngineResult, read_engine_result
 from eaglequant.results.spec_counts import AcceptanceRecord
-from eaglequant.results.workload import AcceptanceWorkload, concurrency_of
+from eaglequant.results.workload import MAX_TOKENS, AcceptanceWorkload, concurrency_of
 from eaglequant.rules.draft import dims_from_config, structure_problems
 from eaglequant.rules.speculative import speculative_config
 from eaglequant.rules.target_fit import check_target_fits
@@ -48,7 +48,7 @@ class AcceptanceRequest:
     prompt_set: str  # the source as given, for the label
     prompts_sha256: str
     k: int = 3
-    max_tokens: int = 128
+    max_tokens: int = MAX_TOKENS
     chat_template: bool = True
     temperature: float = 0.0
     sampling_seeds: tuple[int, ...] = ()

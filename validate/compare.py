@@ -56,7 +56,7 @@ from eaglequant.results.compare_report import (
 from eaglequant.results.engine_result import EngineRun
 from eaglequant.results.spec_counts import SpecDecodeCounts
 from eaglequant.results.validation_report import PASS, Check, CheckId, ValidationReport
-from eaglequant.results.workload import AcceptanceWorkload, concurrency_of
+from eaglequant.results.workload import MAX_TOKENS, AcceptanceWorkload, concurrency_of
 from eaglequant.rules.draft import (
     DraftDims,
     dims_from_config,
@@ -117,7 +117,7 @@ class CompareRequest:
     calib_data: Path | None = None  # with the target: capture once from this text
     hidden_states: Path | None = None  # or a capture folder from `eaglequant capture`
     k: int = 3
-    max_tokens: int = 48
+    max_tokens: int = MAX_TOKENS
     draft_kv_cache_dtype: str | None = None
     engine: EngineOptions = field(default_factory=EngineOptions)
     capture: CaptureEngine = field(default_factory=CaptureEngine)

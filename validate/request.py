@@ -26,6 +26,7 @@ from eaglequant.recipe import ValidationSpec, load_recipe
 from eaglequant.results.binding import Binding, binding
 from eaglequant.results.manifest import MANIFEST_FILE, read_json_object, read_manifest
 from eaglequant.results.validation_report import CalibrationOverlap, PromptSetRecord
+from eaglequant.results.workload import MAX_TOKENS
 from eaglequant.rules.draft import dims_from_config, refuse_quantized, structure_problems
 from eaglequant.rules.speculative import kv_source
 from eaglequant.rules.target_fit import check_target_fits
@@ -41,7 +42,7 @@ class ValidateRequest:
     baseline: Path
     prompts: list[str]
     k: int = 3
-    max_tokens: int = 48
+    max_tokens: int = MAX_TOKENS
     min_acceptance_ratio: float = ValidationSpec.min_acceptance_ratio
     min_position_ratio: float = ValidationSpec.min_position_ratio
     max_regression: float = ValidationSpec.max_regression

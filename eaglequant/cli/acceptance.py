@@ -17,11 +17,10 @@ from eaglequant.cli.options import (
     progress,
 )
 from eaglequant.errors import InputError
+from eaglequant.results.workload import MAX_TOKENS
 
 if TYPE_CHECKING:
     from eaglequant.prompts.source import PromptSource
-
-DEFAULT_MAX_TOKENS = 128
 
 
 @click.command()
@@ -39,7 +38,7 @@ DEFAULT_MAX_TOKENS = 128
 @click.option(
     "--max-tokens",
     type=click.IntRange(min=1),
-    default=DEFAULT_MAX_TOKENS,
+    default=MAX_TOKENS,
     show_default=True,
     help="Tokens generated per prompt (EOS ignored, as validate generates).",
 )

@@ -23,6 +23,7 @@ from eaglequant.cli.options import (
 from eaglequant.cli.options import capture_engine as capture_engine_for
 from eaglequant.errors import InputError
 from eaglequant.recipe import load_recipe
+from eaglequant.results.workload import MAX_TOKENS
 
 if TYPE_CHECKING:
     from eaglequant.prompts.source import PromptSource
@@ -64,7 +65,7 @@ if TYPE_CHECKING:
 @click.option(
     "--k", type=click.IntRange(1, 16), default=3, show_default=True, help="num_speculative_tokens."
 )
-@click.option("--max-tokens", type=click.IntRange(min=1), default=48, show_default=True)
+@click.option("--max-tokens", type=click.IntRange(min=1), default=MAX_TOKENS, show_default=True)
 @click.option("--engine-timeout", type=float, default=600.0, show_default=True)
 @click.option("--max-model-len", type=click.IntRange(min=16))
 @engine_options

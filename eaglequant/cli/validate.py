@@ -25,6 +25,7 @@ from eaglequant.cli.options import (
 )
 from eaglequant.cli.options import capture_engine as capture_engine_for
 from eaglequant.errors import InputError
+from eaglequant.results.workload import MAX_TOKENS
 
 if TYPE_CHECKING:
     from eaglequant.prompts.source import PromptSource
@@ -91,7 +92,7 @@ SECTIONS = {
     "before the measured runs, stopping at EOS or --max-tokens) through its chat template, and "
     "counted in the prompt's category; prompts without one are measured as they are.",
 )
-@click.option("--max-tokens", type=click.IntRange(min=1), default=48, show_default=True)
+@click.option("--max-tokens", type=click.IntRange(min=1), default=MAX_TOKENS, show_default=True)
 @click.option(
     "--temperature",
     type=click.FloatRange(min=0),

@@ -15,6 +15,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, TypedDict
 
+# Tokens generated per prompt unless a command is told otherwise (validate, compare and
+# acceptance alike): the reference workload's answer length (MT-Bench, chat template, k=3,
+# greedy), on which the category checks and the commands' agreement were measured.
+MAX_TOKENS = 128
+
 
 class WorkloadJson(TypedDict):
     """:class:`AcceptanceWorkload` as a report writes it."""
