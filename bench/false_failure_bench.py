@@ -50,6 +50,9 @@ TEMPERATURE = 0.7
 # Generous for a shared machine (an engine here takes about 2 minutes); an engine that hangs
 # (a crashed vLLM process can deadlock in a library's signal handler) fails its run after it.
 ENGINE_TIMEOUT_S = 900
+# ShareGPT's pool holds prompts up to 1,677 tokens with the chat template (the CPU default
+# context, 1,024, refuses them).
+MAX_MODEL_LEN = 2048
 
 
 def plan(index: int, recipes: list[str]) -> dict[str, Any]:
@@ -89,7 +92,7 @@ def validate(settings: dict[str, Any], args: argparse.Namespace, scratch: Path) 
         "--prompts", str(prompts), "--k", str(settings["k"]),
         "--max-tokens", str(args.max_tokens), "--hidden-states", str(args.capture),
         "--engine-arg", f"max_num_seqs={settings['max_num_seqs']}", "--json", str(report_path),
-        "--engine-timeout", str(ENGINE_TIMEOUT_S),
+        "--engine-timeout", str(ENGINE_TIMEOUT_S), "--max-model-len", str(MAX_MODEL_LEN),
     ]  # fmt: skip
     if settings["temperature"]:
         command += ["--temperature", str(settings["temperature"]), "--seed", str(settings["seed"])]
