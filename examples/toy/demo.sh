@@ -23,7 +23,7 @@ echo "== eaglequant inspect"
 $EQ inspect "$OUT/draft-fp8" --target-layers 4
 echo "== eaglequant validate (vLLM speculative decoding, k=3, FP8 vs BF16 draft)"
 $EQ validate --target $TOY/target --draft "$OUT/draft-fp8" --baseline $TOY/draft \
-  --prompts $TOY/prompts.jsonl --k 3 --hidden-states "$OUT/capture" \
+  --prompts $TOY/prompts.jsonl --k 3 --max-tokens 48 --hidden-states "$OUT/capture" \
   --json "$OUT/validation.json" --markdown "$OUT/validation.md" 2>"$OUT/validate.log"
 echo "reports: $OUT/validation.json $OUT/validation.md"
 echo "== eaglequant card (for the Hub repository example/toy-eagle3-fp8)"
