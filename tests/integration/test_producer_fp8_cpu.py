@@ -4,7 +4,8 @@ One linear per format is built in a child (it loads vLLM's kernel library) the w
 builds a draft linear: the quantization config class for the draft's ``quant_method`` parses
 the config, a ``ReplicatedLinear`` takes its linear method, the checkpoint's tensors go in
 through the parameters' own weight loaders, ``process_weights_after_loading`` runs, and the
-layer is called with eaglequant's CPU plugin loaded, as in an engine. Each output is held to
+layer is called with eaglequant's CPU plugin loaded and the environment eaglequant gives its
+CPU engines (vLLM's W8A16 AMX FP8 kernels switched off), as in an engine. Each output is held to
 a plain-torch reference of the format, computed in float64 from the tensors as stored and
 rounded to BF16 once: W8A8 (inputs quantized to FP8 as the format says: per token, per
 tensor, per 128-wide group), W8A16 (BF16 inputs, FP8 weights), or W8A16 with the dequantized
@@ -12,11 +13,12 @@ weight rounded to BF16 first, whichever the kernel vLLM chose on this CPU comput
 (``ARITHMETIC``). The references differ on every format here, so a kernel that computed
 another one fails.
 
-Measured with vLLM 0.32 on an AMX CPU: llm-compressor's per-channel/per-token layer runs
-W8A8 through eaglequant's plain GEMM, equal to its reference; the block layers (both
-methods) and ``fp8``'s per-tensor layers run on vLLM's AMX W8A16 kernels, equal to the W8A16
-reference with a BF16 weight: their inputs are never quantized on this CPU, where a GPU
-quantizes them.
+Measured with vLLM 0.32 on an AMX CPU: llm-compressor's per-channel/per-token layer and
+``fp8``'s per-tensor layers run W8A8 through eaglequant's plain GEMM, each equal to its
+reference (``fp8`` with dynamic inputs quantizes them per token, as vLLM picks wherever CUTLASS
+FP8 is supported, an H100 among them; ROCm quantizes them per tensor); the block layers (both
+methods) run on vLLM's AMX W8A16 kernel, equal to the W8A16 reference with a BF16 weight:
+their inputs are never quantized on this CPU, where a GPU quantizes them per 128-wide group.
 
 - ``ct-fp8-dynamic``: llm-compressor's per-channel weights (BF16 scales, as stored) with
   dynamic per-token inputs, from the committed fixture's config and ``o_proj`` tensors.
@@ -28,8 +30,10 @@ quantizes them.
 from __future__ import annotations
 
 import json
+import os
 import textwrap
 
+from eaglequant.engine.config import platform_env
 from tests.conftest import PYTHON, REPO, TOY, run_child
 
 FIXTURES = REPO / "tests" / "producers" / "toy"
@@ -154,7 +158,8 @@ SCRIPT = textwrap.dedent(
         tensors = dict(per_tensor)
         if scheme == "static":
             tensors["input_scale"] = STATIC
-        inputs_as = "static" if scheme == "static" else "tensor"
+        # dynamic: per token, as vLLM's Fp8LinearMethod picks where CUTLASS FP8 is supported
+        inputs_as = "static" if scheme == "static" else "token"
         report[f"fp8-{scheme}"] = run("fp8", qcfg, tensors, inputs_as)
     _, block = stored("ct-fp8-block")
     qcfg = {"quant_method": "fp8", "activation_scheme": "dynamic", "weight_block_size": [128, 128]}
@@ -169,6 +174,7 @@ SCRIPT = textwrap.dedent(
 # vLLM's torch kernels quantizes the inputs (W8A8); vLLM's AMX kernels keep them BF16 and round
 # the dequantized weight to BF16 once (W8A16).
 ARITHMETIC = {
+    "CPUFP8W8A8ScaledMMLinearKernel": "w8a8",  # CPUs with AMX-FP8
     "ChannelWiseTorchFP8ScaledMMLinearKernel": "w8a8",
     "PerTensorTorchFP8ScaledMMLinearKernel": "w8a8",
     "CPUFp8PerTensorScaledMMLinearKernel": "w8a16_bf16_weight",
@@ -177,12 +183,16 @@ ARITHMETIC = {
 
 
 def test_other_producers_fp8_layers_on_the_cpu_are_one_plain_arithmetic() -> None:
-    lines = run_child([PYTHON, "-c", SCRIPT, str(TOY / "target"), str(FIXTURES)])
+    env = os.environ | platform_env(os.environ, on_cpu=True, workers=1, cores=[])
+    lines = run_child([PYTHON, "-c", SCRIPT, str(TOY / "target"), str(FIXTURES)], env=env)
     report = json.loads(lines.strip().splitlines()[-1])
     print(json.dumps(report, indent=1))
     assert set(report) == {"ct-channel-token", "ct-block", "fp8-static", "fp8-dynamic", "fp8-block"}
     # llm-compressor's FP8_DYNAMIC runs as the format says: per-token FP8 inputs, one rounding
     assert report["ct-channel-token"]["kernel"] == "ChannelWiseTorchFP8ScaledMMLinearKernel"
+    # per-tensor FP8 quantizes its inputs in the engines, as on a GPU (never W8A16)
+    for case in ("fp8-static", "fp8-dynamic"):
+        assert ARITHMETIC[report[case]["kernel"]] == "w8a8", (case, report[case])
     for case, outcome in report.items():
         assert outcome["dtype"] == "torch.bfloat16", (case, outcome)
         expected = ARITHMETIC[outcome["kernel"]]
