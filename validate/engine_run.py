@@ -27,7 +27,7 @@ import time
 from typing import TYPE_CHECKING, Any, TypedDict, cast
 
 from eaglequant.engine import vllm_internals
-from eaglequant.engine.child import VLLM_PRELOAD, EngineChild
+from eaglequant.engine.child import VLLM_PRELOAD, EngineChild, die_on_fatal_signals
 from eaglequant.engine.child_request import EngineRequest, EngineRequestJson
 from eaglequant.engine.config import platform_defaults, platform_env, usable_cores, worker_count
 from eaglequant.engine.cpu_fp8_plugin import ACTIVE_ENV, failed_patches
@@ -235,6 +235,7 @@ def open_llm(request: EngineRequest) -> tuple[Any, dict[str, Any]]:
         # changes only what is returned, never what is generated)
         **({"logprobs_mode": RAW_LOGITS} if speculative and request.teacher_forced else {}),
     )
+    die_on_fatal_signals()  # after vLLM's imports installed their handlers
     return llm, kwargs
 
 

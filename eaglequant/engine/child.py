@@ -9,8 +9,10 @@ The child exits with ``os._exit(0)`` once OUT is on disk, skipping vLLM's slow i
 
 from __future__ import annotations
 
+import faulthandler
 import json
 import os
+import signal
 import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -22,6 +24,21 @@ from typing import Any, Generic, TypeVar
 VLLM_PRELOAD = ("vllm.entrypoints.llm",)
 Spec = TypeVar("Spec")  # what a child's spec file holds (its parent wrote it)
 Out = TypeVar("Out", bound=Mapping[str, Any])  # what it writes back
+
+
+# The signals that end a process that crashed (a fault, an abort from a corrupted heap).
+FATAL_SIGNALS = ("SIGSEGV", "SIGBUS", "SIGILL", "SIGFPE", "SIGABRT")
+
+
+def die_on_fatal_signals() -> None:
+    """From now on a fatal signal ends this process at once, its Python stack on stderr
+    (faulthandler), whatever handler a library installed meanwhile. A crash inside vLLM then
+    fails its engine with a log instead of running out the engine timeout: tvm_ffi (which
+    xgrammar imports) handles faults by printing a backtrace, which calls ``calloc`` and, after
+    a fault inside ``malloc``, waits forever on the heap's lock."""
+    for name in FATAL_SIGNALS:
+        signal.signal(getattr(signal, name), signal.SIG_DFL)
+    faulthandler.enable(all_threads=True)
 
 
 def serve_json_child(run: Callable[[Spec], Mapping[str, Any]]) -> None:
