@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any, TypedDict
 
 from eaglequant.capture.records import ReplicaResult, ReplicaSpec
 from eaglequant.capture.store import CaptureFile
-from eaglequant.engine.child import VLLM_PRELOAD, EngineChild
+from eaglequant.engine.child import VLLM_PRELOAD, EngineChild, die_on_fatal_signals
 from eaglequant.engine.config import platform_defaults
 from eaglequant.engine.introspection import (
     engine_record,
@@ -97,6 +97,7 @@ def run(spec: ReplicaSpec) -> ReplicaResult:
     kwargs = platform_defaults(spec["llm"], on_cpu)
     kwargs |= capture_kwargs(spec["aux_layer_ids"], spec["scratch"], on_cpu)
     llm = LLM(**kwargs)
+    die_on_fatal_signals()  # after vLLM's imports installed their handlers
     loaded = time.perf_counter()
     file = CaptureFile.open(Path(spec["file"]))
     first, end = spec["rows"]
