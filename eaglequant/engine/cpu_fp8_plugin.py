@@ -246,6 +246,72 @@ def _cpu_mxfp8_kernel() -> type:
     return CpuMxfp8LinearKernel
 
 
+def list_fp8_block_w8a8_on_cpu() -> None:
+    """Give FP8 block layers (128x128 weight blocks, dynamic per-128 input groups) a CPU kernel
+    that quantizes their inputs, as a GPU's block GEMM does; idempotent.
+
+    vLLM's CPU table for them holds an AMX-FP8 W8A8 kernel (only on CPUs with AMX-FP8) and
+    ``CPUFp8BlockScaledMMKernel``, W8A16 on AMX tiles (BF16 inputs: the inputs are never
+    quantized), and no kernel at all on CPUs without AMX. This kernel goes before the W8A16
+    one: vLLM's own group quantizer (``QuantFP8``, 1x128, dynamic) quantizes each input row
+    per 128 columns, the input and weight values times their scales are multiplied in float32
+    (every E4M3 value and every product of a value and a float32 scale rounded once), and the
+    result is rounded to the output dtype once.
+    """
+    # lazy: vllm is an optional extra
+    from vllm.model_executor.kernels import linear
+    from vllm.platforms import PlatformEnum
+
+    table = linear._POSSIBLE_FP8_BLOCK_KERNELS.setdefault(PlatformEnum.CPU, [])
+    if any(getattr(k, "eaglequant", False) for k in table):
+        return
+    names = [k.__name__ for k in table]
+    at = names.index(W8A16_BLOCK) if W8A16_BLOCK in names else len(table)
+    table.insert(at, _cpu_fp8_block_kernel())
+
+
+W8A16_BLOCK = "CPUFp8BlockScaledMMKernel"  # vLLM's AMX W8A16 block kernel
+
+
+def _cpu_fp8_block_kernel() -> type:
+    # lazy: torch-free core
+    import torch
+
+    # lazy: vllm is an optional extra
+    from vllm.model_executor.kernels.linear.scaled_mm.BlockScaledMMLinearKernel import (
+        Fp8BlockScaledMMLinearKernel,
+    )
+    from vllm.platforms import current_platform
+
+    def expanded(scale: torch.Tensor, block: tuple[int, int], shape: Any) -> torch.Tensor:
+        """Per-block scales (float32) repeated over their blocks' elements, cut to ``shape``."""
+        if scale.dtype in (torch.float8_e8m0fnu, torch.uint8):  # UE8M0: 2 ** (byte - 127)
+            scale = torch.exp2(scale.view(torch.uint8).to(torch.float32) - 127.0)
+        grown = scale.to(torch.float32).repeat_interleave(block[0], 0)
+        return grown.repeat_interleave(block[1], 1)[: shape[0], : shape[1]]
+
+    class CpuFp8BlockW8A8Kernel(Fp8BlockScaledMMLinearKernel):
+        """FP8 block weights times per-128-group FP8 inputs, float32 sums: a GPU's numbers."""
+
+        eaglequant = True
+
+        @classmethod
+        def is_supported(cls, compute_capability: int | None = None) -> tuple[bool, str | None]:
+            return (True, None) if current_platform.is_cpu() else (False, "CPU only")
+
+        def apply_block_scaled_mm(
+            self, A: torch.Tensor, B: torch.Tensor, As: torch.Tensor, Bs: torch.Tensor
+        ) -> torch.Tensor:
+            group = self.config.activation_quant_key.scale.group_shape.col  # 128
+            blocks = self.weight_group_shape
+            scales = As.reshape(-1, As.shape[-1])
+            inputs = A.to(torch.float32) * expanded(scales, (1, group), A.shape)
+            weight = B.to(torch.float32) * expanded(Bs, (blocks.row, blocks.col), B.shape)
+            return torch.nn.functional.linear(inputs, weight)
+
+    return CpuFp8BlockW8A8Kernel
+
+
 def use_torch_mxfp4_on_cpu() -> None:
     """Run vLLM's MXFP4 emulation ops on CPU with ``eaglequant.engine.mx_cpu``; idempotent.
 
@@ -358,6 +424,7 @@ PATCHES = (
     list_mxfp4_emulation_on_cpu,
     use_torch_mxfp4_on_cpu,
     list_mxfp8_on_cpu,
+    list_fp8_block_w8a8_on_cpu,
     per_tensor_inputs_in_channelwise_mm,
     torch_fp8_quant_ops,
 )

@@ -165,6 +165,17 @@ PLUGIN_HOOKS = {
             "CPU MXFP4 (the op's kernel)",
         ),
     ),
+    "list_fp8_block_w8a8_on_cpu": (
+        Hook(
+            "plugin.fp8_block_table", LINEAR_KERNELS, "_POSSIBLE_FP8_BLOCK_KERNELS", "CPU FP8 block"
+        ),
+        Hook(
+            "plugin.fp8_block_kernel",
+            f"{LINEAR_KERNELS}.scaled_mm.BlockScaledMMLinearKernel",
+            "Fp8BlockScaledMMLinearKernel",
+            "CPU FP8 block",
+        ),
+    ),
     "list_mxfp8_on_cpu": (
         Hook("plugin.mxfp8_table", LINEAR_KERNELS, "_POSSIBLE_MXFP8_KERNELS", "CPU MXFP8"),
         Hook(
