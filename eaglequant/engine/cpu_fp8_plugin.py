@@ -246,6 +246,9 @@ def _cpu_mxfp8_kernel() -> type:
     return CpuMxfp8LinearKernel
 
 
+W8A16_BLOCK = "CPUFp8BlockScaledMMKernel"  # vLLM's AMX W8A16 block kernel
+
+
 def list_fp8_block_w8a8_on_cpu() -> None:
     """Give FP8 block layers (128x128 weight blocks, dynamic per-128 input groups) a CPU kernel
     that quantizes their inputs, as a GPU's block GEMM does; idempotent.
@@ -270,9 +273,6 @@ def list_fp8_block_w8a8_on_cpu() -> None:
     table.insert(at, _cpu_fp8_block_kernel())
 
 
-W8A16_BLOCK = "CPUFp8BlockScaledMMKernel"  # vLLM's AMX W8A16 block kernel
-
-
 def _cpu_fp8_block_kernel() -> type:
     # lazy: torch-free core
     import torch
@@ -294,6 +294,7 @@ def _cpu_fp8_block_kernel() -> type:
         """FP8 block weights times per-128-group FP8 inputs, float32 sums: a GPU's numbers."""
 
         eaglequant = True
+        _weight: tuple[Any, torch.Tensor] | None = None  # (the FP8 weight's key, its values)
 
         @classmethod
         def is_supported(cls, compute_capability: int | None = None) -> tuple[bool, str | None]:
@@ -306,8 +307,11 @@ def _cpu_fp8_block_kernel() -> type:
             blocks = self.weight_group_shape
             scales = As.reshape(-1, As.shape[-1])
             inputs = A.to(torch.float32) * expanded(scales, (1, group), A.shape)
-            weight = B.to(torch.float32) * expanded(Bs, (blocks.row, blocks.col), B.shape)
-            return torch.nn.functional.linear(inputs, weight)
+            key = (B.data_ptr(), Bs.data_ptr(), tuple(B.shape))
+            if self._weight is None or self._weight[0] != key:  # made once per loaded weight
+                values = B.to(torch.float32) * expanded(Bs, (blocks.row, blocks.col), B.shape)
+                self._weight = (key, values)
+            return torch.nn.functional.linear(inputs, self._weight[1])
 
     return CpuFp8BlockW8A8Kernel
 
