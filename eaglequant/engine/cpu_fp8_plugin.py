@@ -283,10 +283,13 @@ def _cpu_fp8_block_kernel() -> type:
     )
     from vllm.platforms import current_platform
 
+    # lazy: torch-free core
+    from eaglequant.model.mx import block_scales
+
     def expanded(scale: torch.Tensor, block: tuple[int, int], shape: Any) -> torch.Tensor:
         """Per-block scales (float32) repeated over their blocks' elements, cut to ``shape``."""
-        if scale.dtype in (torch.float8_e8m0fnu, torch.uint8):  # UE8M0: 2 ** (byte - 127)
-            scale = torch.exp2(scale.view(torch.uint8).to(torch.float32) - 127.0)
+        if scale.dtype in (torch.float8_e8m0fnu, torch.uint8):  # UE8M0 exponent bytes
+            scale = block_scales(scale)
         grown = scale.to(torch.float32).repeat_interleave(block[0], 0)
         return grown.repeat_interleave(block[1], 1)[: shape[0], : shape[1]]
 
