@@ -9,15 +9,24 @@ for the ratio of two runs. When both runs drafted for the same prompts the
 resampling is paired (the same prompts drawn for both), otherwise each run's
 prompts are drawn on their own.
 
+Over few prompts the plain percentile interval is too narrow (over two prompts the bootstrap
+has three distinct resamples), so the percentiles are taken further out, as Hesterberg's
+expanded percentile interval does: at the normal tail of sqrt(n / (n - 1)) x Student's t with
+n - 1 degrees of freedom (:func:`tail_percent`). Over two prompts that is the widest resample
+either way; over 32, the 2.1th and 97.9th percentiles in place of the 2.5th and 97.5th; one
+prompt gives no interval at all.
+
 :func:`judge` is the one rule turning an interval and a threshold into PASS,
 FAIL or INCONCLUSIVE.
 """
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
+from statistics import NormalDist
 from typing import Any, TypedDict
 
 import numpy as np
@@ -153,6 +162,72 @@ def pooled_quantities(prompts: Sequence[PromptCounts], k: int) -> list[float]:
     return [float(v) for v in _quantities(_matrix(prompts, k).sum(axis=0))]
 
 
+def student_t_quantile(probability: float, dof: int) -> float:
+    """Student's t quantile for ``dof`` >= 1 degrees of freedom and ``probability`` in
+    (0.5, 1): bisection on the closed-form distribution function for integer degrees
+    (Abramowitz and Stegun 26.7.3-4), so no statistics library is needed."""
+    if dof < 1 or not 0.5 < probability < 1:
+        raise ValueError(f"t quantile needs dof >= 1 and 0.5 < p < 1 (got {dof}, {probability})")
+    central = 2 * probability - 1  # P(|T| < t)
+    low, high = 0.0, 1.0
+    while _t_central(high, dof) < central:
+        low, high = high, high * 2
+    for _ in range(100):
+        middle = (low + high) / 2
+        low, high = (middle, high) if _t_central(middle, dof) < central else (low, middle)
+    return (low + high) / 2
+
+
+def _t_central(t: float, dof: int) -> float:
+    """P(|T| < t) for Student's t with ``dof`` degrees of freedom."""
+    theta = math.atan(t / math.sqrt(dof))
+    cos2 = math.cos(theta) ** 2
+    term, total = 1.0, 1.0
+    if dof % 2:
+        for j in range(1, (dof - 1) // 2):
+            term *= cos2 * (2 * j) / (2 * j + 1)
+            total += term
+        series = math.sin(theta) * math.cos(theta) * total if dof > 1 else 0.0
+        return 2 / math.pi * (theta + series)
+    for j in range(1, dof // 2):
+        term *= cos2 * (2 * j - 1) / (2 * j)
+        total += term
+    return math.sin(theta) * total
+
+
+@functools.lru_cache(maxsize=512)
+def tail_percent(prompts: int, confidence: float = CONFIDENCE) -> float:
+    """The percentile each side of an interval over ``prompts`` prompts is taken at: the
+    normal tail of sqrt(n / (n - 1)) x t(n - 1) (Hesterberg's expanded percentile interval),
+    which is (1 - confidence) / 2 as prompts grow; 0 (the widest resample) when the tail is
+    below 1e-9 percent."""
+    if prompts < 2:
+        raise ValueError("an interval needs at least two prompts")
+    upper = 1 - (1 - confidence) / 2
+    percent = 100 * NormalDist().cdf(-widening(prompts, confidence) * NormalDist().inv_cdf(upper))
+    return percent if percent > 1e-9 else 0.0
+
+
+def widening(prompts: int, confidence: float = CONFIDENCE) -> float:
+    """How many times the normal interval's half-width the expanded one is over ``prompts``
+    prompts: sqrt(n / (n - 1)) x t(n - 1) / z; 1.29 over 8 prompts, 1.04 over 32."""
+    upper = 1 - (1 - confidence) / 2
+    t = student_t_quantile(upper, prompts - 1)
+    return math.sqrt(prompts / (prompts - 1)) * t / NormalDist().inv_cdf(upper)
+
+
+def _percentiles(values: np.ndarray, prompts: int) -> tuple[float, float]:
+    """The interval of bootstrap ``values`` over ``prompts`` prompts: NaN without values,
+    unbounded over one prompt (nothing to say how far a second one would land)."""
+    if not values.size:
+        return math.nan, math.nan
+    if prompts < 2:
+        return -math.inf, math.inf
+    tail = tail_percent(prompts)
+    low, high = np.percentile(values, [tail, 100 - tail])
+    return float(low), float(high)
+
+
 def _weights(rng: np.random.Generator, n: int, resamples: int) -> np.ndarray:
     """How often each of ``n`` prompts is drawn in each resample (n draws with replacement)."""
     return rng.multinomial(n, np.full(n, 1.0 / n), size=resamples).astype(np.float64)
@@ -172,10 +247,8 @@ def bootstrap_length(
     with np.errstate(divide="ignore", invalid="ignore"):
         point = float(_quantities(matrix.sum(axis=0))[0])
         lengths = _quantities(weights @ matrix)[:, 0]
-    lengths = lengths[np.isfinite(lengths)]
-    tail = (1 - CONFIDENCE) / 2 * 100
-    low, high = np.percentile(lengths, [tail, 100 - tail]) if lengths.size else (math.nan,) * 2
-    return Interval(point, float(low), float(high), len(prompts), resamples, seed)
+    low, high = _percentiles(lengths[np.isfinite(lengths)], len(prompts))
+    return Interval(point, low, high, len(prompts), resamples, seed)
 
 
 def bootstrap_ratios(
@@ -209,15 +282,11 @@ def bootstrap_ratios(
         ratios = _quantities(top_w @ top) / _quantities(bottom_w @ bottom)
     ratios[~np.isfinite(ratios)] = np.nan
     n = min(len(numerator), len(denominator))
-    tail = (1 - CONFIDENCE) / 2 * 100
     intervals = []
     for column in range(1 + k):
         values = ratios[:, column]
-        values = values[~np.isnan(values)]
-        low, high = np.percentile(values, [tail, 100 - tail]) if values.size else (math.nan,) * 2
-        intervals.append(
-            Interval(float(points[column]), float(low), float(high), n, resamples, seed)
-        )
+        low, high = _percentiles(values[~np.isnan(values)], n)
+        intervals.append(Interval(float(points[column]), low, high, n, resamples, seed))
     return RatioIntervals(intervals[0], tuple(intervals[1:]), paired)
 
 
@@ -247,9 +316,9 @@ def judge(interval: Interval, threshold: float) -> Verdict:
     """PASS when the interval lies at or above ``threshold``, FAIL when wholly below it, else
     INCONCLUSIVE with the prompt count at which the interval would stop straddling it.
 
-    The interval's half-width shrinks about as 1/sqrt(prompts), so it clears the
-    threshold once it is narrower than the estimate's distance from it:
-    n x (half-width / |estimate - threshold|)^2 prompts. Past ``MAX_PROMPTS_FACTOR`` times
+    The interval's half-width shrinks about as 1/sqrt(prompts) (times its small-sample
+    widening, :func:`widening`), so it clears the threshold once it is narrower than the
+    estimate's distance from it (:func:`prompts_for_half_width`). Past ``MAX_PROMPTS_FACTOR`` times
     the prompts run, that extrapolation says nothing useful, and no count is given.
     """
     if interval.low >= threshold:
@@ -259,7 +328,18 @@ def judge(interval: Interval, threshold: float) -> Verdict:
     distance = abs(interval.point - threshold)
     if not math.isfinite(interval.half_width) or distance == 0 or not math.isfinite(distance):
         return Verdict(INCONCLUSIVE)
-    needed = math.ceil(interval.prompts * (interval.half_width / distance) ** 2)
+    needed = prompts_for_half_width(interval, distance)
     if needed > MAX_PROMPTS_FACTOR * interval.prompts:
         return Verdict(INCONCLUSIVE)
     return Verdict(INCONCLUSIVE, max(needed, interval.prompts + 1))
+
+
+def prompts_for_half_width(interval: Interval, distance: float) -> int:
+    """The prompts m at which ``interval``'s half-width, scaled as sqrt(n / m) and by the
+    small-sample widening at m rather than at its n prompts, comes down to ``distance``."""
+    n = interval.prompts
+    at_normal_width = n * (interval.half_width / widening(n, interval.confidence) / distance) ** 2
+    needed = at_normal_width
+    for _ in range(8):  # widening(m) falls towards 1 as m grows: a few rounds settle it
+        needed = at_normal_width * widening(max(2, math.ceil(needed)), interval.confidence) ** 2
+    return math.ceil(needed)

@@ -19,12 +19,12 @@ def _counts(histogram: list[int]) -> PromptCounts:
 
 
 def _table(min_drafts: int) -> dict[str, CategoryRow]:
-    # math: 4 prompts, FP8 accepts much less on three of them; code: one short prompt.
+    # math: 4 prompts, FP8 accepts much less on each of them; code: one short prompt.
     categories = ["math", "code", "math", "math", "math"]
     full, half = [0, 0, 0, 10], [5, 0, 0, 5]
     per_request = {
         "bf16": [_counts(full), _counts([1, 1, 1, 1]), *[_counts(full)] * 3],
-        "fp8": [_counts(half), _counts([1, 1, 1, 1]), _counts(half), _counts(half), _counts(full)],
+        "fp8": [_counts(half), _counts([1, 1, 1, 1]), _counts(half), _counts(half), _counts(half)],
     }
     return by_category(categories, per_request, min_drafts=min_drafts, thresholds=THRESHOLDS)
 
@@ -34,8 +34,8 @@ def test_pooled_category_counts_give_vllms_mean_and_per_position() -> None:
     assert list(table) == ["math", "code"]
     math = table["math"]
     assert math.prompts == 4 and math.bf16.mean_length == 4.0
-    assert math.fp8.mean_length == pytest.approx(1 + (3 * 15 + 30) / 40)
-    assert math.fp8.per_position == pytest.approx([25 / 40] * 3)
+    assert math.fp8.mean_length == pytest.approx(1 + 4 * 15 / 40)
+    assert math.fp8.per_position == pytest.approx([20 / 40] * 3)
     assert math.fp8.draft_tokens == 120
     assert math.judged and math.checks is not None
     assert [c.verdict for c in math.checks] == ["FAIL", "FAIL"]
@@ -57,8 +57,10 @@ def test_a_failing_category_fails_checks_2_and_5_by_category() -> None:
 
 def test_category_table_in_the_markdown() -> None:
     lines = category_markdown(_table(min_drafts=100), 100)
-    assert lines[2].startswith("| math | 4 | 120 / 120 | 4.000 | 2.875 | 0.719 [0.625, ")
-    assert lines[2].endswith("| 0.625:1.000 / 0.625:1.000 / 0.625:1.000 | 2 FAIL, 5 FAIL |")
+    assert lines[2] == (
+        "| math | 4 | 120 / 120 | 4.000 | 2.500 | 0.625 [0.625, 0.625] "
+        "| 0.500:1.000 / 0.500:1.000 / 0.500:1.000 | 2 FAIL, 5 FAIL |"
+    )
     assert lines[3].endswith("| reported, not judged |")
     assert lines[-2] == "Categories with fewer than 100 draft tokens are reported, not judged."
     assert category_markdown(None, None) == []
@@ -72,7 +74,7 @@ def _run(source: str, per_prompt: list[PromptCounts]) -> RunCounts:
 def test_the_regression_gate_judges_each_category_both_runs_have() -> None:
     full, half = _counts([0, 0, 0, 10]), _counts([5, 0, 0, 5])
     before = _run("previous.json", [full] * 8 + [_counts([1, 0, 0, 0])])
-    now = _run("this run", [half, half, half, full] + [full] * 4 + [_counts([0, 1, 0, 0])])
+    now = _run("this run", [half] * 4 + [full] * 4 + [_counts([0, 1, 0, 0])])
     check = category_regression(
         now, before, min_drafts=60, max_regression=0.02, resamples=500, seed=0
     )
