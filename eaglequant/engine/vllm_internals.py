@@ -230,6 +230,26 @@ PLUGIN_HOOKS = {
             )
         ),
     ),
+    "fill_expanded_tokens_on_cpu": (
+        Hook(
+            "plugin.expand_shim",
+            "vllm.utils.cpu_triton_utils",
+            "_expand_kernel_impl",
+            "sampled speculative decoding on CPU",
+        ),
+        Hook(
+            "plugin.kernel_registry",
+            "vllm.triton_utils.dispatcher",
+            "_registry",
+            "sampled speculative decoding on CPU",
+        ),
+        Hook(
+            "plugin.register_kernels",
+            "vllm.triton_utils.dispatcher",
+            "register_kernels",
+            "sampled speculative decoding on CPU",
+        ),
+    ),
     "per_tensor_inputs_in_channelwise_mm": (
         Hook(
             "plugin.channelwise_mm",
