@@ -12,7 +12,9 @@ Check 1 is counted three ways on the same observations (each run's recorded flip
 judged it, by the exact-prefix rule check 1 had before its population test (``exact_prefix``
 below: a candidate's flip above the tie margin passes only where the control's run generated
 the same prefix and token), and by the rule installed now
-(``eaglequant.validate.lossless.rejudge``).
+(``eaglequant.validate.lossless.rejudge``). Checks 2 and 5, and both by category, are also
+judged again by the installed rule from each greedy run's recorded per-prompt counts (runs
+recorded before the counts were kept, and sampled runs, count as they ran).
 
     python bench/false_failure_bench.py --pair PAIR --capture CAPTURE \
         --draft fp8-static=DIR --draft ptpc-fp8=DIR ... [--runs 48] [--prompts 32] \
@@ -38,7 +40,11 @@ from pathlib import Path
 from typing import Any
 
 from eaglequant.prompts.source import load_prompts, parse_source
+from eaglequant.recipe import ValidationSpec
+from eaglequant.validate.acceptance_checks import AcceptanceThresholds, acceptance_checks
+from eaglequant.validate.categories import by_category, category_checks
 from eaglequant.validate.lossless import rejudge
+from eaglequant.validate.stats import PromptCounts
 
 EAGLEQUANT = Path(sys.executable).parent / "eaglequant"
 SETS = ("mt-bench", "humaneval", "sharegpt")
@@ -114,7 +120,39 @@ def validate(settings: dict[str, Any], args: argparse.Namespace, scratch: Path) 
         for name, row in (report.get("categories") or {}).items()
     }
     record["prompt_indices"] = [json.loads(line)["index"] for line in prompts.open()]
+    if not settings["temperature"]:  # the report keeps the greedy runs' per-prompt counts
+        record["per_prompt"] = {r: report["engines"][r].get("per_prompt") for r in ROLES}
+        record["prompt_categories"] = report.get("prompt_categories")
     return record
+
+
+ROLES = ("bf16", "fp8")
+ACCEPTANCE_CHECKS = ("2 acceptance", "5 per-position")
+CATEGORY_CHECKS = ("2 acceptance by category", "5 per-position by category")
+
+
+def acceptance_rejudged(run: dict[str, Any]) -> dict[str, str] | None:
+    """Checks 2 and 5, and both by category, judged by the installed rule from the run's
+    per-prompt counts (None for a run that kept none)."""
+    counts = run.get("per_prompt")
+    if not counts or any(not counts.get(role) or None in counts[role] for role in ROLES):
+        return None
+    prompts = {role: [PromptCounts.from_json(c) for c in counts[role]] for role in ROLES}
+    spec = ValidationSpec()
+    thresholds = AcceptanceThresholds(
+        min_acceptance_ratio=spec.min_acceptance_ratio,
+        min_position_ratio=spec.min_position_ratio,
+    )
+    checks = list(acceptance_checks(prompts["fp8"], prompts["bf16"], thresholds))
+    if run.get("prompt_categories"):
+        table = by_category(
+            run["prompt_categories"],
+            prompts,
+            min_drafts=spec.min_category_drafts,
+            thresholds=thresholds,
+        )
+        checks += category_checks(table)
+    return {str(c.name): c.verdict for c in checks}
 
 
 def _check(check: dict[str, Any]) -> dict[str, Any]:
@@ -175,6 +213,17 @@ def summary(runs: list[dict[str, Any]]) -> dict[str, Any]:
                 failures[name + sampled] = failures.get(name + sampled, 0) + 1
             elif check["verdict"] != "PASS":
                 undecided[name + sampled] = undecided.get(name + sampled, 0) + 1
+    rejudged_acceptance: dict[str, int] = {}
+    for run in ran:
+        verdicts = acceptance_rejudged(run) or {
+            name: run["checks"][name]["verdict"]
+            for name in (*ACCEPTANCE_CHECKS, *CATEGORY_CHECKS)
+            if name in run["checks"]
+        }
+        sampled = " (sampled runs)" if run["temperature"] else ""
+        for name, verdict in verdicts.items():
+            if verdict == "FAIL":
+                rejudged_acceptance[name + sampled] = rejudged_acceptance.get(name + sampled, 0) + 1
     lossless = [r["checks"].get("1 lossless") for r in ran]
     rejudged = [rejudge(c["numbers"]) for c in lossless if c and "numbers" in c]
     failed_now = [r for r, ok in zip(ran, rejudged, strict=False) if not ok.passed]
@@ -206,6 +255,8 @@ def summary(runs: list[dict[str, Any]]) -> dict[str, Any]:
             for r, ok in zip(ran, rejudged, strict=False)
             if not ok.passed
         ],
+        "checks_2_5_fails_rejudged": rejudged_acceptance,
+        "runs_with_counts_rejudged": sum(acceptance_rejudged(r) is not None for r in ran),
         "runs_failing_any_check": sum(
             any(c["verdict"] != "PASS" for c in r["checks"].values()) for r in ran
         ),
