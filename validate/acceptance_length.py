@@ -19,7 +19,13 @@ from pathlib import Path
 from typing import Any
 
 from eaglequant.engine.child_request import EngineRequest
-from eaglequant.engine.config import EngineOptions, check_engine_args, llm_kwargs, probe_vllm
+from eaglequant.engine.config import (
+    EngineOptions,
+    check_engine_args,
+    check_kv_cache_dtype,
+    llm_kwargs,
+    probe_vllm,
+)
 from eaglequant.engine.process import log_tail, run_engine_child
 from eaglequant.errors import EngineFailed, InputError
 from eaglequant.io.checkpoint import read_checkpoint
@@ -29,7 +35,7 @@ from eaglequant.results.engine_result import EngineResult, read_engine_result
 from eaglequant.results.spec_counts import AcceptanceRecord
 from eaglequant.results.workload import MAX_TOKENS, AcceptanceWorkload, concurrency_of
 from eaglequant.rules.draft import dims_from_config, structure_problems
-from eaglequant.rules.speculative import speculative_config
+from eaglequant.rules.speculative import draft_kv_cache_dtype, kv_source, speculative_config
 from eaglequant.rules.target_fit import check_target_fits
 from eaglequant.validate import engine_run
 from eaglequant.validate.acceptance_checks import judged_counts
@@ -135,9 +141,17 @@ def measure_acceptance(
         install=probe_vllm(sys.executable),
         source=request.prompt_set,
     )
+    # the draft's KV cache as validate, compare and tune run it: FP8 where it carries
+    # calibrated K/V scales, else the target's
+    kv = draft_kv_cache_dtype(None, read_checkpoint(request.draft).flat_config)
+    check_kv_cache_dtype(kv, probe_vllm(sys.executable), kv_source(request.draft))
+    if kv is not None:
+        progress(f"the draft carries calibrated K/V scales: its KV cache runs in {kv}")
     spec = EngineRequest(
         llm=llm_kwargs(
-            request.engine, str(request.target), speculative_config(str(request.draft), request.k)
+            request.engine,
+            str(request.target),
+            speculative_config(str(request.draft), request.k, kv),
         ),
         prompts=rendered.texts,
         add_special_tokens=rendered.add_special_tokens,

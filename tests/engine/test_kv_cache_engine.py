@@ -49,3 +49,12 @@ def test_a_kv_scaled_draft_runs_with_its_scales_in_an_fp8_kv_cache(tmp_path: Pat
     assert checks["1 lossless"]["passed"] and checks["6 scale plausibility"]["passed"]
     assert checks["2 acceptance"]["numbers"]["fp8"] > 1
     assert '"kv_cache_dtype": "fp8_e4m3"' in report["serve_command"]
+    # `acceptance` measures the draft as validate ran it: its KV cache in FP8 too
+    measured = tmp_path / "acceptance.json"
+    args = ["acceptance", "--target", str(TOY / "target"), "--draft", str(draft)]
+    args += ["--prompts", str(tmp_path / "p.jsonl"), "--max-tokens", "24"]
+    alone = CliRunner().invoke(main, [*args, "--json", str(measured)])
+    assert alone.exit_code == 0, alone.output
+    assert "its KV cache runs in fp8_e4m3" in alone.output, alone.output
+    speculative = json.loads(measured.read_text())["engine_config"]["llm"]["speculative_config"]
+    assert speculative["kv_cache_dtype"] == "fp8_e4m3"
