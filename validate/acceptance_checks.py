@@ -17,13 +17,14 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from eaglequant.results.engine_result import EngineResult, EngineRun, RequestCounts, SpecMetrics
-from eaglequant.results.validation_report import Check, CheckId, overall_verdict
+from eaglequant.results.validation_report import INCONCLUSIVE, Check, CheckId, overall_verdict
 from eaglequant.validate.stats import (
     DEFAULT_RESAMPLES,
     DEFAULT_SEED,
     Interval,
     PromptCounts,
     RatioIntervals,
+    Verdict,
     bootstrap_ratios,
     counts_mismatch,
     judge,
@@ -31,6 +32,10 @@ from eaglequant.validate.stats import (
 )
 
 ACCEPTANCE = CheckId.ACCEPTANCE
+# A category's position is judged where the BF16 draft accepted at least this many tokens:
+# below it the counts are too few for any interval (an FP8 run that happened to accept none
+# of two would fail it outright).
+MIN_POSITION_EVENTS = 10
 PER_POSITION = CheckId.PER_POSITION
 
 
@@ -101,29 +106,51 @@ def engine_acceptance_checks(
 
 
 def acceptance_checks(
-    fp8: Sequence[PromptCounts], bf16: Sequence[PromptCounts], thresholds: AcceptanceThresholds
+    fp8: Sequence[PromptCounts],
+    bf16: Sequence[PromptCounts],
+    thresholds: AcceptanceThresholds,
+    *,
+    resample_steps: bool = False,
 ) -> tuple[Check, Check]:
-    """Checks 2 and 5 on the two drafts' counts for the same prompts, in the same order."""
+    """Checks 2 and 5 on the two drafts' counts for the same prompts, in the same order
+    (``resample_steps``: each prompt's verify steps resampled too, as for a category)."""
     ratios = bootstrap_ratios(
-        fp8, bf16, paired=True, resamples=thresholds.resamples, seed=thresholds.seed
+        fp8,
+        bf16,
+        paired=True,
+        resamples=thresholds.resamples,
+        seed=thresholds.seed,
+        resample_steps=resample_steps,
     )
     k = len(ratios.per_position)
     values = {"fp8": pooled_quantities(fp8, k), "bf16": pooled_quantities(bf16, k)}
+    # a category's position is judged only where the BF16 draft accepted enough there
+    too_few = (
+        [
+            sum(p.accepted_per_pos(k)[position] for p in bf16) < MIN_POSITION_EVENTS
+            for position in range(k)
+        ]
+        if resample_steps
+        else [False] * k
+    )
     return (
-        _mean_length(values, ratios, thresholds),
-        _per_position(values, ratios, thresholds),
+        _mean_length(values, ratios, thresholds, resample_steps),
+        _per_position(values, ratios, thresholds, resample_steps, too_few),
     )
 
 
 def _mean_length(
-    values: dict[str, list[float]], ratios: RatioIntervals, thresholds: AcceptanceThresholds
+    values: dict[str, list[float]],
+    ratios: RatioIntervals,
+    thresholds: AcceptanceThresholds,
+    steps: bool,
 ) -> Check:
     fp8, bf16 = values["fp8"][0], values["bf16"][0]
     threshold = thresholds.min_acceptance_ratio
     verdict = judge(ratios.mean_length, threshold)
     detail = (
         f"FP8 mean acceptance length {fp8:.3f} vs BF16 {bf16:.3f}: ratio "
-        f"{_judged(ratios.mean_length, threshold)}; {_method(ratios, thresholds)}"
+        f"{_judged(ratios.mean_length, threshold)}; {_method(ratios, thresholds, steps)}"
     )
     numbers = {
         "fp8": fp8,
@@ -138,14 +165,29 @@ def _mean_length(
 
 
 def _per_position(
-    values: dict[str, list[float]], ratios: RatioIntervals, thresholds: AcceptanceThresholds
+    values: dict[str, list[float]],
+    ratios: RatioIntervals,
+    thresholds: AcceptanceThresholds,
+    steps: bool,
+    too_few: list[bool],
 ) -> Check:
     fp8, bf16 = values["fp8"][1:], values["bf16"][1:]
     threshold = thresholds.min_position_ratio
-    verdicts = [judge(i, threshold) for i in ratios.per_position]
+    verdicts = [
+        Verdict(INCONCLUSIVE) if few else judge(i, threshold)
+        for i, few in zip(ratios.per_position, too_few, strict=True)
+    ]
     detail = "; ".join(
-        f"pos {p + 1}: FP8 {f:.3f} / BF16 {b:.3f}, ratio {_judged(i, threshold)}"
-        for p, (f, b, i) in enumerate(zip(fp8, bf16, ratios.per_position, strict=True))
+        f"pos {p + 1}: FP8 {f:.3f} / BF16 {b:.3f}, ratio "
+        + (
+            f"{i.describe()}, not judged (the BF16 draft accepted under "
+            f"{MIN_POSITION_EVENTS} tokens here)"
+            if few
+            else _judged(i, threshold)
+        )
+        for p, (f, b, i, few) in enumerate(
+            zip(fp8, bf16, ratios.per_position, too_few, strict=True)
+        )
     )
     numbers = {
         "fp8": fp8,
@@ -157,7 +199,7 @@ def _per_position(
         **_decoding(thresholds),
     }
     verdict = overall_verdict([v.verdict for v in verdicts])
-    detail = f"{detail}; {_method(ratios, thresholds)}"
+    detail = f"{detail}; {_method(ratios, thresholds, steps)}"
     return Check.judged(PER_POSITION, verdict, detail, numbers)
 
 
@@ -177,10 +219,11 @@ def _decoding(thresholds: AcceptanceThresholds) -> dict[str, float | list[int]]:
     }
 
 
-def _method(ratios: RatioIntervals, thresholds: AcceptanceThresholds) -> str:
+def _method(ratios: RatioIntervals, thresholds: AcceptanceThresholds, steps: bool) -> str:
     interval = ratios.mean_length
     method = (
         f"95% paired-bootstrap interval over {interval.prompts} prompts "
+        f"{'and their verify steps ' if steps else ''}"
         f"({interval.resamples} resamples, seed {interval.seed})"
     )
     if not thresholds.temperature:

@@ -6,7 +6,9 @@ length and acceptance by position as vLLM's aggregate counters give them for
 the whole run. A category is judged only when both drafts proposed at least
 the recipe's ``min_category_drafts`` draft tokens in it: then checks 2 and 5
 run on its prompts alone (:func:`eaglequant.validate.acceptance_checks.acceptance_checks`,
-the same paired bootstrap and verdict rule as for all prompts). The
+the same paired bootstrap and verdict rule as for all prompts, with each prompt's verify
+steps resampled too: a handful of prompts cannot show by their spread how far each one's
+acceptance moves). The
 regression gate (``validate --against``) runs per category too when both
 reports have categories (:func:`category_regression`).
 """
@@ -64,7 +66,11 @@ def by_category(
             prompts=len(indices),
             bf16=pooled["bf16"].acceptance(with_draft_tokens=True),
             fp8=pooled["fp8"].acceptance(with_draft_tokens=True),
-            checks=acceptance_checks(subset["fp8"], subset["bf16"], thresholds) if judged else None,
+            checks=(
+                acceptance_checks(subset["fp8"], subset["bf16"], thresholds, resample_steps=True)
+                if judged
+                else None
+            ),
         )
     return table
 

@@ -12,9 +12,16 @@ prompts are drawn on their own.
 Over few prompts the plain percentile interval is too narrow (over two prompts the bootstrap
 has three distinct resamples), so the percentiles are taken further out, as Hesterberg's
 expanded percentile interval does: at the normal tail of sqrt(n / (n - 1)) x Student's t with
-n - 1 degrees of freedom (:func:`tail_percent`). Over two prompts that is the widest resample
-either way; over 32, the 2.1th and 97.9th percentiles in place of the 2.5th and 97.5th; one
-prompt gives no interval at all.
+n - 1 degrees of freedom (:func:`tail_percent`). Over two or three prompts that is the widest
+resample either way; over 32, the 1.9th and 98.1st percentiles in place of the 2.5th and
+97.5th; one prompt gives no interval at all.
+
+A prompt category holds a handful of prompts, too few for their spread to show how far each
+prompt's own acceptance moves with its few dozen verify steps (two prompts that both happen to
+fall below a threshold bound the widest resample). Its intervals (``resample_steps``)
+therefore resample each drawn prompt's verify steps as well: a two-level bootstrap, prompts
+and then the steps of each from its histogram, each draft's on their own, read at the plain
+2.5th and 97.5th percentiles (the steps' own noise, not a widening, covers the few prompts).
 
 :func:`judge` is the one rule turning an interval and a threshold into PASS,
 FAIL or INCONCLUSIVE.
@@ -148,6 +155,26 @@ def _matrix(prompts: Sequence[PromptCounts], k: int) -> np.ndarray:
     return np.asarray(rows, dtype=np.float64).reshape(len(prompts), 2 + k)
 
 
+def _step_resampled(
+    prompts: Sequence[PromptCounts], k: int, rng: np.random.Generator, resamples: int
+) -> np.ndarray:
+    """Per resample and prompt, :func:`_matrix`'s row of the prompt's verify steps drawn
+    again with replacement from its histogram: shape (resamples, prompts, 2 + k)."""
+    # a step that accepted j tokens adds one draft, j accepted tokens, and one at positions < j
+    row_of = np.array(
+        [[1, j, *(float(p < j) for p in range(k))] for j in range(k + 1)], dtype=np.float64
+    )
+    rows = np.zeros((resamples, len(prompts), 2 + k))
+    for index, prompt in enumerate(prompts):
+        histogram = np.zeros(k + 1)
+        histogram[: len(prompt.histogram)] = prompt.histogram
+        steps = int(histogram.sum())
+        if steps:
+            draws = rng.multinomial(steps, histogram / steps, size=resamples)
+            rows[:, index] = draws @ row_of
+    return rows
+
+
 def _quantities(sums: np.ndarray) -> np.ndarray:
     """Mean acceptance length and per-position rates from summed rows (last axis)."""
     with np.errstate(divide="ignore", invalid="ignore"):
@@ -216,14 +243,15 @@ def widening(prompts: int, confidence: float = CONFIDENCE) -> float:
     return math.sqrt(prompts / (prompts - 1)) * t / NormalDist().inv_cdf(upper)
 
 
-def _percentiles(values: np.ndarray, prompts: int) -> tuple[float, float]:
-    """The interval of bootstrap ``values`` over ``prompts`` prompts: NaN without values,
-    unbounded over one prompt (nothing to say how far a second one would land)."""
+def _percentiles(values: np.ndarray, prompts: int, *, expanded: bool = True) -> tuple[float, float]:
+    """The interval of bootstrap ``values`` over ``prompts`` prompts (``expanded``: at
+    :func:`tail_percent`, else at the plain tails): NaN without values, unbounded over one
+    prompt (nothing to say how far a second one would land)."""
     if not values.size:
         return math.nan, math.nan
     if prompts < 2:
         return -math.inf, math.inf
-    tail = tail_percent(prompts)
+    tail = tail_percent(prompts) if expanded else (1 - CONFIDENCE) / 2 * 100
     low, high = np.percentile(values, [tail, 100 - tail])
     return float(low), float(high)
 
@@ -258,13 +286,15 @@ def bootstrap_ratios(
     paired: bool,
     resamples: int = DEFAULT_RESAMPLES,
     seed: int = DEFAULT_SEED,
+    resample_steps: bool = False,
 ) -> RatioIntervals:
     """numerator / denominator of mean acceptance length and of each position's rate.
 
     ``paired``: both runs drafted for the same prompts, in the same order; each
     resample draws one set of prompt indices for both. Otherwise each run's
-    prompts are resampled independently. A ratio whose denominator is zero in a
-    resample is left out of that quantity's interval.
+    prompts are resampled independently. ``resample_steps``: each drawn prompt's verify
+    steps are drawn again too, from its histogram (each run's on their own). A ratio whose
+    denominator is zero in a resample is left out of that quantity's interval.
     """
     if not numerator or not denominator:
         raise ValueError("bootstrap needs at least one prompt on each side")
@@ -277,15 +307,22 @@ def bootstrap_ratios(
     rng = np.random.default_rng(seed)
     top_w = _weights(rng, len(numerator), resamples)
     bottom_w = top_w if paired else _weights(rng, len(denominator), resamples)
+    if resample_steps:
+        top_sums = np.einsum("rn,rnc->rc", top_w, _step_resampled(numerator, k, rng, resamples))
+        bottom_sums = np.einsum(
+            "rn,rnc->rc", bottom_w, _step_resampled(denominator, k, rng, resamples)
+        )
+    else:
+        top_sums, bottom_sums = top_w @ top, bottom_w @ bottom
     with np.errstate(divide="ignore", invalid="ignore"):
         points = _quantities(top.sum(axis=0)) / _quantities(bottom.sum(axis=0))
-        ratios = _quantities(top_w @ top) / _quantities(bottom_w @ bottom)
+        ratios = _quantities(top_sums) / _quantities(bottom_sums)
     ratios[~np.isfinite(ratios)] = np.nan
     n = min(len(numerator), len(denominator))
     intervals = []
     for column in range(1 + k):
         values = ratios[:, column]
-        low, high = _percentiles(values[~np.isnan(values)], n)
+        low, high = _percentiles(values[~np.isnan(values)], n, expanded=not resample_steps)
         intervals.append(Interval(float(points[column]), low, high, n, resamples, seed))
     return RatioIntervals(intervals[0], tuple(intervals[1:]), paired)
 
