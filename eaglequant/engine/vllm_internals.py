@@ -250,6 +250,33 @@ PLUGIN_HOOKS = {
             "sampled speculative decoding on CPU",
         ),
     ),
+    "seeded_requests_survive_chunked_prefill_on_cpu": (
+        Hook(
+            "plugin.update_states",
+            V1_RUNNER,
+            "_update_states",
+            "seeded sampling on CPU",
+            ("scheduler_output",),
+        ),
+        Hook(
+            "plugin.cpu_runner",
+            "vllm.v1.worker.cpu_model_runner",
+            "CPUModelRunner",
+            "seeded sampling on CPU",
+        ),
+        Hook(
+            "plugin.request_generator",
+            "vllm.v1.worker.gpu_input_batch:CachedRequestState",
+            "generator",
+            "seeded sampling on CPU",
+        ),
+        Hook(
+            "plugin.batch_generators",
+            "vllm.v1.worker.gpu_input_batch:InputBatch",
+            "generators",
+            "seeded sampling on CPU",
+        ),
+    ),
     "per_tensor_inputs_in_channelwise_mm": (
         Hook(
             "plugin.channelwise_mm",

@@ -29,3 +29,18 @@ def test_a_shim_that_fills_a_copy_is_told_from_one_that_fills_the_output() -> No
 
     assert not shim_fills_floats(into_a_copy)
     assert shim_fills_floats(expand_kernel_impl)
+
+
+def test_the_runners_rewind_takes_a_generator_back_to_its_mark() -> None:
+    from eaglequant.engine.cpu_spec_decode import rewindable_generator
+
+    plain = torch.Generator(device="cpu").manual_seed(7)
+    replacement = rewindable_generator()
+    replacement.set_state(plain.get_state())
+    replacement.mark()
+    dropped = torch.rand(4, generator=replacement)  # a token the runner drops
+    assert replacement.set_offset(replacement.get_offset() - 4) is replacement
+    assert torch.equal(torch.rand(4, generator=replacement), dropped)
+    assert torch.equal(dropped, torch.rand(4, generator=plain))
+    with pytest.raises(RuntimeError, match="does not use offset"):
+        plain.set_offset(0)  # what vLLM's runner calls on a CPU generator
