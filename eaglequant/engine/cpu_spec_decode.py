@@ -33,7 +33,7 @@ gives the same tokens whether or not a prompt's prefill was chunked (or cached).
 from __future__ import annotations
 
 import functools
-from typing import Any
+from typing import Any, cast
 
 # The rejection sampler's kernel, as vLLM's CPU platform registers its override.
 EXPAND_KERNEL = "vllm.v1.sample.rejection_sampler.expand_kernel"
@@ -122,7 +122,7 @@ def _rewindable_generators(runner: Any) -> None:
     # lazy: torch-free core
     import torch
 
-    swapped = {}
+    swapped: dict[int, Any] = {}
     for state in runner.requests.values():
         generator = state.generator
         if type(generator) is torch.Generator and generator.device.type == "cpu":
@@ -130,10 +130,10 @@ def _rewindable_generators(runner: Any) -> None:
             replacement.set_state(generator.get_state())
             swapped[id(generator)] = state.generator = replacement
     generators = runner.input_batch.generators
-    for index, generator in list(generators.items()):
-        generator = generators[index] = swapped.get(id(generator), generator)
-        if isinstance(generator, _rewindable_class()):
-            generator.mark()
+    for index, plain in list(generators.items()):
+        current = generators[index] = swapped.get(id(plain), plain)
+        if isinstance(current, _rewindable_class()):
+            cast(Any, current).mark()
 
 
 @functools.cache
