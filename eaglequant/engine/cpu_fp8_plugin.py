@@ -60,6 +60,7 @@ from typing import Any
 from eaglequant.engine.cpu_fp8_gemm import plain_fp8_gemm
 from eaglequant.engine.cpu_fp8_native import LOGGER as LOGGER  # the plugin's log lines
 from eaglequant.engine.cpu_spec_decode import (
+    draft_kv_cache_dtype_in_cpu_attention,
     fill_expanded_tokens_on_cpu,
     seeded_requests_survive_chunked_prefill_on_cpu,
 )
@@ -438,6 +439,7 @@ def _broadcast_scale(scale: Any, shape: Any, group_shape: tuple[int, int] | None
 
 
 PATCHES = (
+    draft_kv_cache_dtype_in_cpu_attention,
     fill_expanded_tokens_on_cpu,
     seeded_requests_survive_chunked_prefill_on_cpu,
     plain_fp8_gemm,

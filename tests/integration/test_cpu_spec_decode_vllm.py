@@ -70,3 +70,38 @@ def test_a_seeded_request_through_chunked_prefill_keeps_the_engine_up() -> None:
     result = json.loads(run_child([PYTHON, "-c", script], env=env).strip().splitlines()[-1])
     assert len(result["tokens"]) == 4
     assert result["again"] == result["tokens"]  # the seed still makes it reproducible
+
+
+PLAN = textwrap.dedent(
+    """
+    import json, torch
+    from vllm.config import CacheConfig, ModelConfig, VllmConfig, set_current_vllm_config
+    from vllm.model_executor.layers.attention import Attention
+    from vllm.v1.attention.backends.cpu_attn import CPUAttentionMetadataBuilder
+    from vllm.v1.kv_cache_interface import FullAttentionSpec
+    from eaglequant.engine import cpu_fp8_plugin as plugin
+
+    plugin.register()
+    # the target's config (its KV cache in the model's dtype), a draft layer built with its own
+    config = VllmConfig(model_config=ModelConfig(TOY_TARGET, dtype="bfloat16"))
+    with set_current_vllm_config(config):
+        Attention(4, 64, 0.125, num_kv_heads=2, prefix="target.attn")
+        Attention(4, 64, 0.125, num_kv_heads=2, prefix="draft.attn",
+                  cache_config=CacheConfig(cache_dtype="fp8_e4m3"))
+        plans = {}
+        for name, dtype in (("target.attn", torch.bfloat16), ("draft.attn", torch.uint8)):
+            spec = FullAttentionSpec(block_size=128, num_kv_heads=2, head_size=64, dtype=dtype)
+            builder = CPUAttentionMetadataBuilder(spec, [name], config, torch.device("cpu"))
+            plans[name] = builder.kv_cache_dtype
+    print(json.dumps({"applied": plugin.applied_patches(), "plans": plans}))
+    """
+)
+
+
+def test_a_drafts_own_fp8_kv_cache_is_planned_as_fp8() -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("EAGLEQUANT_CPU_")}
+    script = PLAN.replace("TOY_TARGET", repr(str(TOY / "target")))
+    result = json.loads(run_child([PYTHON, "-c", script], env=env).strip().splitlines()[-1])
+    assert "draft_kv_cache_dtype_in_cpu_attention" in result["applied"]
+    # vLLM alone plans both from the target's cache_config: "auto"
+    assert result["plans"] == {"target.attn": "auto", "draft.attn": "fp8_e4m3"}
