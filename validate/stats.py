@@ -104,7 +104,8 @@ def counts_mismatch(prompts: Sequence[PromptCounts], metrics: Mapping[str, Any])
 
 @dataclass(frozen=True)
 class Interval:
-    """A point estimate with its bootstrap percentile interval over ``prompts`` prompts."""
+    """A point estimate with its bootstrap percentile interval over ``prompts`` prompts
+    (``expanded``: at :func:`tail_percent`, widened for few prompts; else at the plain tails)."""
 
     point: float
     low: float
@@ -113,6 +114,7 @@ class Interval:
     resamples: int
     seed: int
     confidence: float = CONFIDENCE
+    expanded: bool = True
 
     @property
     def half_width(self) -> float:
@@ -149,10 +151,27 @@ class RatioIntervals:
         }
 
 
+def _histograms(prompts: Sequence[PromptCounts], k: int) -> np.ndarray:
+    """Each prompt's verify steps by tokens accepted (0 .. at least ``k``), one row a prompt."""
+    width = max([k + 1, *(len(p.histogram) for p in prompts)])
+    histograms = np.zeros((len(prompts), width))
+    for index, prompt in enumerate(prompts):
+        histograms[index, : len(prompt.histogram)] = prompt.histogram
+    return histograms
+
+
+def _step_rows(k: int, width: int) -> np.ndarray:
+    """What one verify step that accepted j tokens (j < ``width``) adds to a prompt's row: one
+    draft, j accepted tokens, and one at each of the ``k`` positions below j."""
+    return np.array(
+        [[1, j, *(float(p < j) for p in range(k))] for j in range(width)], dtype=np.float64
+    )
+
+
 def _matrix(prompts: Sequence[PromptCounts], k: int) -> np.ndarray:
     """Rows per prompt: drafts, accepted tokens, then accepted at each of the ``k`` positions."""
-    rows = [[p.drafts, p.accepted, *p.accepted_per_pos(k)] for p in prompts]
-    return np.asarray(rows, dtype=np.float64).reshape(len(prompts), 2 + k)
+    histograms = _histograms(prompts, k)
+    return histograms @ _step_rows(k, histograms.shape[1])
 
 
 def _step_resampled(
@@ -160,14 +179,10 @@ def _step_resampled(
 ) -> np.ndarray:
     """Per resample and prompt, :func:`_matrix`'s row of the prompt's verify steps drawn
     again with replacement from its histogram: shape (resamples, prompts, 2 + k)."""
-    # a step that accepted j tokens adds one draft, j accepted tokens, and one at positions < j
-    row_of = np.array(
-        [[1, j, *(float(p < j) for p in range(k))] for j in range(k + 1)], dtype=np.float64
-    )
+    histograms = _histograms(prompts, k)
+    row_of = _step_rows(k, histograms.shape[1])
     rows = np.zeros((resamples, len(prompts), 2 + k))
-    for index, prompt in enumerate(prompts):
-        histogram = np.zeros(k + 1)
-        histogram[: len(prompt.histogram)] = prompt.histogram
+    for index, histogram in enumerate(histograms):
         steps = int(histogram.sum())
         if steps:
             draws = rng.multinomial(steps, histogram / steps, size=resamples)
@@ -323,7 +338,11 @@ def bootstrap_ratios(
     for column in range(1 + k):
         values = ratios[:, column]
         low, high = _percentiles(values[~np.isnan(values)], n, expanded=not resample_steps)
-        intervals.append(Interval(float(points[column]), low, high, n, resamples, seed))
+        intervals.append(
+            Interval(
+                float(points[column]), low, high, n, resamples, seed, expanded=not resample_steps
+            )
+        )
     return RatioIntervals(intervals[0], tuple(intervals[1:]), paired)
 
 
@@ -372,9 +391,12 @@ def judge(interval: Interval, threshold: float) -> Verdict:
 
 
 def prompts_for_half_width(interval: Interval, distance: float) -> int:
-    """The prompts m at which ``interval``'s half-width, scaled as sqrt(n / m) and by the
-    small-sample widening at m rather than at its n prompts, comes down to ``distance``."""
+    """The prompts m at which ``interval``'s half-width, scaled as sqrt(n / m) (and, for an
+    expanded interval, by the small-sample widening at m rather than at its n prompts), comes
+    down to ``distance``."""
     n = interval.prompts
+    if not interval.expanded:
+        return math.ceil(n * (interval.half_width / distance) ** 2)
     at_normal_width = n * (interval.half_width / widening(n, interval.confidence) / distance) ** 2
     needed = at_normal_width
     for _ in range(8):  # widening(m) falls towards 1 as m grows: a few rounds settle it

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import pytest
 
@@ -153,6 +154,21 @@ def _interval(point: float, low: float, high: float) -> Interval:
 def test_the_verdict_rule(interval: Interval, verdict: str, needed: int | None) -> None:
     judged = judge(interval, 0.98)
     assert (judged.verdict, judged.prompts_needed) == (verdict, needed)
+
+
+def test_a_plain_interval_needs_its_prompts_by_the_square_root_rule_alone() -> None:
+    # 10 prompts, half-width 0.25, the estimate 0.125 from the threshold: 4x the prompts halve it
+    plain = Interval(1.0, 0.75, 1.25, prompts=10, resamples=2000, seed=0, expanded=False)
+    assert prompts_for_half_width(plain, 0.125) == 40
+    # the same width, expanded over 10 prompts, is wider than its normal width: fewer are needed
+    expanded = replace(plain, expanded=True)
+    assert 10 < prompts_for_half_width(expanded, 0.125) < 40
+
+
+def test_a_categorys_intervals_are_plain_and_the_runs_expanded() -> None:
+    by_steps = bootstrap_ratios(FP8[:10], BF16[:10], paired=True, resample_steps=True)
+    assert not by_steps.mean_length.expanded and not by_steps.per_position[0].expanded
+    assert bootstrap_ratios(FP8[:10], BF16[:10], paired=True).mean_length.expanded
 
 
 def test_a_verdict_too_near_the_threshold_names_no_prompt_count() -> None:
