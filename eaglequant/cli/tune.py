@@ -102,7 +102,9 @@ if TYPE_CHECKING:
 @click.option("--serve-arg", "serve_args", multiple=True, help="Passed to vllm serve (repeatable).")
 @engine_options
 @draft_kv_cache_option
-@click.option("--max-model-len", type=click.IntRange(min=16), help="Default: ISL + OSL + max k.")
+@click.option(
+    "--max-model-len", type=click.IntRange(min=16), help="Default: ISL + OSL + 2 x max k."
+)
 @click.option("--out", type=PATH, default=Path("tune-results"), show_default=True)
 @click.option("--server-timeout", type=float, default=600.0, show_default=True)
 def tune(

@@ -164,7 +164,9 @@ def check_request(request: TuneRequest) -> int:
             f"+ k {largest} = {needed}; set --max-model-len {needed} or more "
             "(the article's 1K/1K example uses 2304)"
         )
-    return max_len or needed
+    # k more positions than vLLM needs: with fewer, vLLM's CPU build drafts worse for the whole
+    # batch (docs/known-issues.md), and the sweep would measure that instead of the draft
+    return max_len or needed + largest
 
 
 def dataset_name(request: TuneRequest) -> str:

@@ -84,7 +84,7 @@ def test_tune_runs_servers_and_writes_results(tune_out: Path) -> None:
     assert summary["tensor_parallel_size"] == 1 and summary["engine_args"] == {"max_num_seqs": 8}
     # served as vLLM serves by default: compiled
     assert (
-        "--tensor-parallel-size 1 --max-model-len 90 --max-num-seqs 8" in summary["serve_command"]
+        "--tensor-parallel-size 1 --max-model-len 92 --max-num-seqs 8" in summary["serve_command"]
     )
     assert "--enforce-eager" not in summary["serve_command"]
     for name in ("throughput.png", "speedup.png", "acceptance.png"):

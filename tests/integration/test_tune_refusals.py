@@ -39,6 +39,9 @@ def test_max_model_len_headroom_is_checked_before_serving(tmp_path: Path) -> Non
     assert " ".join(engine_flags(given, None, check_request(given))).startswith(
         "--tensor-parallel-size 1 --max-model-len 300"
     )
+    # unset: k positions of headroom past vLLM's own minimum (the CPU build drafts worse without)
+    default = TuneRequest(target=TOY / "target", draft=TOY / "draft", ks=(2, 8), isl=64, osl=64)
+    assert check_request(default) == 64 + 64 + 2 * 8
     passthrough = TuneRequest(
         target=TOY / "target", draft=TOY / "draft", ks=(6,), serve_args=("--max-model-len", "2304")
     )
