@@ -250,7 +250,7 @@ def fit_on_grid(grid: Path) -> dict:
     from statistics import fmean
 
     from eaglequant.tune.choice import best_single, winner
-    from eaglequant.tune.predict import Point, expected_length, plan, predict
+    from eaglequant.tune.predict import Point, plan, predict, predicted_length
 
     rows: dict[tuple[int, int], list[dict]] = {}
     for path in sorted(grid.glob("k*.json")):
@@ -268,7 +268,7 @@ def fit_on_grid(grid: Path) -> dict:
     for (k, c), found in sorted(rows.items()):
         r, p = found[0], predictions[k, c]
         truth = fmean(r["runs"])
-        assumed = expected_length(rows[largest, c][0]["per_position"], k) if k else None
+        assumed = predicted_length(rows[largest, c][0]["per_position"], k) if k else None
         points.append(
             {
                 "k": k,

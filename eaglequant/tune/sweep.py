@@ -62,10 +62,10 @@ from eaglequant.tune.predict import (
     Point,
     Prediction,
     acceptance_by_position,
-    expected_length,
     median_error,
     plan,
     predict,
+    predicted_length,
     predicted_point,
 )
 from eaglequant.tune.report import write_reports
@@ -299,7 +299,7 @@ def prediction_block(
         {
             "k": r.k,
             "concurrency": r.concurrency,
-            "predicted_length": expected_length(largest[r.concurrency], r.k),
+            "predicted_length": predicted_length(largest[r.concurrency], r.k),
             "measured_length": r.acceptance_length,
         }
         for r in results
