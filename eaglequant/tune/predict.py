@@ -93,9 +93,9 @@ def predicted_length(per_position: Sequence[float], k: int) -> float:
     """Tokens per verify step at k from acceptance by position measured at a larger K.
 
     ``1 + a_1 + ... + a_k`` of K's counters holds for the steps K took, but a smaller k starts
-    its steps elsewhere: after k accepted tokens as often as K stops after a rejection, and a
-    step that starts right after a rejection starts where the draft just missed, so K's
-    counters over-weight hard positions. Modelled as a chain where the draft's first token is
+    more of its steps after a full step (all k accepted) and fewer right after a rejection,
+    where the draft has just missed and misses more often: K's counters over-weight the hard
+    positions. Modelled as a chain where the draft's first token is
     right with probability ``beta`` after a rejection and ``alpha^2 + (1 - alpha) beta`` (two
     positions on from a right one) after a full step, and every further position is right with
     probability ``alpha`` (the geometric fit ``(a_K / a_1)^(1 / (K - 1))``); ``beta`` is
