@@ -25,6 +25,7 @@ from eaglequant.tune.baseline_verdicts import (
 )
 from eaglequant.tune.bench import BenchClient
 from eaglequant.tune.metrics import bench_problem, parse_counters
+from eaglequant.tune.predict import predicted_length
 from eaglequant.tune.report import write_comparison
 from eaglequant.tune.request import KEEP, TuneRequest
 
@@ -319,9 +320,20 @@ def test_candidate_labels_and_file_names() -> None:
 
 
 def _truth(k: int, concurrency: int, rates: tuple[float, ...], draft_s: float) -> float:
-    """A synthetic server: target step 20 ms + 1 ms a token, ``draft_s`` a draft step."""
+    """A synthetic server: target step 20 ms + 1 ms a token, ``draft_s`` a draft step, and
+    ``rates`` the acceptance by position at the largest k, a smaller k's steps accepting what
+    the chain that tune assumes gives there (where its steps start)."""
     step = 0.020 + 0.001 * concurrency * (k + 1) + k * draft_s
-    return concurrency * (1 + sum(rates[:k])) / step
+    return concurrency * predicted_length(rates, k) / step
+
+
+def _rates_at(k: int, rates: tuple[float, ...]) -> tuple[float, ...]:
+    """A synthetic server's acceptance by position at k: the largest k's curve, scaled to the
+    tokens per step :func:`_truth` gives at k."""
+    if not k:
+        return ()
+    scale = (predicted_length(rates, k) - 1) / sum(rates[:k])
+    return tuple(r * scale for r in rates[:k])
 
 
 def test_predict_with_a_baseline_serves_five_servers_at_most(
@@ -350,8 +362,8 @@ def test_predict_with_a_baseline_serves_five_servers_at_most(
         position = rates.get(candidate.role, ())
         for level in request.concurrencies:
             truth = _truth(candidate.k, level, position, 0.004)
-            drafts = 1000 * level
-            accepted = tuple(round(drafts * r) for r in position[: candidate.k])
+            drafts = 1_000_000 * level  # counts fine enough for the fit to agree to 1e-4
+            accepted = tuple(round(drafts * r) for r in _rates_at(candidate.k, position))
             counts = Counts(drafts, drafts * candidate.k, sum(accepted), accepted)
             run.samples[candidate.label, level] = [
                 _sample(truth * f, counts if candidate.k else None) for f in (0.99, 1.0, 1.01)
