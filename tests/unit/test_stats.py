@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import math
 from dataclasses import replace
+from statistics import NormalDist
 
 import pytest
 
 from eaglequant.results.validation_report import FAIL, INCONCLUSIVE, PASS, overall_verdict
+from eaglequant.validate import stats
 from eaglequant.validate.stats import (
     Interval,
     PromptCounts,
@@ -203,6 +205,19 @@ def test_one_runs_length_interval_holds_its_point_and_narrows_to_it_when_prompts
 )
 def test_student_t_quantiles_match_the_tables(dof: int, quantile: float) -> None:
     assert student_t_quantile(0.975, dof) == pytest.approx(quantile, abs=5e-4)
+
+
+@pytest.mark.parametrize("probability", [0.6, 0.9, 0.975, 0.999])
+def test_many_degrees_take_the_expansion_which_agrees_with_the_exact_sum(
+    probability: float, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    dof = stats.ASYMPTOTIC_DOF
+    exact = student_t_quantile(probability, dof)  # the closed-form sum
+    monkeypatch.setattr(stats, "ASYMPTOTIC_DOF", dof - 1)  # the same degrees by the expansion
+    assert student_t_quantile(probability, dof) == pytest.approx(exact, abs=1e-11)
+    # a million degrees: the normal quantile, at once
+    normal = NormalDist().inv_cdf(probability)
+    assert student_t_quantile(probability, 10**6) == pytest.approx(normal, abs=1e-5)
 
 
 def test_the_interval_widens_over_few_prompts_and_not_over_many() -> None:
