@@ -67,8 +67,8 @@ def test_a_bad_schedule_or_repeats_is_refused_before_serving() -> None:
         check_request(TuneRequest(**base, schedule=((2, 8, 2),)))
     with pytest.raises(InputError, match=r"at least once"):
         check_request(TuneRequest(**base, repeats=0))
-    # The headroom covers a given schedule's k beyond the swept ks.
-    assert check_request(TuneRequest(**base, schedule=((1, 1, 0), (2, 8, 7)))) == 27
+    # The headroom covers a given schedule's k beyond the swept ks: 10 + 10 + 2 x 7.
+    assert check_request(TuneRequest(**base, schedule=((1, 1, 0), (2, 8, 7)))) == 34
     args = ["tune", "--target", str(TOY / "target"), "--draft", str(TOY / "draft")]
     result = CliRunner().invoke(main, [*args, "--schedule", "1-4:2"])
     assert result.exit_code == 2
