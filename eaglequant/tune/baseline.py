@@ -156,8 +156,7 @@ class Run:
         start_s = server.start(self.request.server_timeout_s)
         try:
             self.starts.append({"label": candidate.label, "round": round_, "start_s": start_s})
-            level = max(self.request.concurrencies)
-            warm_up(self.request, server.url, level, self.request.bench_timeout_s)
+            warm_up(self.request, server.url, self.request.bench_timeout_s)
             yield server
         finally:
             server.stop()

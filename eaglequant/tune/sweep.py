@@ -158,7 +158,7 @@ def measure(
     progress(f"vllm serve {config.label} on port {server.port} ...")
     samples: dict[int, list[Sample]] = {c: [] for c in request.concurrencies}
     with serving(server, request.server_timeout_s):
-        warm_up(request, server.url, max(request.concurrencies), request.bench_timeout_s)
+        warm_up(request, server.url, request.bench_timeout_s)
         for round_ in range(request.repeats):
             for concurrency in request.concurrencies:
                 result = scratch / f"{config.label}-c{concurrency}-r{round_}.json"

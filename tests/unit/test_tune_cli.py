@@ -96,3 +96,50 @@ def test_predict_needs_a_sweep_over_two_concurrencies() -> None:
         "error: --predict fits the target's step time over concurrencies: give 2 or more, "
         "e.g. --concurrency 1,8"
     )
+
+
+def test_the_warm_up_visits_every_concurrency_with_prompts_of_their_own() -> None:
+    """Each concurrency of the grid in turn, smallest first, that many requests in flight at
+    once, every prompt ISL tokens and sharing no first token with another."""
+    import json
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    from eaglequant.tune.bench import warm_up
+    from eaglequant.tune.request import TuneRequest
+
+    lock = threading.Lock()
+    state = {"in_flight": 0}
+    seen: list[tuple[int, list[int], int]] = []  # (in flight on arrival, prompt, max_tokens)
+
+    class Completions(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+            with lock:
+                state["in_flight"] += 1
+                seen.append((state["in_flight"], body["prompt"], body["max_tokens"]))
+            threading.Event().wait(0.2)  # long enough for the whole level to arrive
+            with lock:
+                state["in_flight"] -= 1
+            self.send_response(200)
+            self.end_headers()
+            self.wfile.write(b"{}")
+
+        def log_message(self, *_: object) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Completions)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    request = TuneRequest(
+        target=TOY / "target", draft=TOY / "draft", concurrencies=(4, 1), isl=12, osl=7
+    )
+    try:
+        warm_up(request, f"http://127.0.0.1:{server.server_address[1]}", timeout=10)
+    finally:
+        server.shutdown()
+    assert len(seen) == 5
+    assert seen[0][0] == 1  # concurrency 1 first, alone
+    assert max(n for n, _, _ in seen[1:]) == 4  # then four at once
+    prompts = [p for _, p, _ in seen]
+    assert all(len(p) == 12 for p in prompts) and {t for _, _, t in seen} == {7}
+    assert len({p[0] for p in prompts}) == 5
