@@ -308,7 +308,7 @@ def summarize(
             level: {v["k"]: v["choice"] for v in verdicts if v["concurrency"] == level}
             for level in request.concurrencies
         },
-        {(p["role"], p["k"], p["concurrency"]): p["output_throughput"] for p in points},
+        {(p["role"], p["k"], p["concurrency"]): p["runs"] for p in points},
     )
     return {
         **workload(request, run.max_len),

@@ -16,6 +16,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from statistics import fmean
 from typing import TypeVar
 
 from eaglequant.results.tune_summary import BASELINE, DRAFT, NO_SPECULATION
@@ -62,24 +63,28 @@ def verdict_text(draft_vs_baseline: str, draft_vs_none: str, baseline_vs_none: s
 
 
 def best_by_concurrency(
-    choices: Mapping[int, Mapping[int, str]], means: Mapping[tuple[str, int, int], float]
+    choices: Mapping[int, Mapping[int, str]], runs: Mapping[tuple[str, int, int], Runs]
 ) -> dict[int, str]:
     """Across ks: concurrency -> "draft k=3" / "baseline k=4" / "no speculation".
 
-    ``choices``: concurrency -> k -> choice; ``means``: (role, k, concurrency) -> tok/s.
-    The fastest chosen draft configuration wins; no speculation only where every k chose it.
+    ``choices``: concurrency -> k -> choice; ``runs``: (role, k, concurrency) -> repeats.
+    No speculation only where every k chose it; otherwise, among the chosen draft
+    configurations, the smallest k that the fastest on average does not beat beyond the
+    spread (the draft before the baseline at one k), as ``choice.winner`` decides.
     """
     best: dict[int, str] = {}
     for concurrency, by_k in choices.items():
-        picked = [
-            (means[role, k, concurrency], role, k)
+        picked = {
+            (role, k): runs[role, k, concurrency]
             for k, role in by_k.items()
             if role != NO_SPECULATION
-        ]
+        }
         if not picked:
             best[concurrency] = NO_SPECULATION
             continue
-        _, role, k = max(picked, key=lambda p: (p[0], p[1] == DRAFT, -p[2]))
+        fastest = max(picked.values(), key=fmean)
+        tied = [key for key, found in picked.items() if not beats(fastest, found)]
+        role, k = min(tied, key=lambda key: (key[1], key[0] != DRAFT))
         best[concurrency] = f"{role} k={k}"
     return best
 

@@ -109,12 +109,15 @@ def test_the_recommendation_names_concurrency_ranges() -> None:
     )
 
 
-def test_across_ks_the_fastest_chosen_configuration_wins() -> None:
+def test_across_ks_a_difference_the_spread_decides_wins_else_the_smaller_k() -> None:
     choices = {4: {2: "draft", 3: "baseline"}, 8: {2: "no speculation", 3: "no speculation"}}
-    means = {("draft", 2, 4): 90.0, ("baseline", 3, 4): 95.0}
-    assert best_by_concurrency(choices, means) == {4: "baseline k=3", 8: "no speculation"}
-    means[("draft", 2, 4)] = 95.0  # equal means: the draft
-    assert best_by_concurrency(choices, means)[4] == "draft k=2"
+    runs = {("draft", 2, 4): [88.0, 90.0], ("baseline", 3, 4): [95.0, 97.0]}
+    assert best_by_concurrency(choices, runs) == {4: "baseline k=3", 8: "no speculation"}
+    runs["draft", 2, 4] = [89.0, 95.5]  # within k=3's spread: the smaller k
+    assert best_by_concurrency(choices, runs)[4] == "draft k=2"
+    choices[4] = {2: "draft", 8: "draft"}
+    runs["draft", 8, 4] = [99.0, 100.0]  # faster beyond the spread, though far larger
+    assert best_by_concurrency(choices, runs)[4] == "draft k=8"
 
 
 @pytest.mark.parametrize(
