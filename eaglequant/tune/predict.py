@@ -23,8 +23,10 @@ both measured servers exactly, so an error in ``T`` past the measured token coun
 between the largest k (absorbed into ``D``) and the ks between. The interval is the same fit
 on every point's slowest and on its fastest round. A prediction whose interval is wider than
 :data:`MEANINGLESS_SPREAD` of its value says nothing a choice can rest on: it is ``noisy``,
-and tune measures it instead. Where the model breaks: prefill-heavy loads (only decode steps
-are modelled), and a k above the measured one (no ``a_j`` beyond it).
+and tune measures it instead where the choice rests on it (a tie with the winner) and some
+value inside its interval would change the choice. Where the model breaks: prefill-heavy
+loads (only decode steps are modelled), and a k above the measured one (no ``a_j`` beyond
+it).
 ``docs/release-table.md`` gives the equations with their inputs.
 """
 
@@ -227,7 +229,8 @@ class Plan:
     else the smaller k (``choice.winner``). ``schedule``: the per-batch-size schedule to serve
     where the winners differ (None: one k). ``single``: the one k recommended (the best single
     predicted k where the winners differ). ``noisy``: (k, concurrency) points the decision
-    rests on (the winner and the ks its interval ties with) whose prediction is too noisy.
+    rests on (the winner and the ks its interval ties with) whose prediction is too noisy
+    and could, somewhere inside its interval, change that decision.
     """
 
     winners: dict[int, int]
@@ -250,9 +253,18 @@ def plan(predictions: Sequence[Prediction], ks: Sequence[int], schedules: bool =
         best = runs[winners[c]]
         for k in sorted(runs):
             tied = not (min(runs[k]) > max(best) or min(best) > max(runs[k]))
-            if tied and by_point[k, c].noisy:
+            if tied and by_point[k, c].noisy and _could_decide(k, winners[c], runs):
                 noisy.append((k, c))
     return Plan(winners=winners, single=single, schedule=schedule, noisy=noisy)
+
+
+def _could_decide(k: int, chosen: int, runs: Mapping[int, Runs]) -> bool:
+    """Whether some value inside k's interval would change the choice at this concurrency: a
+    k above the chosen one must beat it, any other k must beat no speculation, and either
+    needs its interval's top above its rival's (``choice.beats``). A point whose whole
+    interval lies inside that tie changes nothing, however wide it is."""
+    rival = runs[chosen] if k > chosen else runs[0]
+    return k == 0 or max(runs[k]) > max(rival)
 
 
 def predicted_point(

@@ -165,6 +165,17 @@ def test_the_plan_schedules_different_winners_and_flags_noisy_points() -> None:
     assert plan(predictions, (2, 4), schedules=False).schedule is None
 
 
+def test_a_noisy_point_that_cannot_change_the_choice_is_not_measured() -> None:
+    """c=16: no speculation wins; k=2 and k=4 tie with it on wide predictions. k=2's top
+    (63) is above no speculation's (61): served, it could beat it. k=4's whole interval
+    (34-58) lies below 61: whatever it measured, no speculation stays the choice."""
+    predictions = _row(1, {0: (9, 10, 11), 2: (38, 40, 42), 4: (45, 46, 47)})
+    predictions += _row(16, {0: (58, 60, 61), 2: (45, 54, 63), 4: (34, 46, 58)})
+    chosen = plan(predictions, (2, 4))
+    assert chosen.winners == {1: 4, 16: 0}
+    assert chosen.noisy == [(2, 16)]
+
+
 def _counts(rates: list[float]) -> SpecDecodeCounts:
     drafts = 10_000
     accepted = [round(r * drafts) for r in rates]
