@@ -16,11 +16,10 @@
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from statistics import fmean
 from typing import TypeVar
 
 from eaglequant.results.tune_summary import BASELINE, DRAFT, NO_SPECULATION
-from eaglequant.tune.choice import Runs, beats
+from eaglequant.tune.choice import Runs, beats, smallest_tied
 
 T = TypeVar("T")
 
@@ -68,24 +67,20 @@ def best_by_concurrency(
     """Across ks: concurrency -> "draft k=3" / "baseline k=4" / "no speculation".
 
     ``choices``: concurrency -> k -> choice; ``runs``: (role, k, concurrency) -> repeats.
-    No speculation only where every k chose it; otherwise, among the chosen draft
-    configurations, the smallest k that the fastest on average does not beat beyond the
-    spread (the draft before the baseline at one k), as ``choice.winner`` decides.
+    No speculation only where every k chose it; otherwise, among the ks that chose a draft,
+    the smallest the fastest on average does not beat beyond the spread
+    (``choice.smallest_tied``, as the sweep's winner).
     """
     best: dict[int, str] = {}
     for concurrency, by_k in choices.items():
         picked = {
-            (role, k): runs[role, k, concurrency]
-            for k, role in by_k.items()
-            if role != NO_SPECULATION
+            k: runs[role, k, concurrency] for k, role in by_k.items() if role != NO_SPECULATION
         }
         if not picked:
             best[concurrency] = NO_SPECULATION
             continue
-        fastest = max(picked.values(), key=fmean)
-        tied = [key for key, found in picked.items() if not beats(fastest, found)]
-        role, k = min(tied, key=lambda key: (key[1], key[0] != DRAFT))
-        best[concurrency] = f"{role} k={k}"
+        k = smallest_tied(picked)
+        best[concurrency] = f"{by_k[k]} k={k}"
     return best
 
 

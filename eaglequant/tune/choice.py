@@ -43,10 +43,13 @@ def beats(a: Runs, b: Runs) -> bool:
 def winner(runs: Mapping[int, Runs]) -> int:
     """The k to run at one concurrency (``runs``: k -> repeats, 0 = no speculation)."""
     faster = {k: r for k, r in runs.items() if k and beats(r, runs[0])}
-    if not faster:
-        return 0
-    best = max(sorted(faster), key=lambda k: fmean(faster[k]))
-    return min(k for k in faster if not beats(faster[best], faster[k]))
+    return smallest_tied(faster) if faster else 0
+
+
+def smallest_tied(runs: Mapping[int, Runs]) -> int:
+    """The smallest k that the fastest on average does not beat beyond the spread."""
+    best = max(sorted(runs), key=lambda k: fmean(runs[k]))
+    return min(k for k in runs if not beats(runs[best], runs[k]))
 
 
 def schedule_from_winners(winners: Mapping[int, int]) -> Schedule:
