@@ -5,7 +5,12 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from eaglequant.results.tune_summary import ComparisonPrediction, PredictedPoint, PredictionRecord
+from eaglequant.results.tune_summary import (
+    ComparisonPrediction,
+    PredictedPoint,
+    PredictedSchedule,
+    PredictionRecord,
+)
 
 
 def _name(k: int) -> str:
@@ -51,6 +56,9 @@ def prediction_markdown(prediction: PredictionRecord) -> str:
         f"; confirmation served: {confirmed}. Median error where a prediction was then "
         f"measured: {_error(prediction['median_abs_error'])}.",
     ]
+    scheduled = prediction.get("schedule_predicted")
+    if scheduled:
+        lines += ["", schedule_sentence(scheduled)]
     if prediction["noisy_measured"]:
         ks = ", ".join(_name(k) for k in prediction["noisy_measured"])
         lines += ["", f"Too noisy to predict, so measured instead: {ks}."]
@@ -63,6 +71,22 @@ def prediction_markdown(prediction: PredictionRecord) -> str:
     if checks:
         lines += ["", "Tokens per verify step from the largest k's counters: " + "; ".join(checks)]
     return "\n".join([*lines, "", *points_table(prediction["points"])]) + "\n"
+
+
+def schedule_sentence(scheduled: PredictedSchedule) -> str:
+    """The winners' schedule as predicted, and whether it was served."""
+    runs = "; ".join(
+        f"{point:.1f} [{low:.1f}-{high:.1f}] at {c}"
+        for c, (low, point, high) in scheduled["runs"].items()
+    )
+    text = f"The winners' schedule {scheduled['ranges']} predicted: {runs} tok/s"
+    if not scheduled["behind"]:
+        return text + "; it holds, so it was served."
+    behind = ", ".join(f"{_name(k)} at {c}" for c, k in scheduled["behind"].items())
+    return (
+        f"{text}; {behind} beats it (where the schedule's k is 0, vLLM's drafter still runs "
+        "its pass every step), so the best single choice was served instead."
+    )
 
 
 def comparison_prediction_markdown(prediction: ComparisonPrediction) -> str:

@@ -193,18 +193,30 @@ class AcceptanceCheck(TypedDict):
     measured_length: float | None
 
 
+class PredictedSchedule(TypedDict):
+    """The winners' per-batch-size schedule as ``tune --predict`` predicted it: its ranges,
+    its throughput by concurrency ([slowest, mean, fastest] fits) and where a winner beats
+    it (concurrency -> k; not served then)."""
+
+    ranges: list[list[int]]
+    runs: dict[str, list[float]]
+    behind: dict[str, int]
+
+
 class PredictionRecord(TypedDict):
     """``tune --predict``'s block: the ks fitted on, every point, the predicted winner at each
-    concurrency, the best single k and the schedule predicted, what one confirmation server
-    served (None: the recommendation was already measured), the ks measured because their
-    prediction was too noisy, the median error where a prediction was then measured, and the
-    server starts spent against the full sweep's."""
+    concurrency, the best single k and the schedule served (None: one k), the winners'
+    schedule as predicted, what one confirmation server served (None: the recommendation
+    was already measured), the ks measured because their prediction was too noisy, the
+    median error where a prediction was then measured, and the server starts spent against
+    the full sweep's."""
 
     fitted_on: list[int]
     points: list[PredictedPoint]
     winners: dict[str, int]
     single: int
     schedule: list[list[int]] | None
+    schedule_predicted: NotRequired[PredictedSchedule | None]
     confirmed: str | None
     noisy_measured: list[int]
     acceptance_checks: list[AcceptanceCheck]

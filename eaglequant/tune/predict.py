@@ -34,12 +34,19 @@ from __future__ import annotations
 
 import bisect
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from statistics import fmean
 
 from eaglequant.results.spec_counts import SpecDecodeCounts
 from eaglequant.results.tune_summary import PredictedPoint
-from eaglequant.tune.choice import Runs, Schedule, best_single, schedule_from_winners, winner
+from eaglequant.tune.choice import (
+    Runs,
+    Schedule,
+    best_single,
+    schedule_from_winners,
+    schedule_misses,
+    winner,
+)
 
 # A prediction whose interval (high - low) exceeds this share of its value is too noisy to
 # decide on: tune measures that point instead.
@@ -163,6 +170,15 @@ class StepModel:
         step = self.target(concurrency * (k + 1)) + k * self.draft_step[concurrency]
         return concurrency * predicted_length(self.per_position[concurrency], k) / step
 
+    def scheduled_throughput(self, k: int, concurrency: int) -> float:
+        """A per-batch-size schedule's range of k at this concurrency: one k's server where
+        k > 0. Where k = 0 vLLM's drafter still runs its pass over each step's tokens to keep
+        its KV cache in sync (``llm_base_proposer.propose``, "Dynamic SD decided K=0"): one
+        draft step on top of the target's, for no accepted token; not no speculation."""
+        if k:
+            return self.throughput(k, concurrency)
+        return concurrency / (self.target(concurrency) + self.draft_step[concurrency])
+
 
 def fit(points: Sequence[Point], pick: str = "mean") -> StepModel:
     """The step model from no-speculation points and the points of one speculative k; each
@@ -208,6 +224,19 @@ def predict(points: Sequence[Point], ks: Iterable[int]) -> list[Prediction]:
     return found
 
 
+def predict_schedule(points: Sequence[Point], schedule: Schedule) -> dict[int, Runs]:
+    """concurrency -> a schedule's predicted throughput there (``StepModel.scheduled_throughput``
+    of the range holding it; vLLM carries the last range's k past it) as the rounds ``choice``
+    decides on: the slowest- and fastest-round fits' values and the mean's."""
+    models = {pick: fit(points, pick) for pick in ("mean", "min", "max")}
+    found: dict[int, Runs] = {}
+    for c in sorted(models["mean"].draft_step):
+        k = next((k for first, last, k in schedule if first <= c <= last), schedule[-1][2])
+        values = [m.scheduled_throughput(k, c) for m in models.values()]
+        found[c] = (min(values), models["mean"].scheduled_throughput(k, c), max(values))
+    return found
+
+
 def as_runs(prediction: Prediction) -> Runs:
     """A prediction as the rounds ``choice`` decides on: its interval's ends and its value."""
     return (prediction.low, prediction.point, prediction.high)
@@ -227,26 +256,44 @@ class Plan:
 
     ``winners``: concurrency -> the predicted k (0: no speculation), decided by the intervals,
     else the smaller k (``choice.winner``). ``schedule``: the per-batch-size schedule to serve
-    where the winners differ (None: one k). ``single``: the one k recommended (the best single
-    predicted k where the winners differ). ``noisy``: (k, concurrency) points the decision
-    rests on (the winner and the ks its interval ties with) whose prediction is too noisy
-    and could, somewhere inside its interval, change that decision.
+    where the winners differ and it holds as predicted (None: one k). ``single``: the one k
+    recommended (the best single predicted k where the winners differ). ``noisy``: (k,
+    concurrency) points the decision rests on (the winner and the ks its interval ties with)
+    whose prediction is too noisy and could, somewhere inside its interval, change that
+    decision. ``behind``: concurrency -> the winner that beats the winners' schedule there as
+    predicted (``schedule`` is then None and ``single`` is served); ``scheduled``: that
+    schedule's predicted runs by concurrency (empty where the winners agree).
     """
 
     winners: dict[int, int]
     single: int
     schedule: Schedule | None
     noisy: list[tuple[int, int]]
+    behind: dict[int, int] = field(default_factory=dict)
+    scheduled: dict[int, Runs] = field(default_factory=dict)
 
 
-def plan(predictions: Sequence[Prediction], ks: Sequence[int], schedules: bool = True) -> Plan:
+def plan(
+    predictions: Sequence[Prediction],
+    ks: Sequence[int],
+    schedules: bool = True,
+    scheduled: Callable[[Schedule], Mapping[int, Runs]] | None = None,
+) -> Plan:
     """The recommendation from the predictions and the points to measure for it
-    (``schedules``: False where vLLM turns per-batch-size schedules off)."""
+    (``schedules``: False where vLLM turns per-batch-size schedules off; ``scheduled``: a
+    schedule's predicted runs by concurrency, :func:`predict_schedule`, None: taken to hold)."""
     sweep = predicted_sweep(predictions)
     winners = {c: winner(runs) for c, runs in sweep.items()}
     single = best_single(sweep, (0, *ks))
     ranges = schedule_from_winners(winners)
     schedule = ranges if schedules and len(ranges) > 1 else None
+    expected: dict[int, Runs] = {}
+    behind: dict[int, int] = {}
+    if schedule is not None and scheduled is not None:
+        expected = dict(scheduled(schedule))
+        misses = schedule_misses(expected, {c: sweep[c][k] for c, k in winners.items()})
+        behind = {c: winners[c] for c in misses}
+        schedule = None if behind else schedule
     by_point = {(p.k, p.concurrency): p for p in predictions}
     noisy = []
     for c, runs in sorted(sweep.items()):
@@ -255,7 +302,7 @@ def plan(predictions: Sequence[Prediction], ks: Sequence[int], schedules: bool =
             tied = not (min(runs[k]) > max(best) or min(best) > max(runs[k]))
             if tied and by_point[k, c].noisy and _could_decide(k, winners[c], runs):
                 noisy.append((k, c))
-    return Plan(winners=winners, single=single, schedule=schedule, noisy=noisy)
+    return Plan(winners, single, schedule, noisy, behind, expected)
 
 
 def _could_decide(k: int, chosen: int, runs: Mapping[int, Runs]) -> bool:

@@ -36,6 +36,7 @@ from eaglequant.results.tune_summary import (
     SCHEMA_VERSION,
     SWEEP,
     AcceptanceCheck,
+    PredictedSchedule,
     PredictionRecord,
     SweepRecommendation,
     SweepRow,
@@ -65,6 +66,7 @@ from eaglequant.tune.predict import (
     median_error,
     plan,
     predict,
+    predict_schedule,
     predicted_length,
     predicted_point,
 )
@@ -209,8 +211,9 @@ def tune(request: TuneRequest, progress: Progress = quiet) -> SweepSummary:
                 progress(f"no schedule run: {skipped}")
     on_cpu = probe_vllm(sys.executable).on_cpu
     served = forecast.plan.schedule if forecast else None
+    unserved = unserved_schedule(forecast.plan) if forecast and served is None else None
     summary = summarize(
-        request, results, max_len, environment(environ=env, gpus=not on_cpu), served
+        request, results, max_len, environment(environ=env, gpus=not on_cpu), served, unserved
     )
     if forecast is not None:
         summary["prediction"] = prediction_block(forecast, results, request)
@@ -251,7 +254,12 @@ def predicted_sweep(
     results = run(by_k[0]) + run(by_k[largest])
     points = [Point(r.k, r.concurrency, tuple(r.runs), _positions(r)) for r in results]
     predictions = predict(points, request.ks)
-    chosen = plan(predictions, request.ks, schedules=not data_parallel(request))
+    chosen = plan(
+        predictions,
+        request.ks,
+        schedules=not data_parallel(request),
+        scheduled=partial(predict_schedule, points),
+    )
     served = {0, largest}
     confirmed = None
     if chosen.schedule is not None:
@@ -311,12 +319,24 @@ def prediction_block(
         "winners": {str(c): k for c, k in chosen.winners.items()},
         "single": chosen.single,
         "schedule": None if chosen.schedule is None else [list(r) for r in chosen.schedule],
+        "schedule_predicted": predicted_schedule_record(chosen),
         "confirmed": forecast.confirmed,
         "noisy_measured": forecast.noisy_measured,
         "acceptance_checks": checks,
         "median_abs_error": median_error(rows),
         "server_starts": len({(r.k, r.schedule) for r in results}),
         "full_sweep_server_starts": 1 + len(request.ks),
+    }
+
+
+def predicted_schedule_record(chosen: Plan) -> PredictedSchedule | None:
+    """The winners' schedule as predicted (None: the winners agreed, or schedules are off)."""
+    if not chosen.scheduled:
+        return None
+    return {
+        "ranges": [list(r) for r in schedule_from_winners(chosen.winners)],
+        "runs": {str(c): list(runs) for c, runs in chosen.scheduled.items()},
+        "behind": {str(c): k for c, k in chosen.behind.items()},
     }
 
 
@@ -329,11 +349,22 @@ def sweep_runs(results: list[TuneResult]) -> dict[int, dict[int, Runs]]:
     return sweep
 
 
+def unserved_schedule(chosen: Plan) -> str:
+    """Why ``--predict`` served no schedule, as a clause."""
+    if chosen.behind:
+        behind = ", ".join(f"{_name(k)} at concurrency {c}" for c, k in chosen.behind.items())
+        return f"the schedule was predicted to fall behind {behind}, so it was not served"
+    return "the prediction found one choice for every concurrency, so no schedule was served"
+
+
 def planned_schedule(
-    request: TuneRequest, sweep: dict[int, dict[int, Runs]], served: Schedule | None = None
+    request: TuneRequest,
+    sweep: dict[int, dict[int, Runs]],
+    served: Schedule | None = None,
+    unserved: str | None = None,
 ) -> tuple[Schedule, str | None]:
     """The schedule to measure (``served``: the one ``--predict`` served; given; else the
-    winners'); why it is not served (None: it is)."""
+    winners'); why it is not served (None: it is; ``unserved``: why ``--predict`` did not)."""
     if served is not None:
         return served, None
     if request.schedule is not None:
@@ -344,7 +375,7 @@ def planned_schedule(
             return ranges, f"{uniform(ranges[0][2])}, so the schedule is that single choice"
     if data_parallel(request):
         return ranges, "vLLM turns per-batch-size schedules off under data parallelism"
-    return ranges, None
+    return ranges, unserved
 
 
 def summarize(
@@ -353,11 +384,13 @@ def summarize(
     max_len: int,
     env: EnvironmentRecord | None = None,
     served: Schedule | None = None,
+    unserved: str | None = None,
 ) -> SweepSummary:
     """results.json's content (``env``: the run's ``environment()`` block; ``served``: the
-    schedule ``--predict`` served to confirm its recommendation)."""
+    schedule ``--predict`` served to confirm its recommendation, ``unserved``: why it served
+    none)."""
     sweep = sweep_runs(results)
-    ranges, skipped = planned_schedule(request, sweep, served)
+    ranges, skipped = planned_schedule(request, sweep, served, unserved)
     scheduled = [r for r in results if r.schedule]
     choice = recommend(request, sweep, ranges, skipped, scheduled)
     draft = str(request.draft)

@@ -204,6 +204,21 @@ def test_a_given_schedule_is_reported_even_where_one_choice_won_everywhere() -> 
     )
 
 
+def test_a_schedule_predict_did_not_serve_is_not_recommended_as_held() -> None:
+    """``tune --predict`` served no schedule (predicted to fall behind): the measured winners
+    differ, yet nothing measured the schedule, so the best single choice is recommended with
+    the prediction's reason, never "the schedule held"."""
+    why = "the schedule was predicted to fall behind k=2 at concurrency 8, so it was not served"
+    summary = summarize(REQUEST, _results(SWEEP), 200, unserved=why)
+    choice = summary["recommendation"]
+    assert not choice["schedule"] and not summary["schedule"]["measured"]
+    assert (
+        choice["reason"]
+        == f"{why}; no speculation is the best single choice across the concurrencies"
+    )
+    assert summary["schedule"]["not_measured_because"] == why
+
+
 def test_under_data_parallelism_the_schedule_is_not_served_and_the_best_single_k_wins() -> None:
     """vLLM turns per-batch-size schedules off with data_parallel_size > 1: the sweep says so
     and recommends the best single choice instead of a schedule it could not measure."""

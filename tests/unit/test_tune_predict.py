@@ -9,6 +9,7 @@ from statistics import fmean, median
 import numpy as np
 import pytest
 
+from eaglequant.render.prediction import schedule_sentence
 from eaglequant.results.spec_counts import SpecDecodeCounts
 from eaglequant.tune.predict import (
     MEANINGLESS_SPREAD,
@@ -20,6 +21,7 @@ from eaglequant.tune.predict import (
     fit,
     plan,
     predict,
+    predict_schedule,
     predicted_length,
 )
 from tests.unit import recorded_counts
@@ -174,6 +176,50 @@ def test_a_noisy_point_that_cannot_change_the_choice_is_not_measured() -> None:
     chosen = plan(predictions, (2, 4))
     assert chosen.winners == {1: 4, 16: 0}
     assert chosen.noisy == [(2, 16)]
+
+
+def test_a_schedule_predicted_to_fall_behind_is_not_served() -> None:
+    """Winners k=2 at 1 and no speculation at 16 make the schedule [[1,1,2],[2,16,0]]. Where
+    its k=0 range is predicted at 45-51 tok/s, no speculation (58-61) beats it at 16: the
+    best single choice (k=2: 3x at 1, 0.68x at 16) is served instead. Predicted at 57-62,
+    it ties there and holds."""
+    predictions = _row(1, {0: (9, 10, 11), 2: (28, 30, 32)})
+    predictions += _row(16, {0: (58, 60, 61), 2: (40, 41, 42)})
+
+    def behind(schedule: list) -> dict:
+        assert schedule == [(1, 1, 2), (2, 16, 0)]
+        return {1: (28, 30, 32), 16: (45, 48, 51)}
+
+    chosen = plan(predictions, (2,), scheduled=behind)
+    assert chosen.winners == {1: 2, 16: 0} and chosen.schedule is None
+    assert chosen.behind == {16: 0} and chosen.single == 2
+    assert chosen.scheduled == {1: (28, 30, 32), 16: (45, 48, 51)}
+    holds = plan(predictions, (2,), scheduled=lambda _s: {1: (28, 30, 32), 16: (57, 59, 62)})
+    assert holds.schedule == [(1, 1, 2), (2, 16, 0)] and holds.behind == {}
+    text = schedule_sentence(
+        {"ranges": [[1, 1, 2], [2, 16, 0]], "runs": {"16": [45, 48, 51]}, "behind": {"16": 0}}
+    )
+    assert "48.0 [45.0-51.0] at 16" in text and "no speculation at 16 beats it" in text
+
+
+def test_a_schedules_k0_range_pays_one_draft_step() -> None:
+    """Target steps 20 ms at 1 token and 26 ms at 4 (2 ms a token past them); k=2 accepting
+    0.5 / 0.25 (1.75 tokens a step) with draft steps of 4 ms at 1 and 5 ms at 4. The schedule
+    [[1,1,2],[2,4,0]]: k=2's own throughput at 1; at 4 the target's step plus one draft step,
+    4 / (26 + 5) ms, below no speculation's 4 / 26 ms."""
+    k2_at_1 = 1.75 / (0.024 + 2 * 0.004)  # T(3) = 24 ms
+    k2_at_4 = 4 * 1.75 / (0.042 + 2 * 0.005)  # T(12) = 42 ms
+    points = [
+        Point(0, 1, (1 / 0.020,)),
+        Point(0, 4, (4 / 0.026,)),
+        Point(2, 1, (k2_at_1,), (0.5, 0.25)),
+        Point(2, 4, (k2_at_4,), (0.5, 0.25)),
+    ]
+    found = predict_schedule(points, [(1, 1, 2), (2, 4, 0)])
+    assert found[1] == pytest.approx((k2_at_1,) * 3)
+    assert found[4] == pytest.approx((4 / 0.031,) * 3)
+    # past the last range vLLM carries its k: [[1,2,2]] serves k=2 at 4 too
+    assert predict_schedule(points, [(1, 2, 2)])[4] == pytest.approx((k2_at_4,) * 3)
 
 
 def _counts(rates: list[float]) -> SpecDecodeCounts:
