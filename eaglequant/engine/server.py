@@ -24,7 +24,13 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from eaglequant.engine.process import Child, kill_group, log_tail, start_child
+from eaglequant.engine.process import (
+    Child,
+    kill_group,
+    log_tail,
+    start_child,
+    wait_group_gone,
+)
 from eaglequant.errors import CheckFailed
 
 HOST = "127.0.0.1"
@@ -128,13 +134,16 @@ class Server:
 
 
 def stop_group(process: Child, grace: float) -> None:
-    """Ask a child's process group to end, then kill it (no engine core or worker survives)."""
+    """Ask a child's process group to end, then kill it (no engine core or worker survives),
+    and wait until the last of it has gone: the next server or measurement starts on cores
+    that no dying process still frees memory on."""
     with contextlib.suppress(ProcessLookupError):
         os.killpg(process.pid, signal.SIGTERM)
     with contextlib.suppress(subprocess.TimeoutExpired):
         process.wait(timeout=grace)
     kill_group(process)
     process.wait()
+    wait_group_gone(process)
 
 
 @contextlib.contextmanager
