@@ -16,7 +16,6 @@ from eaglequant.results.tune_summary import (
     DRAFT,
     NO_SPECULATION,
     ComparisonSummary,
-    CpuSpeed,
     Point,
     SweepRow,
     SweepSummary,
@@ -136,26 +135,7 @@ def _tune_notes(summary: SweepSummary) -> list[str]:
         "",
         f"**Recommended: {recommendation_name(summary)}** ({summary['recommendation']['reason']}).",
     ]
-    speed = summary.get("cpu_speed")
-    if speed:
-        notes += ["", cpu_speed_sentence(speed)]
     return notes
-
-
-def cpu_speed_sentence(speed: CpuSpeed) -> str:
-    """The CPU's speed after each server, and what its movement means for the comparisons."""
-    by_server = ", ".join(f"{label} {gflops:.0f}" for label, gflops in speed["gflops"].items())
-    text = (
-        f"The CPU's speed after each server ({speed['probe']}): {by_server} GFLOP/s, "
-        f"{speed['spread']:.0%} apart."
-    )
-    if speed["moved"]:
-        text += (
-            " **The machine's speed moved across this run's servers** more than the rounds "
-            "inside any one server can show: a difference between servers this size or "
-            "smaller may be the machine, not the configuration; rerun on a quieter machine."
-        )
-    return text
 
 
 def recommendation_name(summary: SweepSummary) -> str:

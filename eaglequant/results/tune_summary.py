@@ -193,17 +193,6 @@ class AcceptanceCheck(TypedDict):
     measured_length: float | None
 
 
-class CpuSpeed(TypedDict):
-    """The CPU's speed probed after each server (``tune.machine``): the probe, GFLOP/s by
-    server label, how far it moved across them ((fastest - slowest) / fastest), and whether
-    that is more than a comparison can rest on (``tune.predict.MEANINGLESS_SPREAD``)."""
-
-    probe: str
-    gflops: dict[str, float]
-    spread: float
-    moved: bool
-
-
 class PredictedSchedule(TypedDict):
     """The winners' per-batch-size schedule as ``tune --predict`` predicted it: its ranges,
     its throughput by concurrency ([slowest, mean, fastest] fits) and where a winner beats
@@ -274,7 +263,6 @@ class SweepSummary(Workload):
     recommendation: SweepRecommendation
     serve_command: str
     environment: EnvironmentRecord | None
-    cpu_speed: NotRequired[CpuSpeed | None]  # vLLM on the CPU: its speed after each server
     prediction: NotRequired[PredictionRecord]  # tune --predict: predicted beside measured
 
 

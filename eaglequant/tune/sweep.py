@@ -22,7 +22,7 @@ from __future__ import annotations
 import sys
 import tempfile
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
 from statistics import fmean
@@ -36,7 +36,6 @@ from eaglequant.results.tune_summary import (
     SCHEMA_VERSION,
     SWEEP,
     AcceptanceCheck,
-    CpuSpeed,
     PredictedSchedule,
     PredictionRecord,
     SweepRecommendation,
@@ -59,9 +58,7 @@ from eaglequant.tune.choice import (
     schedule_misses,
     winner,
 )
-from eaglequant.tune.machine import PROBE, cpu_gflops, speed_spread
 from eaglequant.tune.predict import (
-    MEANINGLESS_SPREAD,
     Plan,
     Point,
     Prediction,
@@ -91,8 +88,7 @@ class TuneResult:
 
     ``runs`` holds each round's output tokens/s; ``counts`` the server's spec-decode counters
     pooled over the rounds (None: no speculation). For the schedule's server k is its largest
-    k and ``schedule`` is true. ``cpu_gflops``: the CPU's speed probed once its server
-    stopped (:mod:`.machine`; None: not probed, vLLM does not run on the CPU).
+    k and ``schedule`` is true.
     """
 
     k: int
@@ -103,7 +99,6 @@ class TuneResult:
     per_position: list[float] = field(default_factory=list)
     schedule: bool = False
     counts: SpecDecodeCounts | None = None
-    cpu_gflops: float | None = None
 
     @property
     def output_throughput(self) -> float:
@@ -153,11 +148,9 @@ def measure(
     scratch: Path,
     progress: Progress,
     bench: BenchClient,
-    probe: Callable[[], float | None] | None = None,
 ) -> list[TuneResult]:
     """Serve one configuration, warm it up, and bench it in ``repeats`` rounds over every
-    concurrency, all inside this one server (``probe``: the CPU's speed, taken once it has
-    stopped and nothing of the sweep runs)."""
+    concurrency, all inside this one server."""
     server = Server(
         model=str(request.target),
         flags=engine_flags(request, config.spec, max_len),
@@ -175,9 +168,7 @@ def measure(
                 sample = counted_run(bench, server, request, concurrency, result, what)
                 samples[concurrency].append(sample)
                 progress(f"{what}: {sample[0]['output_throughput']:.1f} tok/s")
-    speed = probe() if probe is not None else None
-    found = [to_result(config.k, c, runs, config.schedule) for c, runs in samples.items()]
-    return [replace(result, cpu_gflops=speed) for result in found]
+    return [to_result(config.k, c, found, config.schedule) for c, found in samples.items()]
 
 
 def tune(request: TuneRequest, progress: Progress = quiet) -> SweepSummary:
@@ -195,7 +186,6 @@ def tune(request: TuneRequest, progress: Progress = quiet) -> SweepSummary:
     ]
     results: list[TuneResult] = []
     forecast: Forecast | None = None
-    on_cpu = probe_vllm(sys.executable).on_cpu
     with (
         tempfile.TemporaryDirectory(prefix="eaglequant-tune-") as scratch,
         BenchClient(Path(scratch) / "bench-client.log") as bench,
@@ -208,7 +198,6 @@ def tune(request: TuneRequest, progress: Progress = quiet) -> SweepSummary:
             scratch=Path(scratch),
             progress=progress,
             bench=bench,
-            probe=cpu_gflops if on_cpu else None,
         )
         if request.predict:
             results, forecast = predicted_sweep(request, configs, run, progress)
@@ -220,6 +209,7 @@ def tune(request: TuneRequest, progress: Progress = quiet) -> SweepSummary:
                 results += run(schedule_configuration(request, ranges))
             else:
                 progress(f"no schedule run: {skipped}")
+    on_cpu = probe_vllm(sys.executable).on_cpu
     served = forecast.plan.schedule if forecast else None
     unserved = unserved_schedule(forecast.plan) if forecast and served is None else None
     summary = summarize(
@@ -432,22 +422,7 @@ def summarize(
         "recommendation": choice,
         "serve_command": serve_line(request, spec, max_len),
         "environment": env,
-        "cpu_speed": cpu_speed_record(results),
     }
-
-
-def cpu_speed_record(results: list[TuneResult]) -> CpuSpeed | None:
-    """The CPU's speed probed after each server, and how far it moved (None: not probed)."""
-    gflops: dict[str, float] = {}
-    for r in results:
-        if r.cpu_gflops is not None:
-            label = "schedule" if r.schedule else f"k{r.k}" if r.k else "no-speculation"
-            gflops.setdefault(label, round(r.cpu_gflops, 1))
-    if not gflops:
-        return None
-    spread = speed_spread(gflops)
-    moved = spread > MEANINGLESS_SPREAD
-    return {"probe": PROBE, "gflops": gflops, "spread": round(spread, 4), "moved": moved}
 
 
 def recommend(

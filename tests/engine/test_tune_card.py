@@ -82,10 +82,6 @@ def test_tune_runs_servers_and_writes_results(tune_out: Path) -> None:
         if row["k"]:
             assert row["acceptance_length"] > 1.0 and len(row["per_position"]) == row["k"]
     assert summary["tensor_parallel_size"] == 1 and summary["engine_args"] == {"max_num_seqs": 8}
-    # vLLM on the CPU: the CPU's speed probed after each of the three servers
-    speed = summary["cpu_speed"]
-    assert set(speed["gflops"]) == {"no-speculation", "k2", "schedule"}, speed
-    assert min(speed["gflops"].values()) > 0 and 0 <= speed["spread"] < 1
     # served as vLLM serves by default: compiled
     assert (
         "--tensor-parallel-size 1 --max-model-len 92 --max-num-seqs 8" in summary["serve_command"]

@@ -219,43 +219,6 @@ def test_a_schedule_predict_did_not_serve_is_not_recommended_as_held() -> None:
     assert summary["schedule"]["not_measured_because"] == why
 
 
-def test_the_cpus_speed_after_each_server_is_reported_and_a_move_flagged() -> None:
-    """Each server's results carry the CPU's speed probed after it: the summary keeps one
-    figure per server and how far they moved; past 20% results.md says the servers cannot
-    be compared to that precision. Not probed (vLLM on a GPU): no block, no sentence."""
-    from dataclasses import replace
-
-    from eaglequant.render.reports import tune_markdown
-    from eaglequant.tune.machine import PROBE
-
-    speeds = {0: 300.0, 2: 290.0, 4: 150.0}
-    results = [replace(r, cpu_gflops=speeds[r.k]) for r in _results(SWEEP)]
-    summary = summarize(REQUEST, results, 200)
-    assert summary["cpu_speed"] == {
-        "probe": PROBE,
-        "gflops": {"no-speculation": 300.0, "k2": 290.0, "k4": 150.0},
-        "spread": 0.5,
-        "moved": True,
-    }
-    text = tune_markdown(summary)
-    assert "no-speculation 300, k2 290, k4 150 GFLOP/s, 50% apart" in text
-    assert "The machine's speed moved across this run's servers" in text
-    steady = summarize(REQUEST, [replace(r, cpu_gflops=300.0 - r.k) for r in results], 200)
-    assert steady["cpu_speed"] is not None and not steady["cpu_speed"]["moved"]
-    assert "moved across" not in tune_markdown(steady)
-    unprobed = summarize(REQUEST, _results(SWEEP), 200)
-    assert unprobed["cpu_speed"] is None and "GFLOP/s" not in tune_markdown(unprobed)
-
-
-def test_the_cpu_probe_times_one_cores_gemm_in_a_child() -> None:
-    from eaglequant.tune.machine import cpu_gflops, gemm_gflops, speed_spread
-
-    probed = cpu_gflops()
-    assert probed is not None and 0.1 < probed < 1e5
-    assert 0.1 < gemm_gflops(size=128, repeats=3) < 1e5
-    assert speed_spread({"a": 200.0, "b": 150.0}) == 0.25
-
-
 def test_under_data_parallelism_the_schedule_is_not_served_and_the_best_single_k_wins() -> None:
     """vLLM turns per-batch-size schedules off with data_parallel_size > 1: the sweep says so
     and recommends the best single choice instead of a schedule it could not measure."""
