@@ -232,8 +232,8 @@ def predict_schedule(points: Sequence[Point], schedule: Schedule) -> dict[int, R
     found: dict[int, Runs] = {}
     for c in sorted(models["mean"].draft_step):
         k = next((k for first, last, k in schedule if first <= c <= last), schedule[-1][2])
-        values = [m.scheduled_throughput(k, c) for m in models.values()]
-        found[c] = (min(values), models["mean"].scheduled_throughput(k, c), max(values))
+        values = {pick: m.scheduled_throughput(k, c) for pick, m in models.items()}
+        found[c] = (min(values.values()), values["mean"], max(values.values()))
     return found
 
 
@@ -302,7 +302,14 @@ def plan(
             tied = not (min(runs[k]) > max(best) or min(best) > max(runs[k]))
             if tied and by_point[k, c].noisy and _could_decide(k, winners[c], runs):
                 noisy.append((k, c))
-    return Plan(winners, single, schedule, noisy, behind, expected)
+    return Plan(
+        winners=winners,
+        single=single,
+        schedule=schedule,
+        noisy=noisy,
+        behind=behind,
+        scheduled=expected,
+    )
 
 
 def _could_decide(k: int, chosen: int, runs: Mapping[int, Runs]) -> bool:
