@@ -147,7 +147,8 @@ def fp8_linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
 
     In BF16 where BF16 GEMMs are native (FP8 values are exact in BF16; the sums
     are rounded to BF16 as such a GEMM returns them), else in float32, rounded
-    the same. The weight stays FP8, converted a block of rows at a time.
+    the same. The weight holds FP8 values in FP8 or in BF16; where that is not the GEMM's
+    dtype it is converted a block of rows at a time.
     """
     dtype = torch.bfloat16 if runs_natively(torch.bfloat16, weight.device) else torch.float32
     return round_as(upcast_linear(x.to(dtype), weight), torch.bfloat16)

@@ -157,6 +157,9 @@ def test_simulated_fp8_linear_rounds_its_product_then_scales(
     weight_scale = torch.rand(24, 1, generator=generator) + 0.5
     x = torch.randn(3, 5, 32, generator=generator)
     layer = SimulatedFp8Linear(weight, weight_scale, torch.tensor(0.01), per_token=False)
+    # converted once where the GEMM runs in BF16 (exactly), kept FP8 where it runs in float32
+    assert layer.weight.dtype == (torch.bfloat16 if path == "bf16" else torch.float8_e4m3fn)
+    assert torch.equal(layer.weight.float(), weight.float())
     out = compute.module_linear(layer, x, torch.bfloat16)
     values = (x.bfloat16().float() / 0.01).clamp(-448, 448).to(torch.float8_e4m3fn)
     product = torch.nn.functional.linear(values.double(), weight.double())
