@@ -46,7 +46,7 @@ class SimulatedFp8Linear(nn.Module):
 
     Where BF16 GEMMs are native the FP8 weight is converted to BF16 once, here (FP8
     values are exact in BF16): torch converts FP8 at 0.15-0.3 G values/s on a CPU, twice
-    a block's GEMM time, and per call that was once per micro-batch and step. Elsewhere
+    a block's GEMM time, which per call would recur for every micro-batch and step. Elsewhere
     (float32 GEMMs) the weight stays FP8, one byte per value, and is upcast a block at a
     time per call: a float32 copy of a full-size midlayer would be 4 bytes per value.
     """
