@@ -122,7 +122,8 @@ def settle(*folders: Path) -> None:
 
 
 def timed(cmd: list[str], *cold: Path, env: dict[str, str] | None = None) -> dict[str, float]:
-    """Wall time and peak RSS (of the child, via wait4) of one command, ``cold`` folders evicted.
+    """Wall time, CPU time (user + system) and peak RSS of one command and the children it
+    waited for (via wait4), ``cold`` folders evicted.
 
     ``disk_written_gb``: what the disk under the bench's cache wrote meanwhile
     (with the final fsync's flush; other processes' writes count too).
@@ -136,7 +137,11 @@ def timed(cmd: list[str], *cold: Path, env: dict[str, str] | None = None) -> dic
     if os.waitstatus_to_exitcode(status) != 0:
         raise SystemExit(f"failed: {' '.join(cmd)}\n{process.stderr.read().decode()[-3000:]}")  # type: ignore[union-attr]
     os.sync()
-    result = {"wall_s": round(wall, 3), "peak_rss_gib": round(usage.ru_maxrss / 2**20, 3)}
+    result = {
+        "wall_s": round(wall, 3),
+        "cpu_s": round(usage.ru_utime + usage.ru_stime, 3),
+        "peak_rss_gib": round(usage.ru_maxrss / 2**20, 3),
+    }
     if written is not None:
         result["disk_written_gb"] = round(((disk_sectors_written() or 0) - written) * 512 / 1e9, 3)
     return result
@@ -470,23 +475,28 @@ def print_table(results: dict) -> None:  # type: ignore[type-arg]
         f"native BF16 {cpu['native_bf16']}, emulation {cpu['emulation'] or 'none'}"
     )
     print(f"GEMM rates GFLOP/s ({results['cpu']['gemm_path']} path chosen): {cpu['gemm_gflops']}")
-    print(f"{'run':36} {'x floor':>8} {'wall s':>8} {'peak RSS GiB':>13}")
+    print(f"{'run':36} {'x floor':>8} {'wall s':>8} {'CPU s':>8} {'peak RSS GiB':>13}")
     for name, row in rows:
-        ratio = row["wall_s"] / floor
-        print(f"{name:36} {ratio:8.2f} {row['wall_s']:8.2f} {row['peak_rss_gib']:13.2f}")
+        ratio, cpu_s = row["wall_s"] / floor, row.get("cpu_s", float("nan"))
+        print(
+            f"{name:36} {ratio:8.2f} {row['wall_s']:8.2f} {cpu_s:8.2f} {row['peak_rss_gib']:13.2f}"
+        )
     if "ptpc_export" in results:
         print(f"ptpc output equals Quark's tensor for tensor: {results['ptpc_equals_quark']}")
         if "ptpc_equals_before" in results:
             print(f"ptpc output equals the previous version's: {results['ptpc_equals_before']}")
         for index, one in enumerate(results.get("ptpc_runs", [results])):
-            print_ptpc_run(index + 1, one)
+            print_ptpc_run(index + 1, one, results["cpus"])
     if "static_stages_s" in results:
         print_static(results, floor)
     print(f"--help {results['help']['wall_s']:.3f}s, inspect {results['inspect']['wall_s']:.3f}s")
 
 
-def print_ptpc_run(number: int, one: dict) -> None:  # type: ignore[type-arg]
-    """One measured run: the floor, this version and the previous one, each stage."""
+def print_ptpc_run(number: int, one: dict, cpus: int) -> None:  # type: ignore[type-arg]
+    """One measured run: the floor, this version and the previous one, each stage.
+
+    A run's CPU time over the cores it could use is the least wall time it could take.
+    """
     floor = one["io_floor"]["wall_s"]
     print(f"ptpc run {number}: I/O floor {floor:.2f}s")
     for label, suffix in (("this version", ""), ("previous version", "_before")):
@@ -497,6 +507,12 @@ def print_ptpc_run(number: int, one: dict) -> None:  # type: ignore[type-arg]
             f"  {label}: {row['wall_s']:.2f}s = {row['wall_s'] / floor:.2f}x floor, peak RSS "
             f"{row['peak_rss_gib']:.2f} GiB, disk wrote {row.get('disk_written_gb', '?')} GB"
         )
+        if "cpu_s" in row:
+            least = row["cpu_s"] / cpus
+            print(
+                f"    CPU {row['cpu_s']:.1f}s on {cpus} cores: no less than {least:.1f}s "
+                f"= {least / floor:.2f}x floor however well it overlaps"
+            )
         print(f"    stages: {stages}")
         print(f"    {stage_sums(stages, row['wall_s'])}")
 
