@@ -1,13 +1,13 @@
 """``eaglequant export``: the orchestrator, one checklist from BF16 draft to FP8 folder.
 
-check (no heavy imports) -> start: Quark's worker for the dynamic recipes (it
-imports Quark on its own core from here on) and the output folder (pass-through
-copy, NaN/Inf check, read-back and fsync in the background) -> import torch ->
-load -> calibrate -> quantize with Quark -> measure -> write (config with regex
-exclusions, shards, index) -> verify by reading back -> manifest. Everything is
-written into a temporary sibling of the output folder and renamed into place
-only when the read-back checks pass. A failure of the background copy (a NaN in
-``lm_head``) is reported at the next stage boundary.
+check (no heavy imports) -> start: Quark's worker for the dynamic recipes (it imports
+Quark on its own core from here on) and the output folder (pass-through copy, NaN/Inf
+check, read-back and fsync in the background) -> import torch (with transformers only
+where a stage holds the draft as a module) -> load -> calibrate -> quantize with Quark
+-> measure -> write (config with regex exclusions, shards, index) -> verify by reading
+back -> manifest. Everything is written into a temporary sibling of the output folder
+and renamed into place only when the read-back checks pass. A failure of the background
+copy (a NaN in ``lm_head``) is reported at the next stage boundary.
 
 The stage report (the manifest's ``timings_s``) covers the process from its
 start: the plain names are this process's stages one after the other and add
@@ -180,31 +180,34 @@ def _run(
     with stage("import"):
         # lazy: torch-free core
         from eaglequant.quantize import pipeline  # torch and co., beside Quark's import
+
+        if plan.module_needed:
+            # lazy: torch-free core
+            from eaglequant.quantize import module_flow  # transformers: the draft as a module
     with stage("load"):
         device = pipeline.resolve_device(request.device)
-        model = pipeline.load(plan.ckpt, module_needed=plan.module_needed, device=device)
+        model = module_flow.load(plan.ckpt, device) if plan.module_needed else None
     with stage("calibrate"):
-        calib = pipeline.calibrate(
-            model,
-            request.calibration,
-            recipe.calibration,
-            plan.dims,
-            plan.aux_layer_ids,
-            scratch_parent=scratch,
-            progress=progress,
-        )
+        calib = pipeline.NO_CALIBRATION
+        if model is not None:
+            calib = module_flow.calibrate(
+                model,
+                request.calibration,
+                recipe.calibration,
+                plan.dims,
+                plan.aux_layer_ids,
+                scratch_parent=scratch,
+                progress=progress,
+            )
     with stage("quantize"):
-        quark = pipeline.quantize(
-            plan.ckpt,
-            model,
-            recipe,
-            calib.batches,
-            file_to_file=file_to_file,
-            scratch_parent=scratch,
-            out=request.out,
-        )
         if file_to_file is not None:
+            quark = pipeline.quantize_file_to_file(file_to_file)
             file_to_file.close()  # its scratch folder goes now, not after the manifest
+        else:
+            assert model is not None  # every static recipe needs the module (plan_export)
+            quark = module_flow.quantize_static(
+                plan.ckpt, model, recipe, calib.batches, scratch_parent=scratch, out=request.out
+            )
     with stage("measure"):
         measurement = pipeline.measure_export(
             plan.ckpt, model, quark.tensors, recipe, calib.held_out

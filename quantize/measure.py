@@ -24,14 +24,17 @@ import copy
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
 from tqdm.auto import tqdm
 
 from eaglequant.model import compute, mx
-from eaglequant.model.eagle3 import Eagle3Draft, StepOutput, micro_batches
 from eaglequant.recipe import FP8_E4M3_MAX, MX_DTYPES, Recipe
+
+if TYPE_CHECKING:  # the draft module's transformers is imported by the flow that builds one
+    from eaglequant.model.eagle3 import Eagle3Draft, StepOutput
 
 FP8 = torch.float8_e4m3fn
 
@@ -234,7 +237,7 @@ def _compare(
         with torch.no_grad():
             for batch in tqdm(batches, desc="measuring", unit="batch", disable=None):
                 aux, ids = batch["aux_hidden"], batch["next_ids"]
-                for rows in micro_batches(aux.shape[0], aux.shape[1]):
+                for rows in compute.micro_batches(aux.shape[0], aux.shape[1]):
                     ref = bf16.unroll(aux[rows], ids[rows], steps, keep_logits=False)
                     got = fp8.unroll(aux[rows], ids[rows], steps, keep_logits=False)
                     for k in range(steps):

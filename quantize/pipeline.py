@@ -1,4 +1,10 @@
-"""The heavy stages of the export (torch and Quark imported here, never at CLI start-up).
+"""The export's stages that both flows share (torch imported here, never at CLI start-up).
+
+The module flow (:mod:`.module_flow`: the draft held as a torch module, for
+calibration, Quark's static flow or the held-out measurement) adds transformers
+and is imported only where the export needs it; the file-to-file flow without
+calibration data runs on these stages alone, so its process spends its cores on
+the copy beside Quark's worker instead of on importing transformers.
 
 Each stage takes what it uses; the orchestrator (:mod:`eaglequant.quantize.export`)
 passes it along and owns the order.
@@ -6,32 +12,24 @@ passes it along and owns the order.
 
 from __future__ import annotations
 
-import gc
-import tempfile
-from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
-from safetensors import SafetensorError
-from torch import nn
 
 from eaglequant.capture.records import CaptureInfo
-from eaglequant.capture.run import capture_into
-from eaglequant.capture.sequences import tokenize_data
-from eaglequant.capture.store import CalibrationData, load_capture, read_info
 from eaglequant.errors import InputError
 from eaglequant.io.checkpoint import Checkpoint
 from eaglequant.model import compute
-from eaglequant.model.eagle3 import Eagle3Draft
-from eaglequant.model.load import load_draft_module, load_reference_layer
 from eaglequant.quantize import quark_backend
-from eaglequant.quantize.file_to_file import FileToFile, quark_write_error
+from eaglequant.quantize.file_to_file import FileToFile
 from eaglequant.quantize.measure import Measurement, measure
-from eaglequant.quantize.sources import CalibrationSource
-from eaglequant.recipe import CalibrationSpec, Recipe
+from eaglequant.recipe import Recipe
 from eaglequant.results.manifest import DeviceRecord
-from eaglequant.rules.draft import FIRST_LAYER, DraftDims, dims_from_config
+from eaglequant.rules.draft import dims_from_config
+
+if TYPE_CHECKING:  # transformers comes with the module flow
+    from eaglequant.model.eagle3 import Eagle3Draft
 
 
 @dataclass
@@ -72,129 +70,9 @@ def describe_device(device: torch.device) -> DeviceRecord:
     }
 
 
-def load(ckpt: Checkpoint, *, module_needed: bool, device: torch.device) -> Eagle3Draft | None:
-    """The draft as a torch module on ``device``, when calibration, Quark or measurement needs it.
-
-    The file-to-file flow without calibration data never holds the whole draft.
-    """
-    torch.set_grad_enabled(False)
-    if not module_needed:
-        return None
-    # fc, lm_head and embed_tokens are checked for NaN/Inf as the output is read back.
-    model = load_draft_module(ckpt, check_unquantized=False)
-    if device.type != "cpu":
-        torch.nn.Module.to(model, device)  # in place; PreTrainedModel.to is typed for dtypes only
-    return model
-
-
-def calibrate(
-    model: Eagle3Draft | None,
-    source: CalibrationSource,
-    spec: CalibrationSpec,
-    dims: DraftDims,
-    aux_layer_ids: tuple[int, ...] | None,
-    *,
-    scratch_parent: Path,
-    progress: Callable[[str], None],
-) -> Calibration:
-    """Collect draft inputs from ``source`` and split off the held-out part.
-
-    A target is run through the capture path (the chosen engine) into a scratch
-    folder under ``scratch_parent`` and read back like any capture.
-    """
-    if model is None or source.kind == "none":
-        return NO_CALIBRATION
-    samples = source.samples or spec.samples
-    info: CaptureInfo | None
-    if source.kind == "target":
-        assert source.target and source.data and aux_layer_ids and source.engine
-        with tempfile.TemporaryDirectory(prefix=".calibration-", dir=scratch_parent) as scratch:
-            tokenized = tokenize_data(
-                source.target,
-                source.data,
-                source.seq_len or spec.seq_len,
-                samples + spec.held_out,
-                source.engine.trust_remote_code,
-            )
-            info = capture_into(
-                Path(scratch),
-                target=source.target,
-                sequences=tokenized.sequences,
-                aux_ids=aux_layer_ids,
-                engine=source.engine,
-                embeddings=model.embed_tokens is None,
-                source={"data": tokenized.provenance},
-                progress=progress,
-            )
-            data = load_capture(Path(scratch), dims)
-    else:
-        assert source.capture
-        data = load_capture(source.capture, dims)
-        info = read_info(source.capture)
-    if model.embed_tokens is None:
-        _attach_embeddings(model, data)
-    calib, held = data.split(samples, spec.held_out)
-    device = next(model.parameters()).device
-    batches = _on(device, calib.batches(spec.batch_size))
-    held_out = _on(device, held.batches(spec.batch_size))
-    return Calibration(batches, held_out, len(calib.input_ids), calib.tokens, info)
-
-
-def _on(
-    device: torch.device, batches: list[dict[str, torch.Tensor]]
-) -> list[dict[str, torch.Tensor]]:
-    if device.type == "cpu":
-        return batches
-    return [{k: v.to(device) for k, v in batch.items()} for batch in batches]
-
-
-def _attach_embeddings(model: Eagle3Draft, data: CalibrationData) -> None:
-    if data.embed_tokens is None:
-        raise InputError(
-            f"{data.source}: the draft has no embed_tokens and this calibration source holds "
-            "none; re-run `eaglequant capture` with --embeddings"
-        )
-    device = next(model.parameters()).device
-    model.embed_tokens = nn.Embedding.from_pretrained(data.embed_tokens.to(device), freeze=True)
-
-
-def quantize(
-    ckpt: Checkpoint,
-    model: Eagle3Draft | None,
-    recipe: Recipe,
-    batches: list[dict[str, torch.Tensor]] | None,
-    *,
-    file_to_file: FileToFile | None,
-    scratch_parent: Path,
-    out: Path,
-) -> quark_backend.QuarkResult:
-    """Quark: the file-to-file flow already under way for dynamic activations, else the
-    calibrated static flow.
-
-    The static flow writes into a scratch folder under ``scratch_parent``; ``out``
-    names the export's output in an I/O error.
-    """
-    if file_to_file is not None:
-        return quark_backend.quantize_file_to_file(file_to_file)
-
-    assert model is not None
-    with quark_backend.scratch_dir(scratch_parent) as scratch:
-        try:
-            model.unroll_steps = recipe.calibration.steps
-            result = quark_backend.quantize_static(model, recipe, batches, Path(scratch))
-        except SafetensorError as exc:  # Quark's own writing into the scratch folder
-            raise quark_write_error(out, scratch, str(exc)) from exc
-    # Quark replaced the decoder layers' linears in place; measure against the originals
-    # (each freed first: two copies of a layer at once would not fit at full size).
-    device = next(model.fc.parameters()).device
-    del model.midlayer
-    gc.collect()
-    model.midlayer = load_reference_layer(ckpt, FIRST_LAYER).to(device)
-    for key in list(model.layers):
-        del model.layers[key]
-        gc.collect()
-        model.layers[key] = load_reference_layer(ckpt, f"layers.{key}").to(device)
-    return result
+def quantize_file_to_file(file_to_file: FileToFile) -> quark_backend.QuarkResult:
+    """Quark's file-to-file flow, under way since the export started (dynamic activations)."""
+    return quark_backend.quantize_file_to_file(file_to_file)
 
 
 def measure_export(

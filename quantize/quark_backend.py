@@ -29,18 +29,19 @@ import time
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from eaglequant.io.checkpoint import read_checkpoint
 from eaglequant.io.model_config import QuantizationConfig
 from eaglequant.model import compute
-from eaglequant.model.eagle3 import Eagle3Draft
-from eaglequant.model.load import release_file_pages
 from eaglequant.quantize.file_to_file import SCRATCH_PREFIX, FileToFile
 from eaglequant.recipe import FP8_E4M3_MAX, MX_DTYPES, Recipe
 from eaglequant.rules.draft import SCALE_SUFFIXES, kv_scale_name
+
+if TYPE_CHECKING:  # the draft module's transformers is imported by the flow that builds one
+    from eaglequant.model.eagle3 import Eagle3Draft
 
 UNQUANTIZED_MODULES = ("fc", "lm_head", "embed_tokens")
 KV_PROJECTIONS = ("*k_proj", "*v_proj")  # their outputs are the KV cache (Quark's patterns)
@@ -260,7 +261,7 @@ def quantize_static(
         with _native_while_calibrating(model):
             quantized = quantizer.quantize_model(model, list(batches))
     timings["quark_calibration"] = round(time.perf_counter() - started, 3)
-    release_file_pages(model)
+    model.release_file_pages()
     frozen = quantizer.freeze(quantized)
     # Quark's export writes the whole state dict; only the decoder layers are wanted, so the
     # unquantized gigabytes (fc, lm_head, embed_tokens) are detached while it runs.

@@ -32,6 +32,7 @@ GEMM_ENV = "EAGLEQUANT_GEMM"  # auto (default), bf16 or float32
 GEMM_PATHS = ("bf16", "float32")
 UPCAST_ELEMENTS = 1 << 23  # weight values upcast at a time into one reused 32 MiB buffer
 VIEW_ELEMENTS = 1 << 26  # weight values per GEMM in the weight's own dtype (BF16 GEMMs want many)
+MICRO_BATCH_TOKENS = 512  # tokens per unrolled forward in calibration and measurement
 PROBE_SHAPE = (512, 4096, 1024)  # tokens (a micro-batch), inputs, outputs: 4.3 GFLOP
 _TAKEN: set[str] = set()  # the paths this process's BF16 GEMMs on the CPU took
 
@@ -99,6 +100,12 @@ def row_blocks(weight: torch.Tensor, elements: int) -> list[slice]:
     """Slices of ``weight``'s rows, ``elements`` values each (at least one row)."""
     rows = max(1, elements // max(weight.shape[1], 1))
     return [slice(start, start + rows) for start in range(0, weight.shape[0], rows)]
+
+
+def micro_batches(sequences: int, length: int) -> list[slice]:
+    """Row slices of at most :data:`MICRO_BATCH_TOKENS` tokens (at least one sequence)."""
+    per = max(1, MICRO_BATCH_TOKENS // max(length, 1))
+    return [slice(i, i + per) for i in range(0, sequences, per)]
 
 
 def weight_blocks(weight: torch.Tensor, dtype: torch.dtype) -> Iterator[tuple[slice, torch.Tensor]]:

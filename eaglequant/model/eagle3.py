@@ -47,8 +47,6 @@ from eaglequant.model.mla_attention import MlaAttention
 from eaglequant.model.norm import RMSNorm
 from eaglequant.rules.draft import DraftDims, dims_from_config
 
-MICRO_BATCH_TOKENS = 512  # tokens per unrolled forward in calibration and measurement
-
 
 class FileMappings(list[mmap.mmap]):
     """The file mappings behind a model's mapped weights; a deep copy shares, not copies, them."""
@@ -235,11 +233,11 @@ class Eagle3Draft(PreTrainedModel):
         """Calibration forward: ``unroll_steps`` steps; returns the last step's pre-norm state.
 
         Only what feeds the decoder layers is computed: the last step is not scored.
-        Runs a few sequences at a time (:data:`MICRO_BATCH_TOKENS`): the
+        Runs a few sequences at a time (:data:`compute.MICRO_BATCH_TOKENS`): the
         min/max a static scale needs does not depend on how rows are batched.
         """
         steps, prenorms = self.unroll_steps, []
-        for rows in micro_batches(aux_hidden.shape[0], aux_hidden.shape[1]):
+        for rows in compute.micro_batches(aux_hidden.shape[0], aux_hidden.shape[1]):
             inputs = aux_hidden[rows], next_ids[rows], steps
             outputs = self.unroll(*inputs, keep_logits=False, score_last=False)
             prenorms.append(outputs[-1].prenorm)
@@ -268,6 +266,16 @@ class Eagle3Draft(PreTrainedModel):
         weight = self.get_submodule(name).weight
         assert isinstance(weight, torch.Tensor)
         return weight
+
+    def release_file_pages(self) -> None:
+        """Hand the pages of the mapped tensors back to the page cache until next touched.
+
+        They are unmodified copy-on-write file pages, so nothing is lost: the next
+        use faults them back in from the page cache (or the disk). Used while Quark
+        freezes and exports, which never touch fc, lm_head or embed_tokens.
+        """
+        for mapping in self.file_mappings:
+            mapping.madvise(mmap.MADV_DONTNEED)
 
     def draft_to_target(self, draft_ids: torch.Tensor) -> torch.Tensor:
         return draft_ids + self.d2t[draft_ids]
@@ -346,12 +354,6 @@ class Eagle3Draft(PreTrainedModel):
             logits = compute.linear(normed, self.lm_head.weight)
             return StepOutput(logits, logits.argmax(-1), out.prenorm)
         return StepOutput(None, compute.top1(normed, self.lm_head.weight), out.prenorm)
-
-
-def micro_batches(sequences: int, length: int) -> list[slice]:
-    """Row slices of at most :data:`MICRO_BATCH_TOKENS` tokens (at least one sequence)."""
-    per = max(1, MICRO_BATCH_TOKENS // max(length, 1))
-    return [slice(i, i + per) for i in range(0, sequences, per)]
 
 
 def _ttt_mask(blocks: int, t: int, device: torch.device) -> torch.Tensor:

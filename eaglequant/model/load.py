@@ -52,17 +52,6 @@ def load_draft_module(ckpt: Checkpoint, check_unquantized: bool = True) -> Eagle
     return model.eval()
 
 
-def release_file_pages(model: Eagle3Draft) -> None:
-    """Hand the pages of the mapped tensors back to the page cache until next touched.
-
-    They are unmodified copy-on-write file pages, so nothing is lost: the next
-    use faults them back in from the page cache (or the disk). Used while Quark
-    freezes and exports, which never touch fc, lm_head or embed_tokens.
-    """
-    for mapping in model.file_mappings:
-        mapping.madvise(mmap.MADV_DONTNEED)
-
-
 def load_reference_layer(ckpt: Checkpoint, prefix: str) -> MidLayer:
     """The decoder layer at ``prefix`` as stored (BF16 linears): the reference after Quark's run.
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 import pytest
@@ -184,15 +185,20 @@ def test_the_calibration_free_recipe_fixes_every_input_scale_at_one(
 
 @pytest.mark.parametrize("layers", [1, 2])
 def test_ptpc_equals_quarks_own_file_to_file_flow(
-    pair: dict[str, Path], tmp_path: Path, layers: int
+    pair: dict[str, Path], tmp_path: Path, layers: int, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from quark.torch import ModelQuantizer
 
+    import eaglequant.quantize
     from eaglequant.quantize.quark_backend import quark_config
 
     draft = _draft(pair, layers, tmp_path)
     out = tmp_path / "ptpc"
+    # without calibration data no stage holds the draft as a module: importing one fails here
+    monkeypatch.delattr(eaglequant.quantize, "module_flow", raising=False)
+    monkeypatch.setitem(sys.modules, "eaglequant.quantize.module_flow", None)
     run_export([str(draft), str(out), "--recipe", "ptpc-fp8"])
+    monkeypatch.undo()
     reference = tmp_path / "quark-f2f"
     ModelQuantizer(quark_config(load_recipe("ptpc-fp8"))).direct_quantize_checkpoint(
         str(draft), str(reference), device="cpu"

@@ -75,6 +75,13 @@ def test_package_io_and_cli_load_no_torch() -> None:
     assert "torch" not in loaded
 
 
+def test_the_stages_of_a_file_to_file_export_load_no_transformers() -> None:
+    """Beside Quark's worker the export's own process imports torch, not transformers,
+    unless a stage holds the draft as a module (``quantize/module_flow.py``)."""
+    loaded = _loaded_after("import eaglequant.quantize.export, eaglequant.quantize.pipeline")
+    assert "torch" in loaded and "transformers" not in loaded
+
+
 def test_core_modules_load_no_torch_click_or_rich() -> None:
     loaded = _loaded_after("\n".join(f"import {name}" for name in CORE))
     assert not loaded & {"torch", "click", "rich", "transformers", "safetensors"}
