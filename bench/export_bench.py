@@ -162,6 +162,8 @@ def checkout_env(checkout: Path, scratch: Path) -> dict[str, str]:
 
     The package maps ``quantize/``, ``validate/`` and ``configs/`` under its own name
     (pyproject's package-dir), so a tree of links puts them there, as installed.
+    ``PYTHONSAFEPATH`` keeps ``python -m`` from putting the working directory first
+    on the path: run from this repository, it would import this checkout's package.
     """
     tree = scratch / "before-package" / "eaglequant"
     tree.mkdir(parents=True)
@@ -172,7 +174,7 @@ def checkout_env(checkout: Path, scratch: Path) -> dict[str, str]:
         if not (tree / name).exists():
             (tree / name).symlink_to((checkout / name).resolve())
     paths = [str(tree.parent), *filter(None, [os.environ.get("PYTHONPATH")])]
-    return {**os.environ, "PYTHONPATH": os.pathsep.join(paths)}
+    return {**os.environ, "PYTHONPATH": os.pathsep.join(paths), "PYTHONSAFEPATH": "1"}
 
 
 def io_floor(draft: Path, out_bytes: int, scratch: Path) -> dict[str, float]:
