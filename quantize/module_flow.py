@@ -126,10 +126,11 @@ def quantize_static(
     """Quark's calibrated static flow on ``model``, which then holds the stored decoder
     layers again, as the reference the measurement needs.
 
-    Quark writes into a scratch folder under ``scratch_parent``; ``out`` names the
-    export's output in an I/O error.
+    Quark writes into a scratch folder (in shared memory where there is room, else under
+    ``scratch_parent``); ``out`` names the export's output in an I/O error.
     """
-    with quark_backend.scratch_dir(scratch_parent) as scratch:
+    staged = sum(ckpt.tensors[f"{name}.weight"].nbytes for name in model.dims.linears)
+    with quark_backend.scratch_dir(scratch_parent, staged) as scratch:
         try:
             model.unroll_steps = recipe.calibration.steps
             result = quark_backend.quantize_static(model, recipe, batches, Path(scratch))

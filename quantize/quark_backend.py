@@ -36,7 +36,7 @@ import torch
 from eaglequant.io.checkpoint import read_checkpoint
 from eaglequant.io.model_config import QuantizationConfig
 from eaglequant.model import compute
-from eaglequant.quantize.file_to_file import SCRATCH_PREFIX, FileToFile
+from eaglequant.quantize.file_to_file import SCRATCH_PREFIX, FileToFile, in_memory_scratch
 from eaglequant.recipe import FP8_E4M3_MAX, MX_DTYPES, Recipe
 from eaglequant.rules.draft import SCALE_SUFFIXES, kv_scale_name
 
@@ -373,6 +373,10 @@ def _collect(folder: Path, linears: tuple[str, ...], timings: dict[str, float]) 
     return QuarkResult(tensors, written.flat_config["quantization_config"], timings)
 
 
-def scratch_dir(parent: Path) -> tempfile.TemporaryDirectory[str]:
-    """A scratch folder for Quark's own output, removed afterwards."""
-    return tempfile.TemporaryDirectory(prefix=SCRATCH_PREFIX, dir=parent)
+def scratch_dir(parent: Path, staged: int) -> tempfile.TemporaryDirectory[str]:
+    """A scratch folder for Quark's own output, removed afterwards: in shared memory where it
+    has room for the decoder layers' ``staged`` BF16 bytes (:func:`in_memory_scratch`), else
+    under ``parent``, so that its gigabytes are not written to the disk beside the output's."""
+    return tempfile.TemporaryDirectory(
+        prefix=SCRATCH_PREFIX, dir=in_memory_scratch(staged) or parent
+    )

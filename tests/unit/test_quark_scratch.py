@@ -43,3 +43,20 @@ def test_no_shared_memory_means_beside_the_output(
 ) -> None:
     monkeypatch.setattr(file_to_file, "SHARED_MEMORY", tmp_path / "missing")
     assert file_to_file.in_memory_scratch(1) is None
+
+
+def test_the_static_flows_scratch_follows_the_same_rule(
+    shm: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Quark's static export writes its FP8 layers into shared memory too, when it has room."""
+    from eaglequant.quantize import quark_backend
+
+    beside = tmp_path / "out-parent"
+    beside.mkdir()
+    _room(monkeypatch, free=3 * GB, available=3 * GB)
+    with quark_backend.scratch_dir(beside, GB) as scratch:
+        assert Path(scratch).parent == shm
+    _room(monkeypatch, free=3 * GB - 1, available=100 * GB)
+    with quark_backend.scratch_dir(beside, GB) as scratch:
+        assert Path(scratch).parent == beside
+    assert not list(shm.iterdir()) and not list(beside.iterdir())
