@@ -60,8 +60,7 @@ class FileToFile:
     def __init__(self, ckpt: Checkpoint, recipe: Recipe, scratch_parent: Path, out: Path) -> None:
         self.recipe, self.out = recipe, out
         self.linears = dims_from_config(ckpt.flat_config).linears  # every decoder layer's
-        staged = sum(ckpt.tensors[f"{name}.weight"].nbytes for name in self.linears)
-        parent = in_memory_scratch(staged) or scratch_parent
+        parent = in_memory_scratch(layer_weight_bytes(ckpt)) or scratch_parent
         self.scratch = Path(tempfile.mkdtemp(prefix=SCRATCH_PREFIX, dir=parent))
         self.timings: dict[str, float] = {}
         try:
@@ -137,6 +136,12 @@ class FileToFile:
             f"Quark's direct_quantize_checkpoint failed: {report['error']}: "
             f"{report['message'][:300]}; nothing was published"
         )
+
+
+def layer_weight_bytes(ckpt: Checkpoint) -> int:
+    """Bytes of every decoder layer's linear weights as stored: what Quark quantizes."""
+    linears = dims_from_config(ckpt.flat_config).linears
+    return sum(ckpt.tensors[f"{name}.weight"].nbytes for name in linears)
 
 
 def in_memory_scratch(staged: int) -> Path | None:

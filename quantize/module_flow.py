@@ -26,7 +26,7 @@ from eaglequant.io.checkpoint import Checkpoint
 from eaglequant.model.eagle3 import Eagle3Draft
 from eaglequant.model.load import load_draft_module, load_reference_layer
 from eaglequant.quantize import quark_backend
-from eaglequant.quantize.file_to_file import quark_write_error
+from eaglequant.quantize.file_to_file import layer_weight_bytes, quark_write_error
 from eaglequant.quantize.pipeline import NO_CALIBRATION, Calibration
 from eaglequant.quantize.sources import CalibrationSource
 from eaglequant.recipe import CalibrationSpec, Recipe
@@ -129,8 +129,7 @@ def quantize_static(
     Quark writes into a scratch folder (in shared memory where there is room, else under
     ``scratch_parent``); ``out`` names the export's output in an I/O error.
     """
-    staged = sum(ckpt.tensors[f"{name}.weight"].nbytes for name in model.dims.linears)
-    with quark_backend.scratch_dir(scratch_parent, staged) as scratch:
+    with quark_backend.scratch_dir(scratch_parent, layer_weight_bytes(ckpt)) as scratch:
         try:
             model.unroll_steps = recipe.calibration.steps
             result = quark_backend.quantize_static(model, recipe, batches, Path(scratch))
