@@ -25,9 +25,12 @@ ONEDNN_MAX_CPU_ISA=AVX2`` measures a CPU without native BF16 on one with it.
 and the export each time; Quark's own flow, its import and the tensor-for-tensor
 check in the first). ``--before CHECKOUT`` times another checkout of eaglequant
 (the previous version, e.g. a ``git worktree``) beside this one in each run,
-with the same interpreter and venv, its package imported from that checkout,
-and checks that both write the same tensors. Each measured run also records
-how many bytes the disk under the bench's cache wrote (``disk_written_gb``).
+the two taking turns at going first, with the same interpreter and venv, its
+package imported from that checkout, and checks that both write the same
+tensors. Each measured run also records how many bytes the disk under the
+bench's cache wrote (``disk_written_gb``). Every measured run starts with earlier
+writes flushed, none of the bench's files (inputs, kept outputs) in the page
+cache, and its memory backed (``settle``).
 
 Results go to ``bench/results-export-<shape>.json`` and a table of ratios on stdout.
 ``--shape small`` is the CI smoke variant (not timed there).
@@ -50,6 +53,8 @@ from typing import Any
 from eaglequant.results.manifest import read_manifest
 
 HERE = Path(__file__).resolve().parent
+CACHE = HERE / ".cache"  # the generated inputs, and every run's scratch and outputs
+BACKED_PER_INPUT = 2.5  # memory backed before a run, per input byte: its page cache and RSS
 SHAPES = {
     # hidden, heads, kv_heads, head_dim, intermediate, vocab, draft_vocab
     "kimi-k2.5": dict(
@@ -105,30 +110,53 @@ def stage_sums(stages: dict[str, float], wall: float) -> str:
     )
 
 
-def settle(*folders: Path) -> None:
-    """Flush earlier runs' writes, then drop ``folders``' files from the page cache.
+def settle(draft: Path | None) -> None:
+    """Flush earlier runs' writes, drop every file of the bench's cache from the page cache,
+    then have the memory a run on ``draft`` uses backed.
 
-    Every measured run starts the same way: nothing pending to write back and
-    its input on disk, not in memory, so "reading" means reading the disk.
+    Every measured run starts the same way: nothing pending to write back, its input on
+    disk, not in memory, so "reading" means reading the disk, and no earlier run's output
+    held in memory either. On a VM whose host takes back the guest's idle free memory
+    (free page reporting), a run that follows idle time pays for faulting each page back
+    in: on a 2-core EPYC VM the same floor took 21.5 s after 30 s idle and 7.4 s right after
+    a process had touched 14 GiB. So a child first touches :data:`BACKED_PER_INPUT` times
+    ``draft``'s size of the free memory, and every run meets memory as a machine of its own
+    would.
     """
     os.sync()
-    for folder in folders:
-        for path in folder.iterdir():
+    for folder, _, files in os.walk(CACHE):
+        for name in files:
+            path = os.path.join(folder, name)
+            if os.path.islink(path):
+                continue
             fd = os.open(path, os.O_RDONLY)
             try:
                 os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
             finally:
                 os.close(fd)
+    touch = "import sys; b = bytearray(int(sys.argv[1])); b[::4096] = b'\\1' * len(b[::4096])"
+    if draft is not None:
+        size = str(backed_bytes(int(BACKED_PER_INPUT * folder_bytes(draft))))
+        subprocess.run([sys.executable, "-c", touch, size], check=True)
 
 
-def timed(cmd: list[str], *cold: Path, env: dict[str, str] | None = None) -> dict[str, float]:
-    """Wall time, CPU time (user + system) and peak RSS of one command and the children it
-    waited for (via wait4), ``cold`` folders evicted.
+def backed_bytes(wanted: int) -> int:
+    """``wanted``, or the available memory less 2 GiB where that is less."""
+    info = dict(line.split(":", 1) for line in Path("/proc/meminfo").read_text().splitlines())
+    available = int(info["MemAvailable"].split()[0]) * 1024
+    return max(0, min(wanted, available - (2 << 30)))
+
+
+def timed(
+    cmd: list[str], draft: Path | None = None, env: dict[str, str] | None = None
+) -> dict[str, float]:
+    """Wall time, CPU time (user + system) and peak RSS of one command on ``draft`` and the
+    children it waited for (via wait4), started from :func:`settle`'s state.
 
     ``disk_written_gb``: what the disk under the bench's cache wrote meanwhile
     (with the final fsync's flush; other processes' writes count too).
     """
-    settle(*cold)
+    settle(draft)
     written = disk_sectors_written()
     started = time.perf_counter()
     process = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env)
@@ -255,16 +283,18 @@ def run(
     runs: int = 1,
     before: Path | None = None,
 ) -> dict[str, Any]:
-    cache = HERE / ".cache"
-    draft, capture = prepare_in_child(shape, cache, tokens)
+    draft, capture = prepare_in_child(shape, CACHE, tokens)
     results: dict[str, Any] = {
         "shape": shape,
         "input_bytes": folder_bytes(draft),
         "cpus": os.cpu_count(),
         "cpu": cpu_in_child(SHAPES[shape]["hidden"]),
-        "cache": "input evicted from the page cache and earlier writes flushed before each run",
+        "cache": (
+            "earlier writes flushed, the bench's files (input, kept outputs) evicted from"
+            " the page cache and free memory touched before each run"
+        ),
     }
-    with tempfile.TemporaryDirectory(dir=cache) as tmp:
+    with tempfile.TemporaryDirectory(dir=CACHE) as tmp:
         scratch = Path(tmp)
         results["help"] = timed([*EQ, "--help"])
         results["inspect"] = timed([*EQ, "inspect", str(draft), "--json"], draft)
@@ -298,27 +328,30 @@ def ptpc_export(
     draft: Path, scratch: Path, runs: int = 1, before: dict[str, str] | None = None
 ) -> dict[str, Any]:
     """``export --recipe ptpc-fp8`` against the I/O floor, ``runs`` times (each run: the
-    export, the previous version's with ``before``'s environment, the floor), Quark's own
-    flow and Quark's import alone. The top-level figures are the first run's."""
+    export and the previous version's with ``before``'s environment, taking turns at going
+    first, then the floor), Quark's own flow and Quark's import alone. The top-level
+    figures are the first run's."""
     results: dict[str, Any] = {"quark_import": quark_import(), "ptpc_runs": []}
     ptpc, quark, older = scratch / "ptpc", scratch / "quark", scratch / "ptpc-before"
-    command = [*EQ, "export", str(draft), str(ptpc), "--recipe", "ptpc-fp8"]
+    sides = {"": ([*EQ, "export", str(draft), str(ptpc), "--recipe", "ptpc-fp8"], None, ptpc)}
+    if before is not None:
+        old_command = [*EQ, "export", str(draft), str(older), "--recipe", "ptpc-fp8"]
+        sides["_before"] = (old_command, before, older)
     for index in range(runs):
-        one: dict[str, Any] = {"ptpc_export": timed(command, draft)}
-        one["ptpc_stages_s"] = read_manifest(ptpc)["timings_s"]
+        one: dict[str, Any] = {}
+        for suffix in sorted(sides, reverse=index % 2 == 1):
+            command, env, out = sides[suffix]
+            one[f"ptpc_export{suffix}"] = timed(command, draft, env=env)
+            one[f"ptpc_stages_s{suffix}"] = read_manifest(out)["timings_s"]
         if index == 0:
             results["quark_f2f"] = quark_f2f(draft, quark)
             results["ptpc_equals_quark"] = same_quantized_tensors(ptpc, quark)
             results["output_bytes"] = folder_bytes(ptpc)
             shutil.rmtree(quark)
-        if before is not None:
-            old_command = [*EQ, "export", str(draft), str(older), "--recipe", "ptpc-fp8"]
-            one["ptpc_export_before"] = timed(old_command, draft, env=before)
-            one["ptpc_stages_s_before"] = read_manifest(older)["timings_s"]
-            if index == 0:
+            if before is not None:
                 results["ptpc_equals_before"] = same_quantized_tensors(ptpc, older)
-            shutil.rmtree(older)
-        shutil.rmtree(ptpc)
+        for _, _, out in sides.values():
+            shutil.rmtree(out)
         one["io_floor"] = io_floor(draft, results["output_bytes"], scratch)
         results["ptpc_runs"].append(one)
     results.update(results["ptpc_runs"][0])
@@ -413,7 +446,7 @@ def static_export(
 
     samples = max(1, tokens // 256)
     command = [*EQ, "export", str(draft), str(out), "--calib-hidden-states", str(capture)]
-    result = timed([*command, "--calib-samples", str(samples)], draft, capture, env=env)
+    result = timed([*command, "--calib-samples", str(samples)], draft, env=env)
     manifest = read_manifest(out)
     output_bytes = folder_bytes(out)
     shutil.rmtree(out)
