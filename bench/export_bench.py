@@ -55,6 +55,8 @@ from eaglequant.results.manifest import read_manifest
 HERE = Path(__file__).resolve().parent
 CACHE = HERE / ".cache"  # the generated inputs, and every run's scratch and outputs
 BACKED_PER_INPUT = 2.5  # memory backed before a run, per input byte: its page cache and RSS
+# a child that writes one byte in every page of N bytes, then frees them
+TOUCH = "import sys; b = bytearray(int(sys.argv[1])); b[::4096] = b'\\1' * len(b[::4096])"
 SHAPES = {
     # hidden, heads, kv_heads, head_dim, intermediate, vocab, draft_vocab
     "kimi-k2.5": dict(
@@ -134,10 +136,9 @@ def settle(draft: Path | None) -> None:
                 os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
             finally:
                 os.close(fd)
-    touch = "import sys; b = bytearray(int(sys.argv[1])); b[::4096] = b'\\1' * len(b[::4096])"
     if draft is not None:
-        size = str(backed_bytes(int(BACKED_PER_INPUT * folder_bytes(draft))))
-        subprocess.run([sys.executable, "-c", touch, size], check=True)
+        wanted = int(BACKED_PER_INPUT * folder_bytes(draft))
+        subprocess.run([sys.executable, "-c", TOUCH, str(backed_bytes(wanted))], check=True)
 
 
 def backed_bytes(wanted: int) -> int:
