@@ -20,7 +20,8 @@ output tokens/s of those repeats. The rules:
 - the schedule *holds* where the winner at that concurrency does not beat it.
 - *best single* choice: the one k (0 included where asked) that ties or beats
   the winner at the most concurrencies, then the highest geometric-mean
-  speedup, then the smallest k.
+  speedup, then the smallest k. A measured schedule that slipped somewhere
+  still stands against it by the same two measures (``standing``).
 """
 
 from __future__ import annotations
@@ -31,6 +32,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from statistics import fmean
 
 Runs = Sequence[float]
+# (concurrencies where the winner does not beat it, geometric-mean speedup): larger is better
+Standing = tuple[int, float]
 # (first batch size, last batch size, k), inclusive, as vLLM takes it.
 Schedule = list[tuple[int, int, int]]
 
@@ -93,17 +96,20 @@ def schedule_misses(
 def best_single(sweep: Mapping[int, Mapping[int, Runs]], options: Iterable[int]) -> int:
     """The one k for every concurrency (``sweep``: concurrency -> k -> repeats), among the
     options measured at every concurrency (``tune --predict`` serves some ks at some only)."""
-    winners = {c: winner(runs) for c, runs in sweep.items()}
     options = [k for k in options if all(k in runs for runs in sweep.values())]
-
-    def score(k: int) -> tuple[int, float, int]:
-        matched = sum(not beats(runs[winners[c]], runs[k]) for c, runs in sweep.items())
-        return matched, geometric_speedup(sweep, k), -k
-
-    return max(options, key=score)
+    return max(options, key=lambda k: (*standing(sweep, k_runs(sweep, k)), -k))
 
 
-def geometric_speedup(sweep: Mapping[int, Mapping[int, Runs]], k: int) -> float:
-    """Geometric mean over concurrencies of k's mean throughput over no speculation's."""
-    ratios = [fmean(runs[k]) / fmean(runs[0]) for runs in sweep.values()]
-    return math.exp(fmean(math.log(r) for r in ratios))
+def k_runs(sweep: Mapping[int, Mapping[int, Runs]], k: int) -> dict[int, Runs]:
+    """k's repeats at each concurrency of ``sweep``."""
+    return {c: runs[k] for c, runs in sweep.items()}
+
+
+def standing(sweep: Mapping[int, Mapping[int, Runs]], served: Mapping[int, Runs]) -> Standing:
+    """How one configuration served at every concurrency (``served``: concurrency -> repeats;
+    a single k, or a schedule) stands against ``sweep``: at how many concurrencies the
+    winner does not beat it, then its geometric-mean speedup over no speculation."""
+    winners = {c: winner(runs) for c, runs in sweep.items()}
+    matched = sum(not beats(runs[winners[c]], served[c]) for c, runs in sweep.items())
+    ratios = [fmean(served[c]) / fmean(runs[0]) for c, runs in sweep.items()]
+    return matched, math.exp(fmean(math.log(r) for r in ratios))

@@ -54,8 +54,10 @@ from eaglequant.tune.choice import (
     Runs,
     Schedule,
     best_single,
+    k_runs,
     schedule_from_winners,
     schedule_misses,
+    standing,
     winner,
 )
 from eaglequant.tune.predict import (
@@ -432,13 +434,12 @@ def recommend(
     skipped: str | None,
     scheduled: list[TuneResult],
 ) -> SweepRecommendation:
-    """One winner everywhere; else the schedule where it held; else the best single k (0: none)."""
+    """One winner everywhere; else the schedule where it held; else the best single k (0:
+    none), or the measured schedule where it stands better than that k (``standing``)."""
     winners = {c: winner(runs) for c, runs in sweep.items()}
+    schedule_runs = {r.concurrency: r.runs for r in scheduled}
     misses = (
-        schedule_misses(
-            {r.concurrency: r.runs for r in scheduled},
-            {c: sweep[c][k] for c, k in winners.items()},
-        )
+        schedule_misses(schedule_runs, {c: sweep[c][k] for c, k in winners.items()})
         if scheduled
         else []
     )
@@ -459,6 +460,21 @@ def recommend(
     if skipped is None:
         skipped = behind
     k = best_single(sweep, (0, *request.ks))
+    if scheduled:
+        served = standing(sweep, schedule_runs)
+        single = standing(sweep, k_runs(sweep, k))
+        if served > single:
+            reason = (
+                f"{behind}, yet it ties or beats the winners at {served[0]} concurrencies and "
+                f"runs at {served[1]:.2f}x no speculation (geometric mean), where the best single "
+                f"choice, {_name(k)}, does at {single[0]} and {single[1]:.2f}x"
+            )
+            return {
+                "choice": "schedule",
+                "k": max(k for _, _, k in ranges),
+                "schedule": True,
+                "reason": reason,
+            }
     reason = f"{skipped}; {_name(k)} is the best single choice across the concurrencies"
     return {"choice": "single" if k else "none", "k": k, "schedule": False, "reason": reason}
 

@@ -148,6 +148,41 @@ def test_summary_falls_back_to_the_best_single_choice_when_the_schedule_slips() 
     assert choice["k"] == 0  # geometric mean of k=2 (0.60x, 1.13x) is below 1
 
 
+def test_a_schedule_that_slipped_once_is_recommended_where_it_stands_above_every_single_k() -> None:
+    """The real pair's ``tune --predict`` on a 2-core EPYC: the schedule (k=2 at 1, k=1 up to
+    4, k=0 above) came in behind no speculation at 16 only, 1.44x ahead at 1 and tied at 4;
+    no speculation and k=8 each match the winners at fewer concurrencies or run slower across
+    them, so the schedule is recommended, with why."""
+    sweep = {
+        1: {0: [32.9, 34.0], 8: [35.6, 42.9]},
+        4: {0: [120.6, 123.8], 8: [73.9, 78.8]},
+        16: {0: [226.9, 235.7], 8: [94.9, 98.1]},
+    }
+    at = {1: [46.2, 50.1], 4: [117.4, 122.3], 16: [199.9, 203.1]}
+    scheduled = [
+        TuneResult(
+            k=2, concurrency=c, runs=runs, mean_tpot_ms=None, acceptance_length=None, schedule=True
+        )
+        for c, runs in at.items()
+    ]
+    request = TuneRequest(
+        target=TOY / "target", draft=TOY / "draft", ks=(8,), concurrencies=(1, 4, 16)
+    )
+    ranges = [(1, 1, 2), (2, 4, 1), (5, 16, 0)]
+    summary = summarize(request, _results(sweep) + scheduled, 200, served=ranges)
+    choice = summary["recommendation"]
+    assert (choice["choice"], choice["k"], choice["schedule"]) == ("schedule", 2, True)
+    assert choice["reason"] == (
+        "the schedule fell behind no speculation at concurrency 16, yet it ties or beats the "
+        "winners at 2 concurrencies and runs at 1.07x no speculation (geometric mean), where "
+        "the best single choice, no speculation, does at 2 and 1.00x"
+    )
+    assert (
+        '"num_speculative_tokens_per_batch_size": [[1, 1, 2], [2, 4, 1], [5, 16, 0]]'
+        in (summary["serve_command"])
+    )
+
+
 def test_no_schedule_is_served_where_one_choice_won_everywhere() -> None:
     losing = {c: {0: runs[0], 2: [r / 2 for r in runs[0]]} for c, runs in SWEEP.items()}
     request = TuneRequest(target=TOY / "target", draft=TOY / "draft", ks=(2,), concurrencies=(1, 8))
