@@ -451,12 +451,9 @@ def recommend(
         reason = uniform(k) + (f"; {behind}" if misses else "")
         return {"choice": "single" if k else "none", "k": k, "schedule": False, "reason": reason}
     if skipped is None and not misses:
-        return {
-            "choice": "schedule",
-            "k": max(k for _, _, k in ranges),
-            "schedule": True,
-            "reason": "the schedule held: no per-concurrency winner beat it anywhere",
-        }
+        return _schedule_choice(
+            ranges, "the schedule held: no per-concurrency winner beat it anywhere"
+        )
     if skipped is None:
         skipped = behind
     k = best_single(sweep, (0, *request.ks))
@@ -464,19 +461,24 @@ def recommend(
         served = standing(sweep, schedule_runs)
         single = standing(sweep, k_runs(sweep, k))
         if served > single:
-            reason = (
+            return _schedule_choice(
+                ranges,
                 f"{behind}, yet it ties or beats the winners at {served[0]} concurrencies and "
                 f"runs at {served[1]:.2f}x no speculation (geometric mean), where the best single "
-                f"choice, {_name(k)}, does at {single[0]} and {single[1]:.2f}x"
+                f"choice, {_name(k)}, does at {single[0]} and {single[1]:.2f}x",
             )
-            return {
-                "choice": "schedule",
-                "k": max(k for _, _, k in ranges),
-                "schedule": True,
-                "reason": reason,
-            }
     reason = f"{skipped}; {_name(k)} is the best single choice across the concurrencies"
     return {"choice": "single" if k else "none", "k": k, "schedule": False, "reason": reason}
+
+
+def _schedule_choice(ranges: Schedule, reason: str) -> SweepRecommendation:
+    """The recommendation to serve ``ranges`` (its k: the largest of them)."""
+    return {
+        "choice": "schedule",
+        "k": max(k for _, _, k in ranges),
+        "schedule": True,
+        "reason": reason,
+    }
 
 
 def uniform(k: int) -> str:
