@@ -43,7 +43,7 @@ from tests.conftest import TOY, toy_prompts_file
 from tests.exported import rerecord
 from tests.share import built_once
 
-PROMPTS = 16
+PROMPTS = 24
 MAX_TOKENS = 64
 
 
