@@ -1,7 +1,7 @@
 """Quark's file-to-file flow in a worker process started with the export (parent side).
 
-``import quark.torch`` costs one core ten seconds or more even with its scan of
-the transformers modeling files narrowed (``quark_backend.import_quark``). The
+``import quark.torch`` costs one core several seconds even with its scan of the
+transformers modeling files skipped (``quark_backend.import_quark``). The
 dynamic-activation recipes therefore start Quark in a child process as the
 export starts: there it imports on its own core, without this process's GIL,
 while this process plans, copies, checks, fsyncs and reads back the

@@ -1,4 +1,5 @@
-"""eaglequant's ``import quark.torch`` registers the same MoE expert classes as Quark's own scan."""
+"""eaglequant's ``import quark.torch`` skips Quark's expert-class scan, and nothing it hands
+Quark could hold one of the classes that scan registers."""
 
 from __future__ import annotations
 
@@ -8,16 +9,23 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+import torch
 import transformers
+from transformers import LlamaConfig
 
+from eaglequant.model.eagle3 import Eagle3Draft
 from eaglequant.quantize.quark_backend import EXPERTS_DECORATOR
+from eaglequant_examples.synthetic import draft_config
+from tests.conftest import MLA
 
 REGISTRY = (
+    "import sys, json\n"
     "from eaglequant.quantize.quark_backend import import_quark\n"
     "import_quark()\n"
     "from quark.torch.utils.llm.module_replacement import PREPROCESS_REGISTRY\n"
-    "import json\n"
-    "print(json.dumps(sorted(f'{c.__module__}.{c.__name__}' for c in PREPROCESS_REGISTRY)))\n"
+    "print(json.dumps({'registered': sorted(f'{c.__module__}.{c.__name__}' "
+    "for c in PREPROCESS_REGISTRY), 'modules': sorted(sys.modules)}))\n"
 )
 
 
@@ -38,12 +46,37 @@ def _decorated_classes() -> set[str]:
     return found
 
 
-def test_quark_registers_every_decorated_experts_class() -> None:
+@pytest.fixture(scope="module")
+def imported() -> dict[str, list[str]]:
     # A fresh process: this one may have imported Quark already, by another path.
     printed = subprocess.run(
         [sys.executable, "-c", REGISTRY], check=True, capture_output=True, text=True
     ).stdout
-    registered = set(json.loads(printed.splitlines()[-1]))
+    found: dict[str, list[str]] = json.loads(printed.splitlines()[-1])
+    return found
+
+
+def test_the_scan_imports_and_registers_none_of_the_decorated_classes(
+    imported: dict[str, list[str]],
+) -> None:
     decorated = _decorated_classes()
-    assert len(decorated) >= 40, decorated  # the scan is not vacuous
-    assert decorated <= registered, sorted(decorated - registered)
+    assert len(decorated) >= 40, decorated  # the scan would have work to do
+    modules = {name.rsplit(".", 1)[0] for name in decorated}
+    loaded = modules & set(imported["modules"])
+    registered = decorated & set(imported["registered"])
+    # Quark registers a few classes by name, importing their modules; the scan, run, would
+    # import every one of these modules and register every decorated class.
+    assert len(loaded) < len(modules) / 4, sorted(loaded)
+    assert len(registered) < len(decorated) / 4, sorted(registered)
+
+
+@pytest.mark.parametrize("form", [{}, MLA], ids=["llama", "mla"])
+def test_no_draft_form_holds_a_class_quark_replaces(
+    imported: dict[str, list[str]], form: dict[str, object]
+) -> None:
+    with torch.device("meta"):
+        draft = Eagle3Draft(LlamaConfig(**(draft_config() | form)))
+    classes = {f"{type(m).__module__}.{type(m).__name__}" for m in draft.modules()}
+    replaced = _decorated_classes() | set(imported["registered"])
+    assert not classes & replaced
+    assert all(name.startswith(("eaglequant.", "torch.nn.")) for name in classes), classes
