@@ -5,7 +5,8 @@ sharded at 5 GB, plus a captured-hidden-states folder for calibration; then
 measures side by side in one run, each in a fresh subprocess (wall time and
 peak RSS of that process tree):
 
-1. the I/O floor: read every input byte, write the output's byte count;
+1. the I/O floor: read every input byte into one reused buffer, write the output's byte
+   count from another, unbuffered, then fsync (no fresh user-space memory per block);
 2. ``eaglequant export --recipe ptpc-fp8`` vs ``ModelQuantizer.direct_quantize_checkpoint``
    on the same input (outputs compared tensor for tensor);
 3. ``eaglequant export`` (static recipe) calibrated on the captured tokens, with
@@ -210,13 +211,14 @@ def io_floor(draft: Path, out_bytes: int, scratch: Path) -> dict[str, float]:
     script = (
         "import sys, pathlib\n"
         "src, dst, n = pathlib.Path(sys.argv[1]), pathlib.Path(sys.argv[2]), int(sys.argv[3])\n"
+        "buffer = bytearray(1 << 26)\n"
         "for p in sorted(src.glob('*.safetensors')):\n"
-        "    with p.open('rb') as f:\n"
-        "        while f.read(1 << 26): pass\n"
-        "block = b'\\0' * (1 << 26)\n"
-        "with dst.open('wb') as f:\n"
+        "    with p.open('rb', buffering=0) as f:\n"
+        "        while f.readinto(buffer): pass\n"
+        "block = memoryview(bytes(1 << 26))\n"
+        "with dst.open('wb', buffering=0) as f:\n"
         "    while n > 0:\n"
-        "        f.write(block[: min(n, len(block))]); n -= len(block)\n"
+        "        n -= f.write(block[: min(n, len(block))])\n"
         "    f.flush(); import os; os.fsync(f.fileno())\n"
     )
     command = [sys.executable, "-c", script, str(draft), str(scratch / "floor.bin"), str(out_bytes)]
