@@ -29,7 +29,8 @@ REGISTRY = (
 )
 
 
-def _decorated_classes() -> set[str]:
+@pytest.fixture(scope="module")
+def decorated() -> set[str]:
     """Every transformers class decorated with the experts decorator, found by parsing every
     modeling file in full (what Quark's own scan does, independently of eaglequant)."""
     root = Path(transformers.__file__).parent
@@ -57,9 +58,8 @@ def imported() -> dict[str, list[str]]:
 
 
 def test_the_scan_imports_and_registers_none_of_the_decorated_classes(
-    imported: dict[str, list[str]],
+    imported: dict[str, list[str]], decorated: set[str]
 ) -> None:
-    decorated = _decorated_classes()
     assert len(decorated) >= 40, decorated  # the scan would have work to do
     modules = {name.rsplit(".", 1)[0] for name in decorated}
     loaded = modules & set(imported["modules"])
@@ -72,11 +72,11 @@ def test_the_scan_imports_and_registers_none_of_the_decorated_classes(
 
 @pytest.mark.parametrize("form", [{}, MLA], ids=["llama", "mla"])
 def test_no_draft_form_holds_a_class_quark_replaces(
-    imported: dict[str, list[str]], form: dict[str, object]
+    imported: dict[str, list[str]], decorated: set[str], form: dict[str, object]
 ) -> None:
     with torch.device("meta"):
         draft = Eagle3Draft(LlamaConfig(**(draft_config() | form)))
     classes = {f"{type(m).__module__}.{type(m).__name__}" for m in draft.modules()}
-    replaced = _decorated_classes() | set(imported["registered"])
+    replaced = decorated | set(imported["registered"])
     assert not classes & replaced
     assert all(name.startswith(("eaglequant.", "torch.nn.")) for name in classes), classes
