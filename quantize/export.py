@@ -27,6 +27,7 @@ from typing import Any, cast
 from eaglequant.capture.run import check_engine
 from eaglequant.capture.sequences import check_data
 from eaglequant.errors import InputError
+from eaglequant.imports import collection_paused
 from eaglequant.io.checkpoint import Checkpoint, read_checkpoint
 from eaglequant.io.model_config import QuantizationConfig, QuarkExport, StoredConfig
 from eaglequant.io.output import atomic_output_dir, check_output_path
@@ -177,7 +178,7 @@ def _run(
 ) -> Manifest:
     """The stages after the start, up to the manifest (returned, not yet written)."""
     recipe, timings = request.recipe, stage.timings
-    with stage("import"):
+    with stage("import"), collection_paused():
         # lazy: torch-free core
         from eaglequant.quantize import pipeline  # torch and co., beside Quark's import
 

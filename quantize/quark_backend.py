@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from eaglequant.imports import collection_paused
 from eaglequant.io.checkpoint import read_checkpoint
 from eaglequant.io.model_config import QuantizationConfig
 from eaglequant.model import compute
@@ -59,11 +60,11 @@ class QuarkResult:
 
 def import_quark() -> float:
     """Import ``quark.torch`` (with :func:`quiet_quark` settings, its expert-class scan
-    skipped by :func:`experts_scan_skipped`, and its OCP MXFP8 export completed by
-    :func:`export_per_group_fp8`); return the seconds it took."""
+    skipped by :func:`experts_scan_skipped`, the garbage collector paused, and its OCP MXFP8
+    export completed by :func:`export_per_group_fp8`); return the seconds it took."""
     quiet_quark()
     started = time.perf_counter()
-    with experts_scan_skipped():
+    with experts_scan_skipped(), collection_paused():
         # lazy: Quark's slow import
         import quark.torch  # noqa: F401
 

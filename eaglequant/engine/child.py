@@ -19,6 +19,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Generic, TypeVar
 
+from eaglequant.imports import import_all
+
 # What an engine child imports before its first vLLM call: a fork server
 # (:mod:`eaglequant.engine.forkserver`) imports these once, before forking each child.
 VLLM_PRELOAD = ("vllm.entrypoints.llm",)
@@ -43,10 +45,12 @@ def die_on_fatal_signals() -> None:
 
 def serve_json_child(run: Callable[[Spec], Mapping[str, Any]]) -> None:
     """``run`` the spec named by ``argv[1]`` (read as the child's ``Spec``) and write its
-    result to ``argv[2]``."""
+    result to ``argv[2]``. vLLM is imported first, with the garbage collector paused (a
+    child forked by a fork server has it already)."""
     spec_path, out_path = sys.argv[1], sys.argv[2]
     with open(spec_path, encoding="utf-8") as handle:
         spec = json.load(handle)
+    import_all(VLLM_PRELOAD)
     result = run(spec)
     with open(out_path, "w", encoding="utf-8") as handle:
         json.dump(result, handle, allow_nan=True)

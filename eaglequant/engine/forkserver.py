@@ -43,6 +43,7 @@ from pathlib import Path
 from typing import TypedDict, final
 
 from eaglequant.engine.config import usable_cores
+from eaglequant.imports import collection_paused, import_all
 from eaglequant.io.output import pid_alive
 
 FORKSERVER_ENV = "EAGLEQUANT_FORKSERVER"
@@ -152,9 +153,9 @@ def _reap(replies: int) -> set[int]:
 def _start(request: ForkRequest, own: tuple[int, ...]) -> Started | Refused:
     module = str(request["module"])
     try:
-        loaded = importlib.import_module(module)
-        for name in getattr(loaded, "PRELOAD", ()):
-            importlib.import_module(name)
+        with collection_paused():
+            loaded = importlib.import_module(module)
+        import_all(getattr(loaded, "PRELOAD", ()))
     except BaseException as exc:  # the plain subprocess the requester starts will say why
         return {"refused": f"importing {module}: {exc!r}"}
     if threading.active_count() != 1:

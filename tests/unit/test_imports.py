@@ -1,0 +1,49 @@
+"""Heavy imports with the garbage collector paused: paused inside, as it was after."""
+
+from __future__ import annotations
+
+import gc
+import sys
+from collections.abc import Iterator
+
+import pytest
+
+from eaglequant.imports import collection_paused, import_all
+
+
+@pytest.fixture
+def collector_restored() -> Iterator[None]:
+    enabled = gc.isenabled()
+    yield
+    (gc.enable if enabled else gc.disable)()
+
+
+@pytest.mark.usefixtures("collector_restored")
+def test_paused_inside_and_running_again_after_also_when_the_block_raises() -> None:
+    gc.enable()
+    with collection_paused():
+        assert not gc.isenabled()
+    assert gc.isenabled()
+    with pytest.raises(ZeroDivisionError), collection_paused():
+        assert not gc.isenabled()
+        _ = 1 / 0
+    assert gc.isenabled()
+
+
+@pytest.mark.usefixtures("collector_restored")
+def test_a_caller_that_had_it_off_keeps_it_off() -> None:
+    gc.disable()
+    with collection_paused():
+        pass
+    assert not gc.isenabled()
+
+
+@pytest.mark.usefixtures("collector_restored")
+def test_import_all_imports_each_module_and_resumes_the_collector() -> None:
+    gc.enable()
+    sys.modules.pop("colorsys", None)
+    import_all(["colorsys"])
+    assert "colorsys" in sys.modules and gc.isenabled()
+    with pytest.raises(ModuleNotFoundError, match="no_such_module_here"):
+        import_all(["no_such_module_here"])
+    assert gc.isenabled()
