@@ -8,9 +8,10 @@ while this process plans, copies, checks, fsyncs and reads back the
 pass-through tensors and stages the decoder layers' weights. The child then takes
 one request (the staged folder, the recipe), runs
 ``ModelQuantizer.direct_quantize_checkpoint`` and leaves its timings in a JSON
-file (:mod:`.quark_worker` is the child's side). The scratch folder (the
-staged weights, Quark's output) is in shared memory where there is room, so its
-gigabytes never reach the disk. Light: nothing heavy is imported here.
+file (:mod:`.quark_worker` is the child's side); its allocator reuses the memory it frees
+(:func:`worker_environment`). The scratch folder (the staged weights, Quark's output) is in
+shared memory where there is room, so its gigabytes never reach the disk. Light: nothing
+heavy is imported here.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import TypedDict
 
@@ -37,6 +39,10 @@ SCRATCH_PREFIX = ".eaglequant-quark-"
 SOURCE, RESULT, REPORT, LOG = "midlayer-bf16", "quark-out", "report.json", "quark.log"
 WORKER = "eaglequant.quantize.quark_worker"
 SHARED_MEMORY = Path("/dev/shm")
+# glibc's allocator in the worker: no block from mmap, no freed memory given back (see
+# worker_environment); the user's own settings of these keys win.
+WORKER_MALLOC = {"glibc.malloc.mmap_max": "0", "glibc.malloc.trim_threshold": str(1 << 40)}
+TUNABLES = "GLIBC_TUNABLES"
 
 
 class WorkerReport(TypedDict, total=False):
@@ -70,6 +76,7 @@ class FileToFile:
                     stdin=subprocess.PIPE,
                     stdout=log,
                     stderr=subprocess.STDOUT,
+                    env=worker_environment(os.environ),
                 )
         except BaseException:
             shutil.rmtree(self.scratch, ignore_errors=True)
@@ -136,6 +143,23 @@ class FileToFile:
             f"Quark's direct_quantize_checkpoint failed: {report['error']}: "
             f"{report['message'][:300]}; nothing was published"
         )
+
+
+def worker_environment(env: Mapping[str, str]) -> dict[str, str]:
+    """``env`` with glibc's allocator set to reuse the worker's freed memory (``GLIBC_TUNABLES``
+    gets :data:`WORKER_MALLOC`'s keys that it does not set already).
+
+    Quark's file-to-file flow makes float32 copies of each weight, hundreds of megabytes
+    apiece. By default glibc serves each from fresh ``mmap`` pages and unmaps it when freed,
+    so the kernel zeroes and faults in every page again: 1.7 million page faults for the
+    full-size Kimi-K2.5 midlayer. With ``mmap`` off and the heap never trimmed, the freed
+    blocks are reused (``bench/export_bench.py``). The worker ends after its one folder;
+    what it keeps is its peak, which it reached anyway. Other C libraries ignore the variable.
+    """
+    settings = [item for item in env.get(TUNABLES, "").split(":") if item]
+    named = {item.split("=", 1)[0] for item in settings}
+    settings += [f"{key}={value}" for key, value in WORKER_MALLOC.items() if key not in named]
+    return {**env, TUNABLES: ":".join(settings)}
 
 
 def layer_weight_bytes(ckpt: Checkpoint) -> int:

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import os
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -60,3 +63,36 @@ def test_the_static_flows_scratch_follows_the_same_rule(
     with quark_backend.scratch_dir(beside, GB) as scratch:
         assert Path(scratch).parent == beside
     assert not list(shm.iterdir()) and not list(beside.iterdir())
+
+
+def test_the_workers_allocator_keeps_freed_memory_unless_the_user_set_it() -> None:
+    env = file_to_file.worker_environment({"PATH": "/bin"})
+    assert env["PATH"] == "/bin"
+    assert dict(i.split("=") for i in env["GLIBC_TUNABLES"].split(":")) == {
+        "glibc.malloc.mmap_max": "0",
+        "glibc.malloc.trim_threshold": str(1 << 40),
+    }
+    own = "glibc.malloc.mmap_max=4:glibc.cpu.x86_shstk=on"
+    tunables = file_to_file.worker_environment({"GLIBC_TUNABLES": own})["GLIBC_TUNABLES"]
+    assert tunables == f"{own}:glibc.malloc.trim_threshold={1 << 40}"
+
+
+def test_with_it_freed_blocks_are_reused_instead_of_faulted_in_again() -> None:
+    """Three 256 MiB buffers one after another: glibc's default maps and faults in each anew,
+    the worker's setting reuses the first one's pages."""
+    script = (
+        "import resource\n"
+        "for _ in range(3):\n"
+        "    block = bytearray(1 << 28)\n"
+        "    del block\n"
+        "print(resource.getrusage(resource.RUSAGE_SELF).ru_minflt)\n"
+    )
+
+    def faults(env: dict[str, str]) -> int:
+        done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True)
+        return int(done.stdout)
+
+    plain = {k: v for k, v in os.environ.items() if k != "GLIBC_TUNABLES"}
+    pages = 3 * (1 << 28) // 4096
+    assert faults(plain) > pages
+    assert faults(file_to_file.worker_environment(plain)) < faults(plain) - pages // 2
