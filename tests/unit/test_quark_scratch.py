@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import platform
 import shutil
 import subprocess
 import sys
@@ -77,6 +78,7 @@ def test_the_workers_allocator_keeps_freed_memory_unless_the_user_set_it() -> No
     assert tunables == f"{own}:glibc.malloc.trim_threshold={1 << 40}"
 
 
+@pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="GLIBC_TUNABLES is glibc's")
 def test_with_it_freed_blocks_are_reused_instead_of_faulted_in_again() -> None:
     """Three 256 MiB buffers one after another: glibc's default maps and faults in each anew,
     the worker's setting reuses the first one's pages."""
