@@ -1,5 +1,5 @@
 """Import benchmark: the heavy imports eaglequant pays for, with and without the garbage
-collector paused (``eaglequant.imports.collection_paused``).
+collector paused (``eaglequant.interpreter.collection_paused``).
 
 Each import runs in a fresh interpreter, the two ways taking turns at going first, ``--runs``
 times each: torch with transformers (the export's own imports), ``quark.torch`` as the
@@ -35,7 +35,7 @@ IMPORTS = {
 }
 SCRIPT = """\
 import contextlib, resource, sys, time
-from eaglequant.imports import collection_paused
+from eaglequant.interpreter import collection_paused
 {setup}
 started = time.perf_counter()
 with collection_paused() if sys.argv[1] == "paused" else contextlib.nullcontext():

@@ -27,7 +27,7 @@ from typing import Any, cast
 from eaglequant.capture.run import check_engine
 from eaglequant.capture.sequences import check_data
 from eaglequant.errors import InputError
-from eaglequant.imports import collection_paused
+from eaglequant.interpreter import collection_paused
 from eaglequant.io.checkpoint import Checkpoint, read_checkpoint
 from eaglequant.io.model_config import QuantizationConfig, QuarkExport, StoredConfig
 from eaglequant.io.output import atomic_output_dir, check_output_path

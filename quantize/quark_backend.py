@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from eaglequant.imports import collection_paused
+from eaglequant.interpreter import collection_paused
 from eaglequant.io.checkpoint import read_checkpoint
 from eaglequant.io.model_config import QuantizationConfig
 from eaglequant.model import compute

@@ -10,12 +10,12 @@ quantizes ``SCRATCH/midlayer-bf16`` into ``SCRATCH/quark-out`` with
 from __future__ import annotations
 
 import json
-import os
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
+from eaglequant.interpreter import exit_at_once
 from eaglequant.quantize.file_to_file import REPORT, RESULT, SOURCE, WorkerReport
 from eaglequant.quantize.quark_backend import import_quark, quark_config
 from eaglequant.quantize.timing import process_started
@@ -56,6 +56,4 @@ if __name__ == "__main__":
     main(Path(sys.argv[1]))
     # The report is written: skip the interpreter's teardown of torch and Quark (about 2 s of
     # one core on a 2-core EPYC), which the export would wait for.
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)
+    exit_at_once()

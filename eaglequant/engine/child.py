@@ -4,14 +4,14 @@ Every vLLM run (validate's engines, capture's replicas) is ``python -m <module> 
 started through the module's one entry point, ``CHILD = EngineChild(run)``, which the
 parent imports (never the module's name as a string): the parent writes SPEC, starts the child in
 its own process group (:mod:`eaglequant.engine.process`) and reads OUT only when the child exited 0.
-The child exits with ``os._exit(0)`` once OUT is on disk, skipping vLLM's slow interpreter teardown.
+The child exits at once (``interpreter.exit_at_once``) once OUT is on disk, skipping vLLM's slow
+interpreter teardown.
 """
 
 from __future__ import annotations
 
 import faulthandler
 import json
-import os
 import signal
 import sys
 from collections.abc import Callable, Mapping
@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Generic, TypeVar
 
-from eaglequant.imports import import_all
+from eaglequant.interpreter import exit_at_once, import_all
 
 # What an engine child imports before its first vLLM call: a fork server
 # (:mod:`eaglequant.engine.forkserver`) imports these once, before forking each child.
@@ -54,9 +54,7 @@ def serve_json_child(run: Callable[[Spec], Mapping[str, Any]]) -> None:
     result = run(spec)
     with open(out_path, "w", encoding="utf-8") as handle:
         json.dump(result, handle, allow_nan=True)
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)  # skip vLLM's slow interpreter teardown; the result is on disk
+    exit_at_once()  # skip vLLM's slow interpreter teardown; the result is on disk
 
 
 @dataclass(frozen=True)

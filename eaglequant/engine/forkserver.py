@@ -43,7 +43,7 @@ from pathlib import Path
 from typing import TypedDict, final
 
 from eaglequant.engine.config import usable_cores
-from eaglequant.imports import collection_paused, import_all
+from eaglequant.interpreter import collection_paused, exit_at_once, import_all
 from eaglequant.io.output import pid_alive
 
 FORKSERVER_ENV = "EAGLEQUANT_FORKSERVER"
@@ -197,10 +197,7 @@ def _child(request: ForkRequest, module: str, own: tuple[int, ...]) -> None:
     except BaseException:
         traceback.print_exc()
     finally:
-        with contextlib.suppress(BaseException):
-            sys.stdout.flush()
-            sys.stderr.flush()
-        os._exit(code)
+        exit_at_once(code)
 
 
 def process_name(module: str) -> str:

@@ -8,7 +8,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from eaglequant.imports import collection_paused, import_all
+from eaglequant.interpreter import collection_paused, import_all
 
 
 @pytest.fixture
