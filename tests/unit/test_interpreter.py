@@ -1,8 +1,10 @@
-"""Heavy imports with the garbage collector paused: paused inside, as it was after."""
+"""Heavy imports with the garbage collector paused (paused inside, as it was after), and the
+exit that skips the interpreter's teardown."""
 
 from __future__ import annotations
 
 import gc
+import subprocess
 import sys
 from collections.abc import Iterator
 
@@ -47,3 +49,15 @@ def test_import_all_imports_each_module_and_resumes_the_collector() -> None:
     with pytest.raises(ModuleNotFoundError, match="no_such_module_here"):
         import_all(["no_such_module_here"])
     assert gc.isenabled()
+
+
+def test_exit_at_once_flushes_the_streams_and_skips_atexit() -> None:
+    script = (
+        "import atexit, sys\n"
+        "from eaglequant.interpreter import exit_at_once\n"
+        "atexit.register(lambda: print('teardown'))\n"
+        "sys.stdout.write('result on disk')\n"  # no newline: still in the buffer
+        "exit_at_once(3)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
+    assert (done.returncode, done.stdout) == (3, "result on disk")
