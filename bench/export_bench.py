@@ -374,15 +374,14 @@ def cpu_in_child(hidden: int) -> dict[str, Any]:
 
 def describe_cpu(hidden: int) -> dict[str, Any]:
     """The CPU, what torch makes of it, and its GEMM rates (GFLOP/s, best of 3) at ``hidden``."""
-    import platform
-
     import torch
 
     from eaglequant.model import compute
+    from eaglequant.results.environment import cpu_info
 
     native = bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
     return {
-        "model": _cpu_model() or platform.processor(),
+        "model": cpu_info()["model"],
         "capability": torch.backends.cpu.get_cpu_capability(),
         "native_bf16": native,
         "threads": torch.get_num_threads(),
@@ -393,13 +392,6 @@ def describe_cpu(hidden: int) -> dict[str, Any]:
 
 
 EMULATION_ENV = ("ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA", "EAGLEQUANT_GEMM")
-
-
-def _cpu_model() -> str | None:
-    cpuinfo = Path("/proc/cpuinfo")
-    lines = cpuinfo.read_text().splitlines() if cpuinfo.exists() else []
-    names = [line.split(":", 1)[1].strip() for line in lines if line.startswith("model name")]
-    return names[0] if names else None
 
 
 def gemm_rates(hidden: int, bf16_mm_rows: int) -> dict[str, float]:

@@ -30,7 +30,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import random
 import subprocess
 import sys
@@ -41,6 +40,7 @@ from typing import Any
 
 from eaglequant.prompts.source import load_prompts, parse_source
 from eaglequant.recipe import ValidationSpec
+from eaglequant.results.environment import cpu_info
 from eaglequant.validate.acceptance_checks import AcceptanceThresholds, acceptance_checks
 from eaglequant.validate.categories import by_category, category_checks
 from eaglequant.validate.lossless import rejudge
@@ -180,13 +180,10 @@ def exact_prefix_fails(numbers: dict[str, Any]) -> bool:
 
 def machine() -> dict[str, Any]:
     """The CPU the runs shared (model, cores, the ISA flags that pick vLLM's CPU kernels)."""
-    info = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
-    model = next((line.split(":", 1)[1].strip() for line in info.splitlines() if
-                  line.startswith("model name")), platform.machine())  # fmt: skip
-    flags = next((line.split(":", 1)[1].split() for line in info.splitlines() if
-                  line.startswith("flags")), [])  # fmt: skip
+    info = cpu_info()
     wanted = ("avx2", "avx512f", "avx512_bf16", "amx_bf16")
-    return {"cpu": model, "cores": os.cpu_count(), "flags": [f for f in wanted if f in flags]}
+    flags = [f for f in wanted if f in info["isa_flags"]]
+    return {"cpu": info["model"], "cores": os.cpu_count(), "flags": flags}
 
 
 def commit() -> str:

@@ -21,6 +21,8 @@ import sys
 from pathlib import Path
 from statistics import median
 
+from eaglequant.results.environment import cpu_info
+
 HERE = Path(__file__).resolve().parent
 
 # name -> (set-up outside the measurement, the import measured)
@@ -57,13 +59,6 @@ def measure(name: str, way: str) -> dict[str, float]:
     return {"import_s": round(seconds, 3), "process_cpu_s": round(cpu, 3)}
 
 
-def cpu_model() -> str | None:
-    lines = Path("/proc/cpuinfo").read_text().splitlines() if Path("/proc/cpuinfo").exists() else []
-    return next(
-        (line.split(":", 1)[1].strip() for line in lines if line.startswith("model name")), None
-    )
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--runs", type=int, default=3)
@@ -83,7 +78,8 @@ def main() -> None:
             f"  ({ratio:.2f}x)",
             flush=True,
         )
-    record = {"cpu": cpu_model(), "cpus": os.cpu_count(), "runs": args.runs, "imports": results}
+    record = {"cpu": cpu_info()["model"], "cpus": os.cpu_count(), "runs": args.runs}
+    record["imports"] = results
     args.out.write_text(json.dumps(record, indent=2) + "\n")
 
 
