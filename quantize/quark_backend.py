@@ -87,9 +87,9 @@ def experts_scan_skipped() -> Iterator[None]:
     eaglequant hands Quark only its own draft module (``Eagle3Draft``: eaglequant's layers
     and torch's, a dense MLP) or a folder of weights (the file-to-file flow), so none of
     those transformers classes can occur in what Quark replaces. ``import quark.torch``
-    then takes 5.7 s, against 7.4 s with the scan restricted to the files that name the
-    decorator and more than twice that with all of it (a 2-core EPYC). Any other
-    ``ast.parse`` call is untouched.
+    then took 5.7 s, against 7.4 s with the scan restricted to the files that name the
+    decorator and more than twice that with all of it (a 2-core EPYC, the garbage collector
+    running). Any other ``ast.parse`` call is untouched.
     """
     original = ast.parse
 
