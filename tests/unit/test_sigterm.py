@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -33,6 +34,7 @@ def test_sigterm_stops_the_engine_children_of_any_command(tmp_path: Path) -> Non
     log = tmp_path / "child.log"
     parent = subprocess.Popen([sys.executable, "-c", SCRIPT, str(log)])
     child = _child_of(parent.pid)
+    _waiting(parent.pid)
     parent.send_signal(signal.SIGTERM)
     assert parent.wait(timeout=30) == 128 + signal.SIGTERM
     deadline = time.monotonic() + 10
@@ -42,14 +44,29 @@ def test_sigterm_stops_the_engine_children_of_any_command(tmp_path: Path) -> Non
 
 
 def _child_of(pid: int) -> int:
+    """The command's child once it runs its own program (forked and exec'd: the command
+    holds its handle by then, and the signal finds a command waiting on it)."""
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
         found = Path(f"/proc/{pid}/task/{pid}/children")
-        children = found.read_text().split() if found.exists() else []
-        if children:
-            return int(children[0])
+        for child in found.read_text().split() if found.exists() else []:
+            with contextlib.suppress(OSError):
+                if b"time.sleep" in Path(f"/proc/{child}/cmdline").read_bytes():
+                    return int(child)
         time.sleep(0.1)
     raise AssertionError("the command started no child")
+
+
+def _waiting(pid: int) -> None:
+    """Until the command's main thread blocks in ``wait4`` (x86-64 syscall 61) on its child,
+    where the command waits on an engine (on another architecture: signalled after 30 s)."""
+    deadline = time.monotonic() + 30
+    syscall = Path(f"/proc/{pid}/task/{pid}/syscall")
+    while time.monotonic() < deadline:
+        with contextlib.suppress(OSError):
+            if syscall.read_text().split()[0] == "61":
+                return
+        time.sleep(0.05)
 
 
 def _alive(pid: int) -> bool:
