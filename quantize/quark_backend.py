@@ -1,7 +1,7 @@
 """Quantization by AMD Quark: recipe -> ``QConfig``, then Quark's own flows.
 
 * Static activation scales: ``ModelQuantizer.quantize_model`` calibrates the
-  float32 draft module on the calibration batches, ``freeze`` fixes it, and
+  float32 draft module on the calibration batches, ``freeze`` fixes its scales, and
   ``export_safetensors`` writes real FP8 weights and float32 scales. The math is
   float32 (a BF16 model makes Quark divide in BF16 before the FP8 cast). Only
   while its forward passes run do the decoder layers' linears hold BF16 weights
@@ -267,7 +267,10 @@ def quantize_static(
             quantized = quantizer.quantize_model(model, list(batches))
     timings["quark_calibration"] = round(time.perf_counter() - started, 3)
     model.release_file_pages()
-    frozen = quantizer.freeze(quantized)
+    # Quark's export real-quantizes each weight from the float weight it finds. freeze's
+    # default would first fake-quantize every weight in place, seconds at full size, and
+    # change no exported byte (tests/integration/test_quark_freeze.py).
+    frozen = quantizer.freeze(quantized, quantize=False)
     # Quark's export writes the whole state dict; only the decoder layers are wanted, so the
     # unquantized gigabytes (fc, lm_head, embed_tokens) are detached while it runs.
     detached = {name: getattr(frozen, name) for name in UNQUANTIZED_MODULES}
@@ -288,7 +291,7 @@ def _native_while_calibrating(model: Eagle3Draft) -> Iterator[None]:
     (else in float32, as Quark holds them).
 
     Quark observes the weights (float32) before its first forward pass and
-    fake-quantizes them at ``freeze``, after the last: the weights turn BF16 at
+    quantizes them at export, after the last: the weights turn BF16 at
     the first forward pass and float32 again on leaving, both exact, and are
     held once either way.
     """

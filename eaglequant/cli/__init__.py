@@ -32,6 +32,7 @@ from eaglequant.cli.toy import toy
 from eaglequant.cli.tune import tune
 from eaglequant.cli.validate import validate
 from eaglequant.errors import EagleQuantError
+from eaglequant.interpreter import exit_at_once
 
 
 class ReportingGroup(click.Group):
@@ -43,7 +44,10 @@ class ReportingGroup(click.Group):
 
     def invoke(self, ctx: click.Context) -> Any:
         try:
-            return super().invoke(ctx)
+            result = super().invoke(ctx)
+            if ctx.invoked_subcommand in _ENDS_AT_ONCE:
+                _finished.append(ctx.invoked_subcommand)
+            return result
         except (click.ClickException, click.exceptions.Exit, click.Abort):
             raise
         except EagleQuantError as exc:
@@ -74,9 +78,24 @@ def _exit_on_sigterm(signum: int, frame: object) -> None:
     raise SystemExit(128 + signum)
 
 
+def run() -> None:
+    """The ``eaglequant`` script: :func:`main`, ended without the interpreter's teardown
+    after a command of ``_ENDS_AT_ONCE`` succeeded (its output is on disk and synced; freeing
+    torch, transformers and Quark object by object takes seconds)."""
+    try:
+        main()
+    except SystemExit as exc:
+        if exc.code in (0, None) and _finished:
+            exit_at_once(0)
+        raise
+
+
+_ENDS_AT_ONCE = frozenset({"export"})
+_finished: list[str] = []  # the command of _ENDS_AT_ONCE that succeeded in this process
+
 _COMMANDS = (inspect, fix_config_command, card, toy, export, capture, validate, tune, publish)
 for _command in (*_COMMANDS, prompts, compare, acceptance, example):
     main.add_command(_command)
 
 if __name__ == "__main__":
-    main()
+    run()

@@ -1,5 +1,5 @@
 """``python -m eaglequant.cli``: the same command line as the ``eaglequant`` script."""
 
-from eaglequant.cli import main
+from eaglequant.cli import run
 
-main()
+run()

@@ -59,9 +59,9 @@ def test_quark_calibrates_in_bf16_only_where_native_and_freezes_float32(
     frozen: list[torch.dtype] = []
     freeze = ModelQuantizer.freeze
 
-    def freezing(model: Eagle3Draft) -> Eagle3Draft:
+    def freezing(model: Eagle3Draft, **options: bool) -> Eagle3Draft:
         frozen.extend(model.get_submodule(n).weight.dtype for n in MIDLAYER_LINEARS)
-        return freeze(model)
+        return freeze(model, **options)
 
     monkeypatch.setattr(ModelQuantizer, "freeze", staticmethod(freezing))
     ckpt = read_checkpoint(write_random_draft(tmp_path / "d", draft_config()))

@@ -61,3 +61,28 @@ def test_exit_at_once_flushes_the_streams_and_skips_atexit() -> None:
     )
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
     assert (done.returncode, done.stdout) == (3, "result on disk")
+
+
+@pytest.mark.parametrize(
+    ("args", "code", "torn_down"),
+    [
+        (["export", "draft", "--dump-recipe", "--recipe", "ptpc-fp8"], 0, False),  # succeeded
+        (["export", "no-such-draft", "out"], 2, True),  # export refused: the usual exit
+        (["inspect", "--help"], 0, True),  # not a command that ends at once
+    ],
+)
+def test_the_script_skips_teardown_only_after_a_successful_export(
+    args: list[str], code: int, torn_down: bool
+) -> None:
+    script = (
+        "import atexit, sys\n"
+        "from eaglequant.cli import run\n"
+        "atexit.register(lambda: print('teardown'))\n"
+        f"sys.argv = ['eaglequant', *{args!r}]\n"
+        "run()\n"
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
+    assert done.returncode == code, done.stderr
+    assert done.stdout.endswith("teardown\n") == torn_down
+    said = done.stdout.removesuffix("teardown\n") + done.stderr  # what the command printed
+    assert said.startswith("error: " if code else ("name: ptpc-fp8" if not torn_down else "Usage"))
