@@ -16,7 +16,7 @@ from typing import Any
 
 import click
 
-from eaglequant import __version__
+from eaglequant import __version__, termination
 from eaglequant.cli.acceptance import acceptance
 from eaglequant.cli.capture import capture
 from eaglequant.cli.card import card
@@ -71,11 +71,7 @@ def main() -> None:
     """Turn a BF16 EAGLE-3 draft into a static FP8 E4M3 draft that vLLM loads, and prove it."""
     # A SIGTERM (a CI job's timeout, a scheduler) unwinds like Ctrl-C, so every engine child's
     # process group and every server is stopped on the way out instead of left running.
-    signal.signal(signal.SIGTERM, _exit_on_sigterm)
-
-
-def _exit_on_sigterm(signum: int, frame: object) -> None:
-    raise SystemExit(128 + signum)
+    signal.signal(signal.SIGTERM, termination.exit_on_signal)
 
 
 def run() -> None:

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Generic, TypeAlias, TypeVar
 
+from eaglequant import termination
 from eaglequant.engine.child import EngineChild
 from eaglequant.engine.forkserver import ForkedChild, server_for, wanted
 
@@ -67,6 +68,15 @@ def start_child(argv: list[str], log: Path, env: Mapping[str, str], *, fork: boo
     With ``fork``, ``python -m module …`` is forked from this environment's fork server when
     the environment asks for one (:mod:`eaglequant.engine.forkserver`) and the server takes it.
     """
+    with termination.held():  # a SIGTERM meanwhile: the child is stopped, then the exit
+        child = _start(argv, log, env, fork)
+        if termination.pending():
+            kill_group(child)
+            child.wait()
+    return child
+
+
+def _start(argv: list[str], log: Path, env: Mapping[str, str], fork: bool) -> Child:
     if fork and wanted(env) and len(argv) >= 3 and argv[1] == "-m":
         forked = server_for(argv[0], env).start(argv[2], argv[3:], log, env)
         if isinstance(forked, ForkedChild):

@@ -43,6 +43,39 @@ def test_sigterm_stops_the_engine_children_of_any_command(tmp_path: Path) -> Non
     assert not _alive(child), "the child outlived the command"
 
 
+# The same command with the signal arriving while the child is being started: after the
+# fork and exec, before ``Popen`` returns its handle (the handler runs inside ``__init__``).
+MID_START = (
+    """
+import os, signal, subprocess
+
+class SignalledMidStart(subprocess.Popen):
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        print(self.pid, flush=True)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+subprocess.Popen = SignalledMidStart
+"""
+    + SCRIPT
+)
+
+
+def test_sigterm_while_a_child_is_being_started_stops_it_too(tmp_path: Path) -> None:
+    done = subprocess.run(
+        [sys.executable, "-c", MID_START, str(tmp_path / "child.log")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 128 + signal.SIGTERM, done.stderr
+    child = int(done.stdout.split()[0])
+    deadline = time.monotonic() + 10
+    while _alive(child) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not _alive(child), "the child outlived the command"
+
+
 def _child_of(pid: int) -> int:
     """The command's child once it runs its own program (forked and exec'd: the command
     holds its handle by then, and the signal finds a command waiting on it)."""
