@@ -78,6 +78,7 @@ def run() -> None:
     """The ``eaglequant`` script: :func:`main`, ended without the interpreter's teardown
     after a command of ``_ENDS_AT_ONCE`` succeeded (its output is on disk and synced; freeing
     torch, transformers and Quark object by object takes seconds)."""
+    _finished.clear()  # only what this run finished counts
     try:
         main()
     except SystemExit as exc:
@@ -87,7 +88,7 @@ def run() -> None:
 
 
 _ENDS_AT_ONCE = frozenset({"export"})
-_finished: list[str] = []  # the command of _ENDS_AT_ONCE that succeeded in this process
+_finished: list[str] = []  # the command of _ENDS_AT_ONCE that succeeded in this run
 
 _COMMANDS = (inspect, fix_config_command, card, toy, export, capture, validate, tune, publish)
 for _command in (*_COMMANDS, prompts, compare, acceptance, example):

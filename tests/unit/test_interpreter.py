@@ -86,3 +86,18 @@ def test_the_script_skips_teardown_only_after_a_successful_export(
     assert done.stdout.endswith("teardown\n") == torn_down
     said = done.stdout.removesuffix("teardown\n") + done.stderr  # what the command printed
     assert said.startswith("error: " if code else ("name: ptpc-fp8" if not torn_down else "Usage"))
+
+
+def test_an_export_run_in_process_earlier_does_not_end_a_later_run_at_once() -> None:
+    script = (
+        "import atexit, sys\n"
+        "from click.testing import CliRunner\n"
+        "from eaglequant.cli import main, run\n"
+        "atexit.register(lambda: print('teardown'))\n"
+        "assert CliRunner().invoke(main, ['export', 'draft', '--dump-recipe']).exit_code == 0\n"
+        "sys.argv = ['eaglequant', 'inspect', '--help']\n"
+        "run()\n"
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("Usage") and done.stdout.endswith("teardown\n")
