@@ -22,16 +22,16 @@ peak RSS of that process tree):
 environment passes to every run, so ``ATEN_CPU_CAPABILITY=avx2
 ONEDNN_MAX_CPU_ISA=AVX2`` measures a CPU without native BF16 on one with it.
 
-``--runs N`` repeats the ptpc comparison's measured runs N times (the I/O floor
-and the export each time; Quark's own flow, its import and the tensor-for-tensor
-check in the first). ``--before CHECKOUT`` times another checkout of eaglequant
-(the previous version, e.g. a ``git worktree``) beside this one in each run,
-the two taking turns at going first, with the same interpreter and venv, its
-package imported from that checkout, and checks that both write the same
-tensors. Each measured run also records how many bytes the disk under the
-bench's cache wrote (``disk_written_gb``). Every measured run starts with earlier
-writes flushed, none of the bench's files (inputs, kept outputs) in the page
-cache, and its memory backed (``settle``).
+``--runs N`` repeats the measured runs N times: the ptpc comparison's (the I/O floor and
+the export each time; Quark's own flow, its import and the tensor-for-tensor check in
+the first) and the static export's (the export, then its own I/O floor). ``--before
+CHECKOUT`` times another checkout of eaglequant (the previous version, e.g. a ``git
+worktree``) beside this one in each run, the two taking turns at going first, with the
+same interpreter and venv, its package imported from that checkout, and checks that both
+write the same tensors. Each measured run also records how many bytes the disk under the
+bench's cache wrote (``disk_written_gb``). Every measured run starts with earlier writes
+flushed, none of the bench's files (inputs, kept outputs) in the page cache, and its
+memory backed (``settle``).
 
 Results go to ``bench/results-export-<shape>.json`` and a table of ratios on stdout.
 ``--shape small`` is the CI smoke variant (not timed there).
@@ -305,10 +305,10 @@ def run(
         if ptpc:
             results.update(ptpc_export(draft, scratch, runs, env))
         if static:
-            results.update(static_export(draft, capture, tokens, scratch / "static"))
-            if env is not None:
-                older = static_export(draft, capture, tokens, scratch / "static", env)
-                results.update({f"{key}_before": value for key, value in older.items()})
+            measured = static_runs(draft, capture, tokens, scratch, runs, env)
+            if "io_floor" in results:  # the ptpc comparison's first floor stays the top one
+                measured.pop("io_floor")
+            results.update(measured)
         out_bytes = results.get("output_bytes") or results["static_output_bytes"]
         if "io_floor" not in results:
             results["io_floor"] = io_floor(draft, out_bytes, scratch)
@@ -431,6 +431,31 @@ def gemm_rates(hidden: int, bf16_mm_rows: int) -> dict[str, float]:
     }
 
 
+def static_runs(
+    draft: Path,
+    capture: Path,
+    tokens: int,
+    scratch: Path,
+    runs: int = 1,
+    before: dict[str, str] | None = None,
+) -> dict[str, Any]:
+    """The static export ``runs`` times, each run: it and the previous version's (``before``'s
+    environment), taking turns at going first, then the I/O floor. The top-level figures
+    are the first run's; ``static_runs`` holds every run."""
+    sides: dict[str, dict[str, str] | None] = {"": None}
+    if before is not None:
+        sides["_before"] = before
+    measured = []
+    for index in range(runs):
+        one: dict[str, Any] = {"order": sorted(sides, reverse=index % 2 == 1)}
+        for suffix in one["order"]:
+            result = static_export(draft, capture, tokens, scratch / "static", sides[suffix])
+            one.update({f"{key}{suffix}": value for key, value in result.items()})
+        one["io_floor"] = io_floor(draft, one["static_output_bytes"], scratch)
+        measured.append(one)
+    return {**measured[0], "static_runs": measured}
+
+
 def static_export(
     draft: Path, capture: Path, tokens: int, out: Path, env: dict[str, str] | None = None
 ) -> dict[str, Any]:
@@ -519,6 +544,8 @@ def print_table(results: dict) -> None:  # type: ignore[type-arg]
             print_ptpc_run(index + 1, one, results["cpus"])
     if "static_stages_s" in results:
         print_static(results, floor)
+        for index, one in enumerate(results.get("static_runs", [])):
+            print_static_run(index + 1, one)
     print(f"--help {results['help']['wall_s']:.3f}s, inspect {results['inspect']['wall_s']:.3f}s")
 
 
@@ -545,6 +572,22 @@ def print_ptpc_run(number: int, one: dict, cpus: int) -> None:  # type: ignore[t
             )
         print(f"    stages: {stages}")
         print(f"    {stage_sums(stages, row['wall_s'])}")
+
+
+def print_static_run(number: int, one: dict) -> None:  # type: ignore[type-arg]
+    """One static run: each version's wall time and what is left of it besides Quark's
+    calibration passes and the held-out measurement, against this run's floor."""
+    floor = one["io_floor"]["wall_s"]
+    labels = {"": "this version", "_before": "previous version"}
+    print(f"static run {number}: I/O floor {floor:.2f}s, {labels[one['order'][0]]} first")
+    for suffix in sorted(one["order"]):
+        wall, stages = one[f"static_export{suffix}"]["wall_s"], one[f"static_stages_s{suffix}"]
+        calibration, measurement = stages["quantize.quark_calibration"], stages["measure"]
+        rest = wall - calibration - measurement
+        print(
+            f"  {labels[suffix]}: {wall:.1f}s; calibration {calibration:.1f}s, measurement "
+            f"{measurement:.1f}s, the rest {rest:.1f}s = {rest / floor:.2f}x floor"
+        )
 
 
 def reference_rate(cpu: dict) -> float:  # type: ignore[type-arg]
@@ -586,7 +629,9 @@ def main() -> None:
     parser.add_argument(
         "--results", type=Path, help="JSON file (default bench/results-export-SHAPE.json)"
     )
-    parser.add_argument("--runs", type=int, default=1, help="measured ptpc runs (default 1)")
+    parser.add_argument(
+        "--runs", type=int, default=1, help="measured runs of each comparison (default 1)"
+    )
     parser.add_argument(
         "--before", type=Path, help="another checkout (the previous version) timed beside this one"
     )
