@@ -32,3 +32,7 @@ def test_small_benchmark_runs_and_ptpc_matches_quark(tmp_path: Path) -> None:
     assert results["static_calibration"]["tokens"] == 512
     assert results["static_flop"]["calibration"] > 0
     assert results["static_stages_s"]["quantize.quark_calibration"] > 0
+    (static,) = results["static_runs"]  # one run: its own floor, the top-level figures
+    assert static["order"] == [""] and static["io_floor"]["wall_s"] > 0
+    assert static["static_stages_s"] == results["static_stages_s"]
+    assert results["io_floor"] == results["ptpc_runs"][0]["io_floor"]
