@@ -25,8 +25,9 @@ on every point's slowest and on its fastest round. A prediction whose interval i
 :data:`MEANINGLESS_SPREAD` of its value says nothing a choice can rest on: it is ``noisy``,
 and tune measures it instead where the choice rests on it (a tie with the winner) and some
 value inside its interval would change the choice. Where the model breaks: prefill-heavy
-loads (only decode steps are modelled), and a k above the measured one (no ``a_j`` beyond
-it).
+loads (only decode steps are modelled), a k above the measured one (no ``a_j`` beyond
+it), and the smallest ks where a speculative step's fixed cost outweighs a draft step (one
+speculative server charges every draft step an equal share of it: k=1 comes out high).
 ``docs/release-table.md`` gives the equations with their inputs.
 """
 
