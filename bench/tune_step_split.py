@@ -27,7 +27,7 @@ from statistics import fmean
 
 import numpy as np
 
-from eaglequant.tune.predict import TargetStep, expected_length, predicted_length
+from eaglequant.tune.predict import Point, StepModel, expected_length, fit, predicted_length
 
 
 def load(folder: Path) -> dict:  # type: ignore[type-arg]
@@ -37,29 +37,29 @@ def load(folder: Path) -> dict:  # type: ignore[type-arg]
     for path in sorted((folder / "full").glob("k[1-9]*.json")):
         first = json.loads(path.read_text())[0]
         own[first["k"]] = (first["acceptance_length"], tuple(first["per_position"]))
-    base = {r["concurrency"]: r["output_throughput"] for r in served if r["k"] == 0}
-    top = max(r["k"] for r in served)
-    largest = {r["concurrency"]: r for r in served if r["k"] == top}
+    fitted = [  # the --predict run's own servers: no speculation and the largest k
+        Point(r["k"], r["concurrency"], tuple(r["runs"]), tuple(r["per_position"]))
+        for r in served
+        if not r.get("schedule")
+    ]
     rounds = {(p["k"], p["concurrency"]): p["full_grid_rounds"] for p in grid}
-    return {"base": base, "top": top, "largest": largest, "rounds": rounds, "own": own}
+    return {"model": fit(fitted), "rounds": rounds, "own": own}
 
 
-def largest_step(run: dict, c: int) -> float:  # type: ignore[type-arg]
-    point = run["largest"][c]
-    return c * expected_length(point["per_position"], run["top"]) / point["output_throughput"]
+def largest_step(model: StepModel, c: int) -> float:
+    """The largest k's measured step at concurrency ``c`` (what ``fit`` splits)."""
+    return model.target(c * (model.k_max + 1)) + model.k_max * model.draft_step[c]
 
 
-def predictions(run: dict, target: TargetStep) -> None:  # type: ignore[type-arg]
-    top, own = run["top"], run["own"]
+def predictions(run: dict) -> None:  # type: ignore[type-arg]
+    model, own = run["model"], run["own"]
     print("k  conc  grid mean [rounds]        --predict   with own acceptance")
-    for c in sorted(run["base"]):
-        per_position = run["largest"][c]["per_position"]
-        draft = (largest_step(run, c) - target(c * (top + 1))) / top
-        for k in sorted(k for k in own if k < top):
-            step = target(c * (k + 1)) + k * draft
+    for c in sorted(model.draft_step):
+        for k in sorted(k for k in own if k < model.k_max):
+            step = model.target(c * (k + 1)) + k * model.draft_step[c]
             rounds = run["rounds"][(k, c)]
             grid = fmean(rounds)
-            tune = c * predicted_length(per_position, k) / step
+            tune = model.throughput(k, c)
             exact = c * own[k][0] / step
             print(
                 f"{k:<2} {c:>4}  {grid:7.1f} [{min(rounds):.1f}-{max(rounds):.1f}]"
@@ -67,41 +67,43 @@ def predictions(run: dict, target: TargetStep) -> None:  # type: ignore[type-arg
             )
 
 
-def split(run: dict, target: TargetStep) -> None:  # type: ignore[type-arg]
+def split(run: dict) -> None:  # type: ignore[type-arg]
     """F and D per concurrency from each k's grid server and the largest k."""
-    top, own = run["top"], run["own"]
-    print(f"\nF (fixed, ms) and D (per draft step, ms) from each k's grid server and k={top}")
-    for c in sorted(run["base"]):
+    model, own = run["model"], run["own"]
+    print(
+        f"\nF (fixed, ms) and D (per draft step, ms) from each k's grid server and k={model.k_max}"
+    )
+    for c in sorted(model.draft_step):
         parts = []
-        for k in sorted(k for k in own if k < top):
+        for k in sorted(k for k in own if k < model.k_max):
             step = c * own[k][0] / fmean(run["rounds"][(k, c)])
-            fixed, draft = solve(target, c, (k, step), (top, largest_step(run, c)))
+            fixed, draft = solve(model, c, k, step)
             parts.append(f"k={k}: F {fixed * 1e3:.1f} D {draft * 1e3:.2f}")
         print(f"  concurrency {c}: " + "; ".join(parts))
 
 
-def solve(
-    target: TargetStep, c: int, one: tuple[int, float], two: tuple[int, float]
-) -> tuple[float, float]:
-    """``F`` and ``D`` from two speculative steps ``(k, seconds)`` at concurrency ``c``."""
-    (k1, s1), (k2, s2) = one, two
-    rest1, rest2 = s1 - target(c * (k1 + 1)), s2 - target(c * (k2 + 1))
-    draft = (rest2 - rest1) / (k2 - k1)
-    return rest1 - k1 * draft, draft
+def solve(model: StepModel, c: int, k: int, step: float) -> tuple[float, float]:
+    """``F`` and ``D`` at concurrency ``c`` from a step of ``step`` seconds at ``k`` and the
+    largest k's."""
+    top = model.k_max
+    rest = step - model.target(c * (k + 1))
+    rest_top = largest_step(model, c) - model.target(c * (top + 1))
+    draft = (rest_top - rest) / (top - k)
+    return rest - k * draft, draft
 
 
-def refit(run: dict, target: TargetStep, confirm: str) -> None:  # type: ignore[type-arg]
+def refit(run: dict, confirm: str) -> None:  # type: ignore[type-arg]
+    model = run["model"]
     k_c, c, tok_s, length = confirm.split(":")
     k1, conc = int(k_c), int(c)
-    step = conc * float(length) / float(tok_s)
-    fixed, draft = solve(target, conc, (k1, step), (run["top"], largest_step(run, conc)))
+    fixed, draft = solve(model, conc, k1, conc * float(length) / float(tok_s))
     print(
-        f"\nrefit at concurrency {conc} on k={k1} and k={run['top']}: F {fixed * 1e3:.2f} ms, "
+        f"\nrefit at concurrency {conc} on k={k1} and k={model.k_max}: F {fixed * 1e3:.2f} ms, "
         f"D {draft * 1e3:.2f} ms"
     )
-    per_position = run["largest"][conc]["per_position"]
-    for k in sorted(k for k in run["own"] if k not in (k1, run["top"])):
-        cost = target(conc * (k + 1)) + fixed + k * draft
+    per_position = model.per_position[conc]
+    for k in sorted(k for k in run["own"] if k not in (k1, model.k_max)):
+        cost = model.target(conc * (k + 1)) + fixed + k * draft
         grid = fmean(run["rounds"][(k, conc)])
         tune = conc * predicted_length(per_position, k) / cost
         exact = conc * run["own"][k][0] / cost
@@ -178,11 +180,10 @@ def main() -> None:
     )
     args = parser.parse_args()
     run = load(args.folder)
-    target = TargetStep.measured(run["base"].items())
-    predictions(run, target)
-    split(run, target)
+    predictions(run)
+    split(run)
     if args.confirm:
-        refit(run, target, args.confirm)
+        refit(run, args.confirm)
     lengths(run)
 
 
