@@ -46,9 +46,13 @@ def load(folder: Path) -> dict:  # type: ignore[type-arg]
     return {"model": fit(fitted), "rounds": rounds, "own": own}
 
 
-def largest_step(model: StepModel, c: int) -> float:
-    """The largest k's measured step at concurrency ``c`` (what ``fit`` splits)."""
-    return model.target(c * (model.k_max + 1)) + model.k_max * model.draft_step[c]
+def against_grid(run: dict, k: int, c: int, step: float) -> tuple[float, float, float]:  # type: ignore[type-arg]
+    """At (k, c) with a step of ``step`` seconds: the grid's mean, the throughput with
+    ``predicted_length`` from the largest k's counters, and with k's own acceptance."""
+    model = run["model"]
+    grid = fmean(run["rounds"][(k, c)])
+    tune = c * predicted_length(model.per_position[c], k) / step
+    return grid, tune, c * run["own"][k][0] / step
 
 
 def predictions(run: dict) -> None:  # type: ignore[type-arg]
@@ -57,10 +61,8 @@ def predictions(run: dict) -> None:  # type: ignore[type-arg]
     for c in sorted(model.draft_step):
         for k in sorted(k for k in own if k < model.k_max):
             step = model.target(c * (k + 1)) + k * model.draft_step[c]
+            grid, tune, exact = against_grid(run, k, c, step)
             rounds = run["rounds"][(k, c)]
-            grid = fmean(rounds)
-            tune = model.throughput(k, c)
-            exact = c * own[k][0] / step
             print(
                 f"{k:<2} {c:>4}  {grid:7.1f} [{min(rounds):.1f}-{max(rounds):.1f}]"
                 f"  {tune:7.1f} ({tune / grid - 1:+.1%})  {exact:7.1f} ({exact / grid - 1:+.1%})"
@@ -85,10 +87,8 @@ def split(run: dict) -> None:  # type: ignore[type-arg]
 def solve(model: StepModel, c: int, k: int, step: float) -> tuple[float, float]:
     """``F`` and ``D`` at concurrency ``c`` from a step of ``step`` seconds at ``k`` and the
     largest k's."""
-    top = model.k_max
     rest = step - model.target(c * (k + 1))
-    rest_top = largest_step(model, c) - model.target(c * (top + 1))
-    draft = (rest_top - rest) / (top - k)
+    draft = (model.k_max * model.draft_step[c] - rest) / (model.k_max - k)
     return rest - k * draft, draft
 
 
@@ -101,12 +101,9 @@ def refit(run: dict, confirm: str) -> None:  # type: ignore[type-arg]
         f"\nrefit at concurrency {conc} on k={k1} and k={model.k_max}: F {fixed * 1e3:.2f} ms, "
         f"D {draft * 1e3:.2f} ms"
     )
-    per_position = model.per_position[conc]
     for k in sorted(k for k in run["own"] if k not in (k1, model.k_max)):
         cost = model.target(conc * (k + 1)) + fixed + k * draft
-        grid = fmean(run["rounds"][(k, conc)])
-        tune = conc * predicted_length(per_position, k) / cost
-        exact = conc * run["own"][k][0] / cost
+        grid, tune, exact = against_grid(run, k, conc, cost)
         print(
             f"  k={k}: grid {grid:.1f}, predicted_length {tune:.1f} ({tune / grid - 1:+.1%}), "
             f"own acceptance {exact:.1f} ({exact / grid - 1:+.1%})"
