@@ -1,12 +1,20 @@
-"""Import benchmark: the heavy imports eaglequant pays for, with and without the garbage
-collector paused (``eaglequant.interpreter.collection_paused``).
+"""Import benchmark: the heavy imports eaglequant pays for, with the garbage collector running,
+paused, and paused then frozen (``eaglequant.interpreter.collection_paused``).
 
-Each import runs in a fresh interpreter, the two ways taking turns at going first, ``--runs``
-times each: torch with transformers (the export's own imports), ``quark.torch`` as the
-export imports it (quiet, its expert-class scan skipped; torch is imported before the
-measured part either way) and vLLM's offline entry point (what every engine child imports).
-Recorded per import and way: each run's wall time of the import itself and the CPU time of
-the whole process (user + system), and the ratio of the medians.
+Each import runs in a fresh interpreter, the three ways taking turns at going first,
+``--runs`` times each: torch with transformers (the export's own imports), ``quark.torch`` as
+the export imports it (quiet, its expert-class scan skipped; torch is imported before the
+measured part either way), the same with Quark's level set by ``QUARK_LOG_LEVEL`` (how the
+export quieted it before) and vLLM's offline entry point (what every engine child imports).
+The ways: "collected" (the collector runs throughout), "paused" (off for the import, then on
+again), "frozen" (off for the import, then what it left alive frozen out of later
+collections: what eaglequant does). After the import each run makes 200,000 small objects,
+as the work that follows an import does, and times that too: with the collector back on,
+its first collections walk everything the import left alive.
+
+Recorded per import and way: each run's wall time of the import itself, of the 200,000
+objects after it, and the CPU time of the whole process (user + system); and the ratios of
+the medians of import + after to "collected"'s.
 
     python bench/import_bench.py [--runs 3] [--out bench/results-imports.json]
 """
@@ -25,27 +33,44 @@ from eaglequant.results.environment import cpu_info
 
 HERE = Path(__file__).resolve().parent
 
+QUARK_SETUP = (
+    "from eaglequant.quantize.quark_backend import experts_scan_skipped, quiet_quark\n"
+    "quiet_quark()\n"
+)
 # name -> (set-up outside the measurement, the import measured)
 IMPORTS = {
     "torch+transformers": ("", "import torch, transformers"),
-    "quark.torch": (
-        "from eaglequant.quantize.quark_backend import experts_scan_skipped, quiet_quark\n"
-        "quiet_quark()\n",
+    "quark.torch": (QUARK_SETUP, "with experts_scan_skipped():\n    import quark.torch"),
+    "quark.torch (QUARK_LOG_LEVEL)": (
+        "import os\nos.environ['QUARK_LOG_LEVEL'] = 'warning'\n" + QUARK_SETUP,
         "with experts_scan_skipped():\n    import quark.torch",
     ),
     "vllm.entrypoints.llm": ("", "import vllm.entrypoints.llm"),
 }
 SCRIPT = """\
-import contextlib, resource, sys, time
+import contextlib, gc, resource, sys, time
 from eaglequant.interpreter import collection_paused
 {setup}
+
+@contextlib.contextmanager
+def paused():
+    gc.disable()
+    try:
+        yield
+    finally:
+        gc.enable()
+
+way = {{"collected": contextlib.nullcontext, "paused": paused, "frozen": collection_paused}}
 started = time.perf_counter()
-with collection_paused() if sys.argv[1] == "paused" else contextlib.nullcontext():
+with way[sys.argv[1]]():
 {body}
-seconds = time.perf_counter() - started
+imported = time.perf_counter()
+made = [[index] for index in range(200_000)]
+after = time.perf_counter()
 usage = resource.getrusage(resource.RUSAGE_SELF)
-print(seconds, usage.ru_utime + usage.ru_stime)
+print(imported - started, after - imported, usage.ru_utime + usage.ru_stime)
 """
+WAYS = ("collected", "paused", "frozen")
 
 
 def measure(name: str, way: str) -> dict[str, float]:
@@ -55,8 +80,12 @@ def measure(name: str, way: str) -> dict[str, float]:
     done = subprocess.run(
         [sys.executable, "-c", script, way], capture_output=True, text=True, check=True
     )
-    seconds, cpu = (float(v) for v in done.stdout.split()[-2:])
-    return {"import_s": round(seconds, 3), "process_cpu_s": round(cpu, 3)}
+    seconds, after, cpu = (float(v) for v in done.stdout.split()[-3:])
+    return {
+        "import_s": round(seconds, 3),
+        "after_s": round(after, 3),
+        "process_cpu_s": round(cpu, 3),
+    }
 
 
 def main() -> None:
@@ -66,18 +95,20 @@ def main() -> None:
     args = parser.parse_args()
     results: dict[str, dict[str, object]] = {}
     for name in IMPORTS:
-        runs: dict[str, list[dict[str, float]]] = {"collected": [], "paused": []}
+        runs: dict[str, list[dict[str, float]]] = {way: [] for way in WAYS}
         for index in range(args.runs):
-            for way in sorted(runs, reverse=index % 2 == 1):
+            for way in WAYS[index % 3 :] + WAYS[: index % 3]:
                 runs[way].append(measure(name, way))
-        medians = {way: median(r["import_s"] for r in found) for way, found in runs.items()}
-        ratio = round(medians["paused"] / medians["collected"], 3)
-        results[name] = {**runs, "paused_over_collected": ratio}
-        print(
-            f"{name:22} collected {medians['collected']:.2f}s  paused {medians['paused']:.2f}s"
-            f"  ({ratio:.2f}x)",
-            flush=True,
+        total = {way: median(r["import_s"] + r["after_s"] for r in runs[way]) for way in WAYS}
+        ratios = {way: round(total[way] / total["collected"], 3) for way in WAYS[1:]}
+        results[name] = {**runs, "total_over_collected": ratios}
+        line = "  ".join(
+            f"{way} {median(r['import_s'] for r in runs[way]):.2f}s"
+            f" + {median(r['after_s'] for r in runs[way]):.2f}s"
+            f" ({median(r['process_cpu_s'] for r in runs[way]):.1f} CPU s)"
+            for way in WAYS
         )
+        print(f"{name:30} {line}", flush=True)
     record = {"cpu": cpu_info()["model"], "cpus": os.cpu_count(), "runs": args.runs}
     record["imports"] = results
     args.out.write_text(json.dumps(record, indent=2) + "\n")

@@ -4,8 +4,13 @@ imports with the cyclic garbage collector paused, and an exit without tearing th
 Importing a large package creates hundreds of thousands of objects that live as long as the
 process. The collector runs every few hundred new objects and walks them again and again,
 and none of them is garbage. Paused, ``import quark.torch`` and vLLM's entry point take about a
-sixth less time (``bench/import_bench.py``). Objects an import leaves unreachable are still
-freed by reference counting; a cycle among them waits for the next collection.
+sixth less time (``bench/import_bench.py``). Resumed, the collector would walk them all again
+soon after, several times (about 1 s of one core after torch and Quark): what the import
+left alive is frozen first (``gc.freeze``), so no later collection looks at it again, and
+a process forked afterwards does not touch those pages. Objects an import leaves unreachable
+are still freed by reference counting; a cycle among them is kept. At exit they are
+unfrozen, so that the interpreter's teardown frees them as usual (native extensions
+report what was never freed).
 
 At exit the interpreter frees every module and object one by one: seconds of one core once
 torch and Quark or vLLM are loaded. A child process whose result is on disk ends at once.
@@ -13,6 +18,7 @@ torch and Quark or vLLM are loaded. A child process whose result is on disk ends
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import gc
 import importlib
@@ -24,15 +30,27 @@ from typing import NoReturn
 
 @contextlib.contextmanager
 def collection_paused() -> Iterator[None]:
-    """No cyclic garbage collection inside the ``with`` block (it resumes after, also when
-    the block raises, unless the caller had it off already)."""
+    """No cyclic garbage collection inside the ``with`` block; after it every object then
+    alive is frozen out of later collections, and collection resumes (also when the block
+    raises), unless the caller had it off already: then the caller's block ends both."""
     enabled = gc.isenabled()
     gc.disable()
     try:
         yield
     finally:
         if enabled:
+            _freeze()
             gc.enable()
+
+
+_unfrozen_at_exit: list[bool] = []  # the atexit handler registered (a fork inherits both)
+
+
+def _freeze() -> None:
+    if not _unfrozen_at_exit:
+        atexit.register(gc.unfreeze)
+        _unfrozen_at_exit.append(True)
+    gc.freeze()
 
 
 def import_all(names: Iterable[str]) -> None:

@@ -1,10 +1,13 @@
 """eaglequant's ``import quark.torch`` skips Quark's expert-class scan, and nothing it hands
-Quark could hold one of the classes that scan registers."""
+Quark could hold one of the classes that scan registers; Quark's loggers start at WARNING
+unless the user's ``QUARK_LOG_LEVEL`` says otherwise."""
 
 from __future__ import annotations
 
 import ast
 import json
+import logging
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -23,10 +26,20 @@ REGISTRY = (
     "import sys, json\n"
     "from eaglequant.quantize.quark_backend import import_quark\n"
     "import_quark()\n"
+    "from quark.common.utils.log import ScreenLogger\n"
     "from quark.torch.utils.llm.module_replacement import PREPROCESS_REGISTRY\n"
     "print(json.dumps({'registered': sorted(f'{c.__module__}.{c.__name__}' "
-    "for c in PREPROCESS_REGISTRY), 'modules': sorted(sys.modules)}))\n"
+    "for c in PREPROCESS_REGISTRY), 'modules': sorted(sys.modules), "
+    "'levels': [i.logger.level for i in ScreenLogger._instances]}))\n"
 )
+
+
+def _import(env: dict[str, str]) -> tuple[dict[str, list[str]], str]:
+    done = subprocess.run(
+        [sys.executable, "-c", REGISTRY], check=True, capture_output=True, text=True, env=env
+    )
+    lines = done.stdout.splitlines()
+    return json.loads(lines[-1]), "\n".join(lines[:-1]) + done.stderr
 
 
 @pytest.fixture(scope="module")
@@ -47,14 +60,29 @@ def decorated() -> set[str]:
     return found
 
 
+def _without_quark_level() -> dict[str, str]:
+    return {k: v for k, v in os.environ.items() if k != "QUARK_LOG_LEVEL"}
+
+
 @pytest.fixture(scope="module")
-def imported() -> dict[str, list[str]]:
+def quark_import() -> tuple[dict[str, list[str]], str]:
     # A fresh process: this one may have imported Quark already, by another path.
-    printed = subprocess.run(
-        [sys.executable, "-c", REGISTRY], check=True, capture_output=True, text=True
-    ).stdout
-    found: dict[str, list[str]] = json.loads(printed.splitlines()[-1])
-    return found
+    return _import(_without_quark_level())
+
+
+@pytest.fixture(scope="module")
+def imported(quark_import: tuple[dict[str, list[str]], str]) -> dict[str, list[str]]:
+    return quark_import[0]
+
+
+def test_quarks_loggers_start_at_warning_unless_the_user_sets_its_level(
+    quark_import: tuple[dict[str, list[str]], str],
+) -> None:
+    imported, said = quark_import
+    assert len(imported["levels"]) >= 50  # every logger Quark's import made
+    assert set(imported["levels"]) == {logging.WARNING} and "[QUARK-INFO]" not in said
+    found, said = _import(_without_quark_level() | {"QUARK_LOG_LEVEL": "info"})
+    assert set(found["levels"]) == {logging.INFO} and "[QUARK-INFO]" in said
 
 
 def test_the_scan_imports_and_registers_none_of_the_decorated_classes(

@@ -1,5 +1,6 @@
-"""Heavy imports with the garbage collector paused (paused inside, as it was after), and the
-exit that skips the interpreter's teardown."""
+"""Heavy imports with the garbage collector paused (paused inside, as it was after, what they
+left alive frozen out of later collections until exit), and the exit that skips the
+interpreter's teardown."""
 
 from __future__ import annotations
 
@@ -11,6 +12,10 @@ from collections.abc import Iterator
 import pytest
 
 from eaglequant.interpreter import collection_paused, import_all
+
+
+def _python(script: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
 
 
 @pytest.fixture
@@ -35,9 +40,39 @@ def test_paused_inside_and_running_again_after_also_when_the_block_raises() -> N
 @pytest.mark.usefixtures("collector_restored")
 def test_a_caller_that_had_it_off_keeps_it_off() -> None:
     gc.disable()
+    frozen = gc.get_freeze_count()
     with collection_paused():
-        pass
+        kept = [[index] for index in range(1000)]
     assert not gc.isenabled()
+    assert gc.get_freeze_count() == frozen  # the caller's own block freezes, when it ends
+    assert len(kept) == 1000
+
+
+@pytest.mark.usefixtures("collector_restored")
+def test_what_the_block_left_alive_is_frozen_out_of_later_collections() -> None:
+    gc.enable()
+    frozen = gc.get_freeze_count()
+    with collection_paused():
+        kept = [[index] for index in range(1000)]
+    assert gc.get_freeze_count() >= frozen + len(kept)
+    tracked = {id(obj) for obj in gc.get_objects()}  # what a collection would walk
+    assert not tracked & {id(obj) for obj in kept}
+    gc.unfreeze()
+
+
+def test_frozen_objects_are_unfrozen_at_exit_for_the_teardown() -> None:
+    script = (
+        "import atexit, gc\n"
+        "from eaglequant.interpreter import collection_paused\n"
+        # registered first, so it runs after the handlers registered later
+        "atexit.register(lambda: print('frozen at exit', gc.get_freeze_count()))\n"
+        "with collection_paused():\n"
+        "    kept = [[index] for index in range(1000)]\n"
+        "print('frozen', gc.get_freeze_count() >= 1000)\n"
+    )
+    done = _python(script)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == "frozen True\nfrozen at exit 0\n"
 
 
 @pytest.mark.usefixtures("collector_restored")
@@ -59,7 +94,7 @@ def test_exit_at_once_flushes_the_streams_and_skips_atexit() -> None:
         "sys.stdout.write('result on disk')\n"  # no newline: still in the buffer
         "exit_at_once(3)\n"
     )
-    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
+    done = _python(script)
     assert (done.returncode, done.stdout) == (3, "result on disk")
 
 
@@ -81,7 +116,7 @@ def test_the_script_skips_teardown_only_after_a_successful_export(
         f"sys.argv = ['eaglequant', *{args!r}]\n"
         "run()\n"
     )
-    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
+    done = _python(script)
     assert done.returncode == code, done.stderr
     assert done.stdout.endswith("teardown\n") == torn_down
     said = done.stdout.removesuffix("teardown\n") + done.stderr  # what the command printed
@@ -98,6 +133,6 @@ def test_an_export_run_in_process_earlier_does_not_end_a_later_run_at_once() -> 
         "sys.argv = ['eaglequant', 'inspect', '--help']\n"
         "run()\n"
     )
-    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
+    done = _python(script)
     assert done.returncode == 0, done.stderr
     assert done.stdout.startswith("Usage") and done.stdout.endswith("teardown\n")
