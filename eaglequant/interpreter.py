@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import functools
 import gc
 import importlib
 import os
@@ -43,14 +44,14 @@ def collection_paused() -> Iterator[None]:
             gc.enable()
 
 
-_unfrozen_at_exit: list[bool] = []  # the atexit handler registered (a fork inherits both)
-
-
 def _freeze() -> None:
-    if not _unfrozen_at_exit:
-        atexit.register(gc.unfreeze)
-        _unfrozen_at_exit.append(True)
+    _unfreeze_at_exit()
     gc.freeze()
+
+
+@functools.cache  # once per process (a fork inherits the handler with the frozen objects)
+def _unfreeze_at_exit() -> None:
+    atexit.register(gc.unfreeze)
 
 
 def import_all(names: Iterable[str]) -> None:
