@@ -7,7 +7,8 @@ checked for NaN/Inf, hashed) up to the first pending tensor of its file, and
 fsynced, in background threads while torch and Quark are still being imported.
 Quark's real tensors are then dropped into their slots (the folder is re-planned
 if they differ from the prediction), the config and the source's other files
-are written, the read-back is completed, and the manifest goes in last.
+are written, the read-back is completed while their fsync waits on the disk, and the
+manifest goes in last.
 :class:`Artifact` holds the one writer throughout; its ``timings`` say where
 the writing's time went.
 """
@@ -16,6 +17,7 @@ from __future__ import annotations
 
 import json
 import threading
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -89,6 +91,7 @@ class Artifact:
         self.timings: dict[str, float] = {}
         self.quantized: dict[str, bytes] = {}
         self.files: list[str] = []
+        self._final_sync: InThread | None = None
 
     @classmethod
     def start(
@@ -110,6 +113,8 @@ class Artifact:
 
     def cancel(self) -> None:
         self.writer.cancel()
+        if self._final_sync is not None:
+            self._final_sync.wait()
 
     def _settle_known(self) -> None:
         """In the writer's thread, once the known bytes are in: read them back while another
@@ -117,24 +122,13 @@ class Artifact:
 
         One reading thread: the other core is Quark's, still importing.
         """
-        errors: list[BaseException] = []
-
-        def sync() -> None:
-            try:
-                with timed(self.timings, "background.fsync"):
-                    self.writer.sync()
-            except BaseException as exc:  # re-raised below, in the writer's thread
-                errors.append(exc)
-
-        syncing = threading.Thread(target=sync, name="eaglequant-fsync", daemon=True)
-        syncing.start()
+        syncing = InThread(self.writer.sync, self.timings, "background.fsync")
         try:
             with timed(self.timings, "background.readback"):
                 self.readback.advance(stop=self.writer.cancelled)
         finally:
-            syncing.join()
-        if errors:
-            raise errors[0]
+            syncing.wait()
+        syncing.raise_error()  # in the writer's thread, re-raised by the export's next stage
 
     def finish(self, quantized: dict[str, torch.Tensor], config: StoredConfig) -> None:
         """Drop Quark's tensors into their planned places (re-plan if Quark wrote others).
@@ -151,8 +145,8 @@ class Artifact:
             self.writer.finish(data, durable=False)  # type: ignore[arg-type]
         else:
             self._replan(list(blobs.values()))
-        with timed(self.timings, "write.fsync"):
-            self.writer.sync()
+        # the fsync waits on the disk while verify's read-back works the CPU
+        self._final_sync = InThread(self.writer.sync, self.timings, "background.final_fsync")
         write_text(self.folder / CONFIG_FILE, json.dumps(config, indent=2) + "\n")
         extra = copy_extra_files(self.source.folder, self.folder, NOT_COPIED)
         self.files = self.layout.file_names + extra
@@ -185,6 +179,10 @@ class Artifact:
                 problems.append(f"vLLM would build {fate.vllm_name} as {fate.scheme}")
         digests, byte_problems = self.readback.finish(self.quantized)
         problems += byte_problems
+        if self._final_sync is not None:
+            with timed(self.timings, "verify.wait_fsync"):
+                self._final_sync.wait()
+            self._final_sync.raise_error()
         replaced = {f"{n}.weight" for n in linears}
         kept = {info.name for name, info in self.source.tensors.items() if name not in replaced}
         if {info.name for info in reopened.tensors.values()} != kept | set(self.quantized):
@@ -204,6 +202,32 @@ class Artifact:
 
     def write_manifest(self, manifest: Manifest) -> None:
         write_manifest(self.folder, manifest)
+
+
+class InThread:
+    """``work`` in a thread of its own from now on, its seconds into ``timings[name]``."""
+
+    def __init__(self, work: Callable[[], None], timings: dict[str, float], name: str) -> None:
+        self._error: BaseException | None = None
+
+        def run() -> None:
+            try:
+                with timed(timings, name):
+                    work()
+            except BaseException as exc:  # handed to the caller by raise_error
+                self._error = exc
+
+        self._thread = threading.Thread(target=run, name=f"eaglequant-{name}", daemon=True)
+        self._thread.start()
+
+    def wait(self) -> None:
+        self._thread.join()
+
+    def raise_error(self) -> None:
+        """Re-raise what ``work`` raised, in the caller's thread (after :meth:`wait`)."""
+        if self._error is not None:
+            error, self._error = self._error, None
+            raise error
 
 
 def _signature(blobs: list[TensorBlob]) -> dict[str, tuple[str, tuple[int, ...]]]:

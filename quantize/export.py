@@ -4,25 +4,28 @@ check (no heavy imports) -> start: Quark's worker for the dynamic recipes (it im
 Quark on its own core from here on) and the output folder (pass-through copy, NaN/Inf
 check, read-back and fsync in the background) -> import torch (with transformers only
 where a stage holds the draft as a module) -> load -> calibrate -> quantize with Quark
--> measure -> write (config with regex exclusions, shards, index) -> verify by reading
-back -> manifest. Everything is written into a temporary sibling of the output folder
-and renamed into place only when the read-back checks pass. A failure of the background
-copy (a NaN in ``lm_head``) is reported at the next stage boundary.
+-> measure (without the module: beside the next two) -> write (config with regex
+exclusions, shards, index) -> verify by reading back -> manifest. Everything is written
+into a temporary sibling of the output folder and renamed into place only when the
+read-back checks pass. A failure of the background copy (a NaN in ``lm_head``) is
+reported at the next stage boundary.
 
 The stage report (the manifest's ``timings_s``) covers the process from its
 start: the plain names are this process's stages one after the other and add
 up to ``total`` (the wall time up to the manifest; only the rename and the exit
 come after it); ``stage.part`` names are parts of a stage; ``background.*`` ran
-beside them (the copy thread, Quark's worker).
+beside them (the copy thread, Quark's worker, the measurement, the last fsync).
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, replace
+from functools import partial
 from pathlib import Path
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 from eaglequant.capture.run import check_engine
 from eaglequant.capture.sequences import check_data
@@ -36,7 +39,7 @@ from eaglequant.progress import Progress
 from eaglequant.quantize.artifact import Artifact
 from eaglequant.quantize.file_to_file import FileToFile
 from eaglequant.quantize.sources import CalibrationSource
-from eaglequant.quantize.timing import timed
+from eaglequant.quantize.timing import timed, timed_call
 from eaglequant.recipe import Recipe
 from eaglequant.results.manifest import CalibrationRecord, LayerRecord, Manifest, build_manifest
 from eaglequant.rules.draft import (
@@ -47,6 +50,9 @@ from eaglequant.rules.draft import (
 )
 from eaglequant.rules.exclusions import rewrite_exclude
 from eaglequant.rules.target_fit import check_target_fits
+
+if TYPE_CHECKING:  # torch: imported by the import stage, beside Quark's worker
+    from eaglequant.quantize.quark_backend import QuarkResult
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -209,16 +215,30 @@ def _run(
             quark = module_flow.quantize_static(
                 plan.ckpt, model, recipe, calib.batches, scratch_parent=scratch, out=request.out
             )
-    with stage("measure"):
-        measurement = pipeline.measure_export(
-            plan.ckpt, model, quark.tensors, recipe, calib.held_out
-        )
-        del model  # not needed to write: free it before the read-back
-    with stage("write"):
-        config = output_config(plan.ckpt.stored_config, quark.quantization_config, recipe)
-        artifact.finish(quark.tensors, config)
-    with stage("verify"):
-        files = artifact.verify()
+    write = partial(_write_and_verify, stage, artifact, plan.ckpt, quark, recipe)
+    if model is not None:  # held-out steps through both drafts: alone, before the read-back
+        with stage("measure"):
+            measurement = pipeline.measure_export(
+                plan.ckpt, model, quark.tensors, recipe, calib.held_out
+            )
+        del model
+        files = write()
+    else:  # one BF16 weight at a time, beside the write and the read-back (its stage: the wait)
+        with ThreadPoolExecutor(max_workers=1, thread_name_prefix="eaglequant-measure") as pool:
+            measuring = pool.submit(
+                timed_call,
+                timings,
+                "background.measure",
+                pipeline.measure_export,
+                plan.ckpt,
+                model,
+                quark.tensors,
+                recipe,
+                calib.held_out,
+            )
+            files = write()
+            with stage("measure"):
+                measurement = measuring.result()
     with stage("manifest"):
         timings.update({f"quantize.{name}": value for name, value in quark.timings.items()})
         timings["background.copy"] = round(artifact.writer.background_s, 3)
@@ -264,6 +284,17 @@ class _Stage:
         self.owner.timings[self.name] = round(elapsed, 3)
         if exc[0] is None:
             self.owner.progress(f"{self.name} done in {elapsed:.1f}s")
+
+
+def _write_and_verify(
+    stage: _Stages, artifact: Artifact, ckpt: Checkpoint, quark: QuarkResult, recipe: Recipe
+) -> dict[str, str]:
+    """Quark's tensors into their places, then the folder read back: every file's sha256."""
+    with stage("write"):
+        config = output_config(ckpt.stored_config, quark.quantization_config, recipe)
+        artifact.finish(quark.tensors, config)
+    with stage("verify"):
+        return artifact.verify()
 
 
 def output_config(

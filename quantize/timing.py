@@ -10,8 +10,11 @@ from __future__ import annotations
 import contextlib
 import os
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import TypeVar
+
+T = TypeVar("T")
 
 
 @contextlib.contextmanager
@@ -22,6 +25,12 @@ def timed(timings: dict[str, float], name: str) -> Iterator[None]:
         yield
     finally:
         timings[name] = round(time.perf_counter() - started, 3)
+
+
+def timed_call(timings: dict[str, float], name: str, work: Callable[..., T], *args: object) -> T:
+    """``work(*args)``, its seconds recorded as ``timings[name]`` (for work in another thread)."""
+    with timed(timings, name):
+        return work(*args)
 
 
 def process_started() -> float | None:

@@ -219,6 +219,8 @@ def test_ptpc_equals_quarks_own_file_to_file_flow(
     stages = [v for k, v in timings.items() if "." not in k and k not in ("startup", "total")]
     assert sum(stages) == pytest.approx(timings["total"] - timings["startup"], abs=0.1)
     assert timings["background.quark_import"] > 0 and timings["quantize.quark_file_to_file"] > 0
+    # beside the write and verify stages: the measurement and the last fsync
+    assert timings["background.measure"] > 0 and "background.final_fsync" in timings
 
 
 def test_wrong_layout_prediction_is_replanned(

@@ -218,3 +218,34 @@ def test_replanned_artifact_reports_the_layout_it_wrote(tiny_draft: Path, tmp_pa
     assert written == set(source.tensors) - replaced | set(quantized)
     _digests, problems = readback(folder, artifact.layout, artifact.quantized)
     assert problems == []
+
+
+def test_a_failed_last_fsync_fails_verify(
+    tiny_draft: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The last fsync runs beside verify's read-back; its error still ends the export."""
+    from eaglequant.quantize.artifact import Artifact, predicted_quantized
+    from eaglequant.recipe import load_recipe
+
+    source, folder = read_checkpoint(tiny_draft), tmp_path / "out"
+    folder.mkdir()
+    recipe = load_recipe("fp8-static")
+    artifact = Artifact.start(folder, source, recipe, 10**9)
+    artifact.writer.wait()  # the background copy's own fsync has run
+
+    def failing_sync() -> None:
+        raise OSError(5, "Input/output error")
+
+    monkeypatch.setattr(artifact.writer, "sync", failing_sync)
+    quantized = {  # exactly as predicted: the planned layout is kept
+        blob.name: torch.zeros(blob.shape, dtype=torch.float8_e4m3fn)
+        if blob.dtype == "F8_E4M3"
+        else torch.ones(blob.shape)
+        for blob in predicted_quantized(source, recipe)
+    }
+    artifact.finish(quantized, source.config)
+    with pytest.raises(OSError, match="Input/output error"):
+        artifact.verify()
+    assert "background.final_fsync" in artifact.timings
+    assert "verify.wait_fsync" in artifact.timings
+    artifact.cancel()
