@@ -16,8 +16,6 @@ the writing's time went.
 from __future__ import annotations
 
 import json
-import threading
-from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -28,7 +26,7 @@ from eaglequant.io.model_config import StoredConfig
 from eaglequant.io.readback import ReadBack, sha256_file
 from eaglequant.io.safetensors_header import TensorInfo
 from eaglequant.io.writer import LayoutWriter, copy_extra_files, write_text
-from eaglequant.quantize.timing import timed
+from eaglequant.quantize.timing import InThread, timed
 from eaglequant.recipe import MX_BLOCK, MX_DTYPES, Recipe
 from eaglequant.results.manifest import MANIFEST_FILE, Manifest, write_manifest
 from eaglequant.rules.draft import dims_from_config, structure_problems
@@ -202,32 +200,6 @@ class Artifact:
 
     def write_manifest(self, manifest: Manifest) -> None:
         write_manifest(self.folder, manifest)
-
-
-class InThread:
-    """``work`` in a thread of its own from now on, its seconds into ``timings[name]``."""
-
-    def __init__(self, work: Callable[[], None], timings: dict[str, float], name: str) -> None:
-        self._error: BaseException | None = None
-
-        def run() -> None:
-            try:
-                with timed(timings, name):
-                    work()
-            except BaseException as exc:  # handed to the caller by raise_error
-                self._error = exc
-
-        self._thread = threading.Thread(target=run, name=f"eaglequant-{name}", daemon=True)
-        self._thread.start()
-
-    def wait(self) -> None:
-        self._thread.join()
-
-    def raise_error(self) -> None:
-        """Re-raise what ``work`` raised, in the caller's thread (after :meth:`wait`)."""
-        if self._error is not None:
-            error, self._error = self._error, None
-            raise error
 
 
 def _signature(blobs: list[TensorBlob]) -> dict[str, tuple[str, tuple[int, ...]]]:

@@ -22,9 +22,8 @@ import shutil
 import subprocess
 import sys
 import tempfile
-import threading
-import time
 from collections.abc import Mapping
+from functools import partial
 from pathlib import Path
 from typing import TypedDict
 
@@ -32,6 +31,7 @@ from eaglequant.errors import EagleQuantError, OutputError, QuarkFailed
 from eaglequant.io.checkpoint import Checkpoint
 from eaglequant.io.layout import blob_from_file
 from eaglequant.io.writer import write_checkpoint_weights, write_text
+from eaglequant.quantize.timing import InThread
 from eaglequant.recipe import Recipe
 from eaglequant.rules.draft import dims_from_config
 
@@ -81,15 +81,12 @@ class FileToFile:
         except BaseException:
             shutil.rmtree(self.scratch, ignore_errors=True)
             raise
-        self._staging_error: BaseException | None = None
-        self._staging = threading.Thread(target=self._stage, args=(ckpt,), daemon=True)
-        self._staging.start()
+        self._staging = InThread(partial(self._stage, ckpt), self.timings, "stage_midlayer")
 
     def run(self) -> Path:
         """Wait for the staged midlayer, let Quark quantize it; the folder Quark wrote."""
-        self._staging.join()
-        if self._staging_error is not None:
-            raise self._staging_error
+        self._staging.wait()
+        self._staging.raise_error()
         assert self.process.stdin is not None
         request = {"recipe": self.recipe.to_dict()}
         try:
@@ -109,23 +106,19 @@ class FileToFile:
         if self.process.poll() is None:
             self.process.kill()
             self.process.wait()
-        self._staging.join()
+        self._staging.wait()
         shutil.rmtree(self.scratch, ignore_errors=True)
 
     def _stage(self, ckpt: Checkpoint) -> None:
-        """A model folder holding only the decoder layers' linear weights (and the config)."""
-        started = time.perf_counter()
-        try:
-            folder = self.scratch / SOURCE
-            folder.mkdir()
-            # named in the EAGLE-3 layout whatever the input's format: Quark's output is read so
-            names = [f"{name}.weight" for name in self.linears]
-            blobs = [blob_from_file(ckpt.tensors[name], name) for name in names]
-            write_checkpoint_weights(folder, blobs, 10**15)
-            write_text(folder / "config.json", json.dumps(ckpt.flat_config))
-        except BaseException as exc:  # re-raised by run()
-            self._staging_error = exc
-        self.timings["stage_midlayer"] = round(time.perf_counter() - started, 3)
+        """A model folder holding only the decoder layers' linear weights (and the config);
+        in its own thread, its error re-raised by :meth:`run`."""
+        folder = self.scratch / SOURCE
+        folder.mkdir()
+        # named in the EAGLE-3 layout whatever the input's format: Quark's output is read so
+        names = [f"{name}.weight" for name in self.linears]
+        blobs = [blob_from_file(ckpt.tensors[name], name) for name in names]
+        write_checkpoint_weights(folder, blobs, 10**15)
+        write_text(folder / "config.json", json.dumps(ckpt.flat_config))
 
     def _report(self) -> WorkerReport:
         path = self.scratch / REPORT

@@ -1,4 +1,5 @@
-"""The export's clock: named spans into a timings dict, and when this process started.
+"""The export's clock: named spans into a timings dict (also of work in a thread of its own),
+and when this process started.
 
 Every span is ``time.perf_counter`` seconds; :func:`process_started` puts the
 interpreter's own start-up on the same clock, so a stage report can begin at
@@ -9,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -31,6 +33,32 @@ def timed_call(timings: dict[str, float], name: str, work: Callable[..., T], *ar
     """``work(*args)``, its seconds recorded as ``timings[name]`` (for work in another thread)."""
     with timed(timings, name):
         return work(*args)
+
+
+class InThread:
+    """``work`` in a thread of its own from now on, its seconds into ``timings[name]``."""
+
+    def __init__(self, work: Callable[[], None], timings: dict[str, float], name: str) -> None:
+        self._error: BaseException | None = None
+
+        def run() -> None:
+            try:
+                with timed(timings, name):
+                    work()
+            except BaseException as exc:  # handed to the caller by raise_error
+                self._error = exc
+
+        self._thread = threading.Thread(target=run, name=f"eaglequant-{name}", daemon=True)
+        self._thread.start()
+
+    def wait(self) -> None:
+        self._thread.join()
+
+    def raise_error(self) -> None:
+        """Re-raise what ``work`` raised, in the caller's thread (after :meth:`wait`)."""
+        if self._error is not None:
+            error, self._error = self._error, None
+            raise error
 
 
 def process_started() -> float | None:

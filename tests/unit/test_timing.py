@@ -1,13 +1,14 @@
-"""The export's clock: spans into a dict, and the process's own start on the same clock."""
+"""The export's clock: spans into a dict (also of work in a thread), and the process's own start."""
 
 from __future__ import annotations
 
 import subprocess
 import sys
+import threading
 
 import pytest
 
-from eaglequant.quantize.timing import timed
+from eaglequant.quantize.timing import InThread, timed
 
 
 def test_process_started_covers_interpreter_and_imports() -> None:
@@ -29,3 +30,22 @@ def test_timed_records_also_when_the_block_raises() -> None:
     with pytest.raises(ValueError), timed(timings, "stage"):
         raise ValueError
     assert timings["stage"] >= 0
+
+
+def test_work_in_a_thread_is_timed_and_its_error_raised_in_the_caller() -> None:
+    timings: dict[str, float] = {}
+    ran: list[str] = []
+    done = InThread(lambda: ran.append(threading.current_thread().name), timings, "copy")
+    done.wait()
+    done.raise_error()  # nothing to raise
+    assert ran == ["eaglequant-copy"] and timings["copy"] >= 0
+
+    def fails() -> None:
+        raise OSError(28, "No space left on device")
+
+    failed = InThread(fails, timings, "stage")
+    failed.wait()
+    assert "stage" in timings
+    with pytest.raises(OSError, match="No space left"):
+        failed.raise_error()
+    failed.raise_error()  # raised once: a second call has nothing left
