@@ -179,8 +179,7 @@ class Artifact:
         problems += byte_problems
         if self._final_sync is not None:
             with timed(self.timings, "verify.wait_fsync"):
-                self._final_sync.wait()
-            self._final_sync.raise_error()
+                self._final_sync.result()
         replaced = {f"{n}.weight" for n in linears}
         kept = {info.name for name, info in self.source.tensors.items() if name not in replaced}
         if {info.name for info in reopened.tensors.values()} != kept | set(self.quantized):

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, replace
 from functools import partial
 from pathlib import Path
@@ -39,7 +38,7 @@ from eaglequant.progress import Progress
 from eaglequant.quantize.artifact import Artifact
 from eaglequant.quantize.file_to_file import FileToFile
 from eaglequant.quantize.sources import CalibrationSource
-from eaglequant.quantize.timing import timed, timed_call
+from eaglequant.quantize.timing import InThread, timed
 from eaglequant.recipe import Recipe
 from eaglequant.results.manifest import CalibrationRecord, LayerRecord, Manifest, build_manifest
 from eaglequant.rules.draft import (
@@ -224,21 +223,19 @@ def _run(
         del model
         files = write()
     else:  # one BF16 weight at a time, beside the write and the read-back (its stage: the wait)
-        with ThreadPoolExecutor(max_workers=1, thread_name_prefix="eaglequant-measure") as pool:
-            measuring = pool.submit(
-                timed_call,
-                timings,
-                "background.measure",
-                pipeline.measure_export,
-                plan.ckpt,
-                model,
-                quark.tensors,
-                recipe,
-                calib.held_out,
-            )
+        measuring = InThread(
+            partial(
+                pipeline.measure_export, plan.ckpt, model, quark.tensors, recipe, calib.held_out
+            ),
+            timings,
+            "background.measure",
+        )
+        try:
             files = write()
             with stage("measure"):
                 measurement = measuring.result()
+        finally:
+            measuring.wait()  # never left running past a failed write
     with stage("manifest"):
         timings.update({f"quantize.{name}": value for name, value in quark.timings.items()})
         timings["background.copy"] = round(artifact.writer.background_s, 3)

@@ -85,8 +85,7 @@ class FileToFile:
 
     def run(self) -> Path:
         """Wait for the staged midlayer, let Quark quantize it; the folder Quark wrote."""
-        self._staging.wait()
-        self._staging.raise_error()
+        self._staging.result()
         assert self.process.stdin is not None
         request = {"recipe": self.recipe.to_dict()}
         try:

@@ -14,7 +14,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import TypeVar
+from typing import Generic, TypeVar, cast
 
 T = TypeVar("T")
 
@@ -29,22 +29,17 @@ def timed(timings: dict[str, float], name: str) -> Iterator[None]:
         timings[name] = round(time.perf_counter() - started, 3)
 
 
-def timed_call(timings: dict[str, float], name: str, work: Callable[..., T], *args: object) -> T:
-    """``work(*args)``, its seconds recorded as ``timings[name]`` (for work in another thread)."""
-    with timed(timings, name):
-        return work(*args)
-
-
-class InThread:
+class InThread(Generic[T]):
     """``work`` in a thread of its own from now on, its seconds into ``timings[name]``."""
 
-    def __init__(self, work: Callable[[], None], timings: dict[str, float], name: str) -> None:
+    def __init__(self, work: Callable[[], T], timings: dict[str, float], name: str) -> None:
         self._error: BaseException | None = None
+        self._value: T | None = None
 
         def run() -> None:
             try:
                 with timed(timings, name):
-                    work()
+                    self._value = work()
             except BaseException as exc:  # handed to the caller by raise_error
                 self._error = exc
 
@@ -59,6 +54,12 @@ class InThread:
         if self._error is not None:
             error, self._error = self._error, None
             raise error
+
+    def result(self) -> T:
+        """What ``work`` returned, once it has; what it raised is raised here."""
+        self.wait()
+        self.raise_error()
+        return cast(T, self._value)
 
 
 def process_started() -> float | None:

@@ -49,3 +49,7 @@ def test_work_in_a_thread_is_timed_and_its_error_raised_in_the_caller() -> None:
     with pytest.raises(OSError, match="No space left"):
         failed.raise_error()
     failed.raise_error()  # raised once: a second call has nothing left
+
+    assert InThread(lambda: 42, timings, "measure").result() == 42
+    with pytest.raises(OSError, match="No space left"):
+        InThread(fails, timings, "write").result()
