@@ -81,12 +81,22 @@ def schedule_sentence(scheduled: PredictedSchedule) -> str:
     )
     text = f"The winners' schedule {scheduled['ranges']} predicted: {runs} tok/s"
     if not scheduled["behind"]:
-        return text + "; it holds, so it was served."
+        return text + "; it holds, so it was served" + _schedule_measured(scheduled) + "."
     behind = ", ".join(f"{_name(k)} at {c}" for c, k in scheduled["behind"].items())
     return (
         f"{text}; {behind} beats it (where the schedule's k is 0, vLLM's drafter still runs "
         "its pass every step), so the best single choice was served instead."
     )
+
+
+def _schedule_measured(scheduled: PredictedSchedule) -> str:
+    """``: measured ... at c (error e); ...`` where the schedule was served, else nothing."""
+    measured, errors = scheduled.get("measured", {}), scheduled.get("errors", {})
+    found = [
+        f"{mean:.1f} [{low:.1f}-{high:.1f}] at {c} ({_error(errors.get(c))})"
+        for c, (low, mean, high) in measured.items()
+    ]
+    return ": measured " + "; ".join(found) if found else ""
 
 
 def comparison_prediction_markdown(prediction: ComparisonPrediction) -> str:

@@ -196,11 +196,14 @@ class AcceptanceCheck(TypedDict):
 class PredictedSchedule(TypedDict):
     """The winners' per-batch-size schedule as ``tune --predict`` predicted it: its ranges,
     its throughput by concurrency ([slowest, mean, fastest] fits) and where a winner beats
-    it (concurrency -> k; not served then)."""
+    it (concurrency -> k; not served then); where it was served, its measured rounds
+    ([slowest, mean, fastest]) and the prediction's error by concurrency."""
 
     ranges: list[list[int]]
     runs: dict[str, list[float]]
     behind: dict[str, int]
+    measured: NotRequired[dict[str, list[float]]]
+    errors: NotRequired[dict[str, float]]
 
 
 class PredictionRecord(TypedDict):

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import sys
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
@@ -315,31 +315,48 @@ def prediction_block(
         for r in results
         if not r.schedule and r.k not in fitted and r.acceptance_length is not None
     ]
+    served_schedule = {r.concurrency: r.runs for r in results if r.schedule}
+    schedule_record = predicted_schedule_record(chosen, served_schedule)
+    schedule_errors = schedule_record.get("errors", {}) if schedule_record else {}
     return {
         "fitted_on": sorted(fitted),
         "points": rows,
         "winners": {str(c): k for c, k in chosen.winners.items()},
         "single": chosen.single,
         "schedule": None if chosen.schedule is None else [list(r) for r in chosen.schedule],
-        "schedule_predicted": predicted_schedule_record(chosen),
+        "schedule_predicted": schedule_record,
         "confirmed": forecast.confirmed,
         "noisy_measured": forecast.noisy_measured,
         "acceptance_checks": checks,
-        "median_abs_error": median_error(rows),
+        "median_abs_error": median_error(rows, schedule_errors.values()),
         "server_starts": len({(r.k, r.schedule) for r in results}),
         "full_sweep_server_starts": 1 + len(request.ks),
     }
 
 
-def predicted_schedule_record(chosen: Plan) -> PredictedSchedule | None:
-    """The winners' schedule as predicted (None: the winners agreed, or schedules are off)."""
+def predicted_schedule_record(
+    chosen: Plan, served: Mapping[int, Runs] | None = None
+) -> PredictedSchedule | None:
+    """The winners' schedule as predicted (None: the winners agreed, or schedules are off)
+    and, where it was served (``served``: concurrency -> its measured rounds), what it
+    measured there and the prediction's error against that."""
     if not chosen.scheduled:
         return None
-    return {
+    record: PredictedSchedule = {
         "ranges": [list(r) for r in schedule_from_winners(chosen.winners)],
         "runs": {str(c): list(runs) for c, runs in chosen.scheduled.items()},
         "behind": {str(c): k for c, k in chosen.behind.items()},
     }
+    if served:
+        record["measured"] = {
+            str(c): [min(runs), fmean(runs), max(runs)] for c, runs in served.items()
+        }
+        record["errors"] = {
+            str(c): chosen.scheduled[c][1] / fmean(runs) - 1
+            for c, runs in served.items()
+            if c in chosen.scheduled
+        }
+    return record
 
 
 def sweep_runs(results: list[TuneResult]) -> dict[int, dict[int, Runs]]:

@@ -172,5 +172,9 @@ def test_predict_serves_two_servers_and_one_confirmation(predicted_out: Path) ->
         assert (p["measured"] is not None) == ((p["k"], p["concurrency"]) in measured), p
     for concurrency, k in summary["recommended_k"].items():
         assert (k, int(concurrency)) in measured
+    scheduled = prediction.get("schedule_predicted")
+    if prediction["confirmed"] == "schedule":  # served: measured against its prediction
+        assert scheduled is not None and set(scheduled["errors"]) == {"1", "4"}
+        assert prediction["median_abs_error"] is not None
     text = (predicted_out / "results.md").read_text()
     assert "(`tune --predict`)" in text and f"{starts} server starts against" in text

@@ -202,6 +202,38 @@ def test_a_schedule_predicted_to_fall_behind_is_not_served() -> None:
     assert "48.0 [45.0-51.0] at 16" in text and "no speculation at 16 beats it" in text
 
 
+def test_a_served_schedule_is_measured_against_its_prediction(tmp_path: Path) -> None:
+    """The schedule [[1,1,2],[2,16,0]] predicted at 30 tok/s at 1 and 59 at 16, then served
+    and measured at 32-36 and 58-60: its errors (30/34 - 1, 59/59 - 1) are reported and
+    counted in the median error, which the single ks' points alone would leave empty."""
+    from eaglequant.render.prediction import prediction_markdown
+    from eaglequant.tune.request import TuneRequest
+    from eaglequant.tune.sweep import Forecast, TuneResult, prediction_block
+
+    predictions = _row(1, {0: (9, 10, 11), 2: (28, 30, 32)})
+    predictions += _row(16, {0: (58, 60, 61), 2: (40, 41, 42)})
+    chosen = plan(predictions, (2,), scheduled=lambda _s: {1: (28, 30, 32), 16: (57, 59, 62)})
+    assert chosen.schedule == [(1, 1, 2), (2, 16, 0)]
+    served = [
+        TuneResult(0, 1, [10.0, 10.0], None, None),
+        TuneResult(0, 16, [60.0, 60.0], None, None),
+        TuneResult(2, 1, [20.0, 22.0], None, 1.5),
+        TuneResult(2, 16, [40.0, 42.0], None, 1.5),
+        TuneResult(2, 1, [32.0, 36.0], None, 1.5, schedule=True),
+        TuneResult(2, 16, [58.0, 60.0], None, 1.5, schedule=True),
+    ]
+    request = TuneRequest(target=tmp_path, draft=tmp_path, ks=(2,), concurrencies=(1, 16))
+    block = prediction_block(Forecast(predictions, chosen, "schedule", []), served, request)
+    record = block["schedule_predicted"]
+    assert record is not None
+    assert record["measured"] == {"1": [32.0, 34.0, 36.0], "16": [58.0, 59.0, 60.0]}
+    assert record["errors"] == pytest.approx({"1": 30 / 34 - 1, "16": 0.0})
+    assert block["median_abs_error"] == pytest.approx(1 - 30 / 34)
+    text = prediction_markdown(block)
+    assert "it holds, so it was served: measured 34.0 [32.0-36.0] at 1 (-11.8%)" in text
+    assert "Median error where a prediction was then measured: 11.8%" in text
+
+
 def test_a_schedules_k0_range_pays_one_draft_step() -> None:
     """Target steps 20 ms at 1 token and 26 ms at 4 (2 ms a token past them); k=2 accepting
     0.5 / 0.25 (1.75 tokens a step) with draft steps of 4 ms at 1 and 5 ms at 4. The schedule
