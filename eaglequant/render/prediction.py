@@ -35,6 +35,9 @@ def points_table(points: Sequence[PredictedPoint]) -> list[str]:
         )
         notes = ["fitted"] * p["fitted"] + ["extrapolated"] * p["extrapolated"]
         notes += [f"too noisy ({p['spread']:.0%} wide)"] * p["noisy"]
+        found = p["measured"]
+        outside = found is not None and not p["fitted"] and not p["low"] <= found <= p["high"]
+        notes += ["measured outside the interval"] * outside
         error = "" if p["fitted"] else _error(p["error"])
         lines.append(
             f"| {p['k']} | {p['concurrency']} | {p['point']:.1f} [{p['low']:.1f}-{p['high']:.1f}]"
@@ -93,10 +96,18 @@ def _schedule_measured(scheduled: PredictedSchedule) -> str:
     """``: measured ... at c (error e); ...`` where the schedule was served, else nothing."""
     measured, errors = scheduled.get("measured", {}), scheduled.get("errors", {})
     found = [
-        f"{mean:.1f} [{low:.1f}-{high:.1f}] at {c} ({_error(errors.get(c))})"
+        f"{mean:.1f} [{low:.1f}-{high:.1f}] at {c} ({_error(errors.get(c))}"
+        f"{_outside(mean, scheduled['runs'].get(c))})"
         for c, (low, mean, high) in measured.items()
     ]
     return ": measured " + "; ".join(found) if found else ""
+
+
+def _outside(mean: float, predicted: Sequence[float] | None) -> str:
+    """``, outside the predicted interval`` where the measured mean lies outside it."""
+    if predicted is None or predicted[0] <= mean <= predicted[2]:
+        return ""
+    return ", outside the predicted interval"
 
 
 def comparison_prediction_markdown(prediction: ComparisonPrediction) -> str:

@@ -230,8 +230,25 @@ def test_a_served_schedule_is_measured_against_its_prediction(tmp_path: Path) ->
     assert record["errors"] == pytest.approx({"1": 30 / 34 - 1, "16": 0.0})
     assert block["median_abs_error"] == pytest.approx(1 - 30 / 34)
     text = prediction_markdown(block)
-    assert "it holds, so it was served: measured 34.0 [32.0-36.0] at 1 (-11.8%)" in text
+    assert "measured 34.0 [32.0-36.0] at 1 (-11.8%, outside the predicted interval)" in text
+    assert "59.0 [58.0-60.0] at 16 (0.0%)" in text
     assert "Median error where a prediction was then measured: 11.8%" in text
+
+
+def test_a_point_measured_outside_its_predicted_interval_is_marked() -> None:
+    """k=1 predicted 40 [38-42] and measured at 45: marked; k=2 measured inside its interval
+    and k=3 (fitted, measured by definition) are not."""
+    from eaglequant.render.prediction import points_table
+    from eaglequant.tune.predict import predicted_point
+
+    rows = [
+        predicted_point(Prediction(1, 4, 40.0, 38.0, 42.0, False), [44.0, 46.0], False),
+        predicted_point(Prediction(2, 4, 50.0, 48.0, 52.0, False), [49.0, 53.0], False),
+        predicted_point(Prediction(3, 4, 55.0, 55.0, 55.0, False), [54.0, 56.0], True),
+    ]
+    lines = points_table(rows)[2:]
+    assert lines[0].endswith("| measured outside the interval |"), lines[0]
+    assert "outside" not in lines[1] and "outside" not in lines[2]
 
 
 def test_a_schedules_k0_range_pays_one_draft_step() -> None:
