@@ -346,8 +346,8 @@ def predicted_point(
 
 
 def median_error(points: Iterable[PredictedPoint], more: Iterable[float] = ()) -> float | None:
-    """The median absolute error over the points measured but not fitted and ``more`` errors
-    (a served schedule's, by concurrency) (None: none)."""
+    """The median absolute error over the points measured but not fitted, with ``more``
+    errors besides (a served schedule's, one per concurrency); None where there are none."""
     found = [e for p in points if (e := p["error"]) is not None and not p["fitted"]]
     errors = sorted(abs(e) for e in [*found, *more])
     return errors[len(errors) // 2] if errors else None
