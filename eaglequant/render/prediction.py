@@ -36,7 +36,7 @@ def points_table(points: Sequence[PredictedPoint]) -> list[str]:
         notes = ["fitted"] * p["fitted"] + ["extrapolated"] * p["extrapolated"]
         notes += [f"too noisy ({p['spread']:.0%} wide)"] * p["noisy"]
         found = p["measured"]
-        outside = found is not None and not p["fitted"] and not p["low"] <= found <= p["high"]
+        outside = found is not None and not p["fitted"] and _outside(found, p["low"], p["high"])
         notes += ["measured outside the interval"] * outside
         error = "" if p["fitted"] else _error(p["error"])
         lines.append(
@@ -95,19 +95,18 @@ def schedule_sentence(scheduled: PredictedSchedule) -> str:
 def _schedule_measured(scheduled: PredictedSchedule) -> str:
     """``: measured ... at c (error e); ...`` where the schedule was served, else nothing."""
     measured, errors = scheduled.get("measured", {}), scheduled.get("errors", {})
-    found = [
-        f"{mean:.1f} [{low:.1f}-{high:.1f}] at {c} ({_error(errors.get(c))}"
-        f"{_outside(mean, scheduled['runs'].get(c))})"
-        for c, (low, mean, high) in measured.items()
-    ]
+    found = []
+    for c, (low, mean, high) in measured.items():
+        predicted = scheduled["runs"].get(c)
+        outside = predicted is not None and _outside(mean, predicted[0], predicted[2])
+        note = ", outside the predicted interval" * outside
+        found.append(f"{mean:.1f} [{low:.1f}-{high:.1f}] at {c} ({_error(errors.get(c))}{note})")
     return ": measured " + "; ".join(found) if found else ""
 
 
-def _outside(mean: float, predicted: Sequence[float] | None) -> str:
-    """``, outside the predicted interval`` where the measured mean lies outside it."""
-    if predicted is None or predicted[0] <= mean <= predicted[2]:
-        return ""
-    return ", outside the predicted interval"
+def _outside(measured: float, low: float, high: float) -> bool:
+    """Whether a measured mean lies outside the predicted interval [low, high]."""
+    return not low <= measured <= high
 
 
 def comparison_prediction_markdown(prediction: ComparisonPrediction) -> str:
